@@ -1,0 +1,208 @@
+"""read → chunk → encode (embedding and layer-L K/V in one pass) → FAISS index → bundle.
+
+Resumable: every batch of encoded chunks is written as a shard directory, renamed into place
+when complete, under `.<out>.partial/`. A rerun with the same input and settings skips finished
+shards, so a build killed at any point finishes with the same bytes as one never interrupted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import faiss
+import numpy as np
+from tqdm import tqdm
+
+from index_builder.chunker import Chunk, chunk_documents
+from index_builder.reader import Fields, read_kb
+from softknn.bundle import atomic_save_npy, atomic_write_bytes, finalize
+from softknn.encoder import Encoder
+from softknn.errors import BundleError, KBFormatError
+from softknn.memory import build_index, choose_index
+
+log = logging.getLogger(__name__)
+KV_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+@dataclass
+class BuildConfig:
+    layer: int = -1  # memory layer, 0-based; negative counts from the last
+    index_type: str = "auto"
+    index_params: dict = field(default_factory=dict)
+    chunk_tokens: int | None = None  # default: the model's max_seq_length − 8 (room for specials)
+    overlap: int = 32
+    batch_size: int = 32
+    kv_dtype: str = "float32"
+    fields: Fields = field(default_factory=Fields)
+
+
+def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int) -> str:
+    h = hashlib.sha256()
+    h.update(encoder.info.fingerprint.encode())
+    settings = {"layer": layer, "chunk_tokens": cfg.chunk_tokens, "overlap": cfg.overlap,
+                "batch_size": cfg.batch_size, "kv_dtype": cfg.kv_dtype}
+    h.update(json.dumps(settings, sort_keys=True).encode())
+    for c in chunks:
+        h.update(json.dumps(c.record(), sort_keys=True, ensure_ascii=False).encode())
+    return h.hexdigest()
+
+
+def _batches(chunks: list[Chunk], tokenizer, batch_size: int) -> list[list[int]]:
+    """Chunk rows grouped by similar length (less padding), in a deterministic order."""
+    lengths = [len(ids) for ids in tokenizer([c.text for c in chunks], add_special_tokens=True, verbose=False)["input_ids"]]
+    order = sorted(range(len(chunks)), key=lambda i: (lengths[i], i))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _encode_shard(encoder: Encoder, chunks: list[Chunk], rows: list[int], layer: int, dtype, shard: Path) -> None:
+    batch = encoder.tokenize([chunks[r].text for r in rows], truncate=True)
+    plain = encoder.forward_plain(batch, capture_layer=layer)
+    memory = ~batch.special  # (B, T) non-special, non-pad tokens are memory tokens
+    keys, values, spans, counts = [], [], [], []
+    for b, r in enumerate(rows):
+        idx = memory[b].nonzero().flatten()
+        keys.append(plain.key[b][:, idx].transpose(0, 1).cpu().numpy())  # (n, nh, hs)
+        values.append(plain.value[b][:, idx].transpose(0, 1).cpu().numpy())
+        spans.append(batch.offsets[b, idx].numpy().astype(np.int64) + chunks[r].start)  # doc char spans
+        counts.append(len(idx))
+    tmp = shard.with_name(f"{shard.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    np.save(tmp / "rows.npy", np.asarray(rows, dtype=np.int64), allow_pickle=False)
+    np.save(tmp / "emb.npy", plain.embedding.float().cpu().numpy(), allow_pickle=False)
+    np.save(tmp / "counts.npy", np.asarray(counts, dtype=np.int64), allow_pickle=False)
+    np.save(tmp / "keys.npy", np.concatenate(keys).astype(dtype), allow_pickle=False)
+    np.save(tmp / "values.npy", np.concatenate(values).astype(dtype), allow_pickle=False)
+    np.save(tmp / "spans.npy", np.concatenate(spans), allow_pickle=False)
+    os.replace(tmp, shard)  # a shard exists whole or not at all
+
+
+def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, dim: int, dtype, tmp: Path) -> int:
+    """Concatenate shards into chunk order; returns the number of memory tokens."""
+    n = len(chunks)
+    shards = [work / f"shard-{s:06d}" for s in range(n_shards)]
+    counts = np.zeros(n, dtype=np.int64)
+    where: list[tuple[int, int]] = [(-1, -1)] * n  # row -> (shard, first token in shard)
+    for s, sh in enumerate(shards):
+        rows, cnt = np.load(sh / "rows.npy"), np.load(sh / "counts.npy")
+        firsts = np.concatenate([[0], np.cumsum(cnt)[:-1]])
+        for r, c, f in zip(rows.tolist(), cnt.tolist(), firsts.tolist(), strict=True):
+            counts[r], where[r] = c, (s, f)
+    start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    ntok = int(counts.sum())
+    emb = np.lib.format.open_memmap(tmp / "embeddings.npy", "w+", np.float32, (n, dim))
+    keys = np.lib.format.open_memmap(tmp / "kv_keys.npy", "w+", dtype, (ntok, nh, hs))
+    vals = np.lib.format.open_memmap(tmp / "kv_values.npy", "w+", dtype, (ntok, nh, hs))
+    spans = np.lib.format.open_memmap(tmp / "token_spans.npy", "w+", np.int64, (ntok, 2))
+    for s, sh in enumerate(shards):
+        rows = np.load(sh / "rows.npy")
+        e, k, v, sp = (np.load(sh / f, mmap_mode="r") for f in ("emb.npy", "keys.npy", "values.npy", "spans.npy"))
+        for b, r in enumerate(rows.tolist()):
+            _, f = where[r]
+            c, dst = counts[r], start[r]
+            emb[r] = e[b]
+            keys[dst : dst + c], vals[dst : dst + c], spans[dst : dst + c] = k[f : f + c], v[f : f + c], sp[f : f + c]
+    for arr in (emb, keys, vals, spans):
+        arr.flush()
+    del emb, keys, vals, spans
+    np.save(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1), allow_pickle=False)
+    return ntok
+
+
+def build_bundle(
+    kb: Path, out: Path, cfg: BuildConfig, encoder: Encoder, *, force: bool = False, progress: bool = True
+) -> dict:
+    """Build the bundle for KB `kb` at `out`; returns its manifest."""
+    kb, out = Path(kb), Path(out)
+    if out.exists() and not force:
+        raise BundleError(f"{out}: already exists; pass --force to replace it")
+    parent = out.parent if str(out.parent) else Path(".")
+    parent.mkdir(parents=True, exist_ok=True)
+    if not os.access(parent, os.W_OK):
+        raise BundleError(f"{parent}: output folder is not writable")
+    layer = encoder.check_layer(cfg.layer)
+    chunk_tokens = cfg.chunk_tokens or encoder.max_seq_length - 8
+    cfg = BuildConfig(**{**asdict(cfg), "chunk_tokens": chunk_tokens, "fields": cfg.fields})
+    if cfg.kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)}")
+    docs = read_kb(kb, cfg.fields)
+    chunks = chunk_documents(docs, encoder.tokenizer, chunk_tokens, cfg.overlap)
+    if not chunks:
+        raise KBFormatError(f"{kb}: no chunks")
+    plan = _plan_hash(chunks, cfg, encoder, layer)
+    work = parent / f".{out.name}.partial"
+    if (work / "plan.txt").is_file() and (work / "plan.txt").read_text() != plan:
+        log.info("discarding %s: it was started for other input or settings", work)
+        shutil.rmtree(work)
+    work.mkdir(exist_ok=True)
+    atomic_write_bytes(work / "plan.txt", plan.encode())
+    for stale in work.glob("*.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+
+    dtype = KV_DTYPES[cfg.kv_dtype]
+    batches = _batches(chunks, encoder.tokenizer, cfg.batch_size)
+    todo = [s for s in range(len(batches)) if not (work / f"shard-{s:06d}").is_dir()]
+    bar = tqdm(total=len(chunks), desc="encoding", unit="chunk", disable=not progress, initial=len(chunks) - sum(len(batches[s]) for s in todo))
+    for s in todo:
+        _encode_shard(encoder, chunks, batches[s], layer, dtype, work / f"shard-{s:06d}")
+        bar.update(len(batches[s]))
+    bar.close()
+
+    tmp = parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        info = encoder.info
+        ntok = _assemble(work, len(batches), chunks, info.num_heads, info.head_dim, info.dim, dtype, tmp)
+        xb = np.load(tmp / "embeddings.npy")
+        spec = choose_index(len(chunks), info.dim, cfg.index_type, cfg.index_params)
+        faiss.write_index(build_index(xb, spec), str(tmp / "index.faiss"))
+        with open(tmp / "chunks.jsonl", "w", encoding="utf-8") as f:
+            for c in chunks:
+                f.write(json.dumps(c.record(), sort_keys=True, ensure_ascii=False) + "\n")
+        manifest = _manifest(kb, cfg, encoder, layer, spec, docs, chunks, ntok, plan)
+        manifest = finalize(tmp, out, manifest, force=force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+    return manifest
+
+
+def _manifest(kb, cfg, encoder, layer, spec, docs, chunks, ntok, plan) -> dict:
+    labels: dict[str, int] = {}
+    for c in chunks:
+        if c.label is not None:
+            labels[c.label] = labels.get(c.label, 0) + 1
+    info = encoder.info
+    return {
+        "model": {
+            "name": info.name,
+            "fingerprint": info.fingerprint,
+            "num_layers": info.num_layers,
+            "num_heads": info.num_heads,
+            "head_dim": info.head_dim,
+            "dim": info.dim,
+            "max_seq_length": info.max_seq_length,
+        },
+        "memory_layer": layer,
+        "index": {"kind": spec.kind, "params": spec.params, "reason": spec.reason},
+        "kv_dtype": cfg.kv_dtype,
+        "counts": {"docs": len(docs), "chunks": len(chunks), "tokens": ntok, "labelled_chunks": sum(labels.values())},
+        "labels": sorted(labels),
+        "label_counts": dict(sorted(labels.items())),
+        "build": {
+            "source": Path(kb).name,
+            "input_sha256": plan,
+            "chunk_tokens": cfg.chunk_tokens,
+            "overlap": cfg.overlap,
+            "batch_size": cfg.batch_size,
+            "fields": asdict(cfg.fields),
+        },
+        "calibration": {"abstain_threshold": None},
+    }

@@ -1,0 +1,142 @@
+"""Read a knowledge base into documents: JSONL, JSON arrays, CSV, and folders of .txt/.md.
+
+Every error names the file and the line (or record) it comes from.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from softknn.errors import KBFormatError
+
+TEXT_SUFFIXES = (".txt", ".md")
+RECORD_SUFFIXES = (".jsonl", ".json", ".csv")
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Which record fields hold the id, the text and the label; other fields become metadata."""
+
+    id: str | None = "id"
+    text: str = "text"
+    label: str | None = "label"
+
+
+@dataclass
+class Document:
+    doc_id: str
+    text: str
+    label: str | None = None
+    metadata: dict = field(default_factory=dict)
+    source: str = ""  # "file:line" where it was read
+
+
+def _read_text(path: Path) -> str:
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise KBFormatError(f"{path}:{line}: not valid UTF-8 (byte {e.start}: {data[e.start:e.start + 1]!r})") from e
+
+
+def _record(rec: object, where: str, fields: Fields, default_id: str) -> Document:
+    if not isinstance(rec, dict):
+        raise KBFormatError(f"{where}: expected an object, got {type(rec).__name__}")
+    text = rec.get(fields.text)
+    if not isinstance(text, str) or not text.strip():
+        raise KBFormatError(f"{where}: missing or empty text field {fields.text!r}")
+    raw_id = rec.get(fields.id) if fields.id else None
+    if fields.id and fields.id in rec and (raw_id is None or isinstance(raw_id, (dict, list))):
+        raise KBFormatError(f"{where}: id field {fields.id!r} must be a string or number")
+    doc_id = str(raw_id) if raw_id is not None and str(raw_id).strip() else default_id
+    label = rec.get(fields.label) if fields.label else None
+    if label is not None and not isinstance(label, (str, int)):
+        raise KBFormatError(f"{where}: label field {fields.label!r} must be a string")
+    label = str(label) if label not in (None, "") else None
+    meta = rec.get("metadata") if isinstance(rec.get("metadata"), dict) else {}
+    extra = {k: v for k, v in rec.items() if k not in (fields.id, fields.text, fields.label, "metadata")}
+    return Document(doc_id, text, label, {**extra, **meta}, where)
+
+
+def _jsonl(path: Path, fields: Fields) -> Iterator[Document]:
+    for n, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise KBFormatError(f"{path}:{n}: invalid JSON: {e.msg}") from e
+        yield _record(rec, f"{path}:{n}", fields, f"{path.stem}-{n}")
+
+
+def _json(path: Path, fields: Fields) -> Iterator[Document]:
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError as e:
+        raise KBFormatError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
+    if not isinstance(data, list):
+        raise KBFormatError(f"{path}: expected a JSON array of records")
+    for n, rec in enumerate(data):
+        yield _record(rec, f"{path}[{n}]", fields, f"{path.stem}-{n}")
+
+
+def _csv(path: Path, fields: Fields) -> Iterator[Document]:
+    reader = csv.DictReader(_read_text(path).splitlines())
+    if not reader.fieldnames or fields.text not in reader.fieldnames:
+        raise KBFormatError(f"{path}:1: no column {fields.text!r} (columns: {reader.fieldnames})")
+    for n, row in enumerate(reader, start=2):
+        yield _record(row, f"{path}:{n}", fields, f"{path.stem}-{n - 1}")
+
+
+def _plain(path: Path, root: Path) -> Iterator[Document]:
+    text = _read_text(path)
+    if not text.strip():
+        raise KBFormatError(f"{path}:1: empty file")
+    rel = path.relative_to(root).as_posix() if path != root else path.name
+    yield Document(rel, text, None, {"path": rel}, f"{path}:1")
+
+
+def _files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise KBFormatError(f"{root}: no such file or folder")
+    suffixes = TEXT_SUFFIXES + RECORD_SUFFIXES
+    found = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in suffixes)
+    if not found:
+        raise KBFormatError(f"{root}: no .jsonl, .json, .csv, .txt or .md files")
+    return found
+
+
+def read_kb(root: Path, fields: Fields = Fields()) -> list[Document]:
+    """All documents under `root` (a file or a folder, walked in sorted order); ids must be unique."""
+    root = Path(root)
+    docs: list[Document] = []
+    seen: dict[str, str] = {}
+    for path in _files(root):
+        suffix = path.suffix.lower()
+        if suffix == ".jsonl":
+            items = _jsonl(path, fields)
+        elif suffix == ".json":
+            items = _json(path, fields)
+        elif suffix == ".csv":
+            items = _csv(path, fields)
+        elif suffix in TEXT_SUFFIXES:
+            items = _plain(path, root if root.is_dir() else path.parent)
+        else:
+            raise KBFormatError(f"{path}: unsupported file type {suffix!r}")
+        count = 0
+        for doc in items:
+            if doc.doc_id in seen:
+                raise KBFormatError(f"{doc.source}: duplicate id {doc.doc_id!r} (first at {seen[doc.doc_id]})")
+            seen[doc.doc_id] = doc.source
+            docs.append(doc)
+            count += 1
+        if count == 0:
+            raise KBFormatError(f"{path}:1: empty file (no records)")
+    return docs

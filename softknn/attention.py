@@ -1,0 +1,186 @@
+"""The fused attention of the memory layer, its diagnostics, and a plain reference beside it.
+
+Two soft k-NNs, one inside the other (seed 000 §4.3, DESIGN.md). Per head, for query position i:
+
+    attn_intra(i) = softmax_j(q_i·k_j·scale) · V_in                      (the layer's own attention)
+    attn_db(i)    = Σ_{c∈R} w_db(c) · softmax_{t∈c}(q_i·k_t·scale) · V_c
+    fixed:  out_i = α·attn_intra(i) + (1−α)·attn_db(i)
+    joint:  out_i = softmax over [input tokens ; all tokens of R](q_i·k·scale) · [V_in ; V_R]
+
+Both are one form, out_i = g_in·attn_intra(i) + Σ_c g_c·attn_c(i), with the gates
+fixed: g_in = α, g_c = (1−α)·w_db(c);  joint: g_in = Z_in/Z, g_c = Z_c/Z (each part's share of
+the joint partition function). The fast path computes that form batched; the reference loops.
+An input whose R is empty (a compact kernel with no chunk in its window) keeps the plain layer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+KERNELS = ("softmax", "epanechnikov", "uniform")
+
+
+@dataclass
+class MemoryBatch:
+    """The retrieved chunks of a batch, padded to S slots of Lm tokens each."""
+
+    key: torch.Tensor  # (B, nh, S, Lm, hs) layer-L keys of the chunks' non-special tokens
+    value: torch.Tensor  # (B, nh, S, Lm, hs)
+    token_mask: torch.Tensor  # (B, S, Lm) bool, True on real memory tokens
+    weight: torch.Tensor  # (B, S) w_db; 0 on empty slots; rows sum to 1 where R is non-empty
+
+    @property
+    def slot_mask(self) -> torch.Tensor:
+        return self.token_mask.any(-1)  # (B, S)
+
+
+@dataclass
+class FusedResult:
+    out: torch.Tensor  # (B, nh, T, hs) the layer's attention output
+    attn_in: torch.Tensor  # (B, nh, T, hs) attn_intra
+    attn_mem: torch.Tensor  # (B, nh, T, S, hs) attn_c per slot
+    p_mem: torch.Tensor  # (B, nh, T, S, Lm) softmax within each chunk
+    gate_in: torch.Tensor  # (B, nh, T) g_in
+    gate_mem: torch.Tensor  # (B, nh, T, S) g_c
+    entropy: torch.Tensor  # (B, nh, T) entropy of the whole fused distribution (nats)
+    entropy_in: torch.Tensor  # (B, nh, T) entropy of the intra softmax alone
+
+
+def knn_weights(scores: torch.Tensor, valid: torch.Tensor, temperature: float, kernel: str = "softmax") -> torch.Tensor:
+    """Nadaraya–Watson weights of retrieved chunks: w[b, c] = K(u_bc) / Σ_c' K(u_bc').
+
+    scores (B, S) are inner products of unit vectors, so the squared distance is d² = 2 − 2s.
+    softmax: K = exp(s/τ) — the Gaussian kernel exp(−d²/2h²) with h² = τ (seed 001: bandwidth ≈
+    temperature). epanechnikov: K = max(0, 1 − d²/τ); uniform: K = 1[d² ≤ τ] — the same bandwidth.
+    Rows with no chunk inside a compact kernel's window come back all zero (R is empty).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
+    scores = scores.double()
+    if kernel == "softmax":
+        logits = (scores / temperature).masked_fill(~valid, -math.inf)
+        w = torch.softmax(logits, dim=-1)
+        return torch.nan_to_num(w, nan=0.0).float()  # a row with no valid slot is all zero
+    u2 = (2.0 - 2.0 * scores) / temperature
+    k = (1.0 - u2).clamp(min=0.0) if kernel == "epanechnikov" else (u2 <= 1.0).double()
+    k = k * valid
+    total = k.sum(-1, keepdim=True)
+    return torch.where(total > 0, k / total.clamp(min=1e-300), torch.zeros_like(k)).float()
+
+
+def truncation_bound(scores: torch.Tensor, valid: torch.Tensor, n_total: int, temperature: float, kernel: str) -> torch.Tensor:
+    """Upper bound on the kernel mass top-k truncation dropped, per row (B,).
+
+    Every chunk outside R scores at most min_R s, so its kernel value is at most K(min_R s), and
+    dropped ≤ (N−|R|)·K(s_min) / (Σ_R K(s) + (N−|R|)·K(s_min)). Zero when R covers the KB.
+    """
+    scores = scores.double()
+    r = valid.sum(-1).double()
+    rest = (n_total - r).clamp(min=0)
+    s_min = scores.masked_fill(~valid, math.inf).min(-1).values
+    if kernel == "softmax":
+        kept = torch.logsumexp((scores / temperature).masked_fill(~valid, -math.inf), -1)
+        dropped = torch.log(rest) + s_min / temperature
+        bound = torch.exp(dropped - torch.logaddexp(kept, dropped))
+    else:
+        u2 = (2.0 - 2.0 * scores) / temperature
+        kv = (1.0 - u2).clamp(min=0.0) if kernel == "epanechnikov" else (u2 <= 1.0).double()
+        kept = (kv * valid).sum(-1)
+        u2min = (2.0 - 2.0 * s_min) / temperature
+        kmin = (1.0 - u2min).clamp(min=0.0) if kernel == "epanechnikov" else (u2min <= 1.0).double()
+        denom = kept + rest * kmin
+        bound = torch.where(denom > 0, rest * kmin / denom.clamp(min=1e-300), torch.zeros_like(denom))
+    bound = torch.where((rest > 0) & (r > 0), bound, torch.zeros_like(bound))
+    return torch.nan_to_num(bound, nan=0.0).float()
+
+
+def entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Shannon entropy in nats, H = −Σ p log p (0·log 0 = 0)."""
+    return torch.special.entr(p).sum(dim)
+
+
+def fused_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    memory: MemoryBatch,
+    alpha: torch.Tensor,
+    joint: torch.Tensor,
+    scaling: float,
+) -> FusedResult:
+    """Fast, batched fused attention. q, k, v (B, nh, T, hs); mask (B, T) bool; alpha (B,); joint (B,) bool."""
+    B, nh, T, hs = q.shape
+    neg = -math.inf
+    s_in = (q @ k.transpose(-1, -2)) * scaling  # (B, nh, T, T)
+    s_in = s_in.masked_fill(~mask[:, None, None, :], neg)
+    lse_in = torch.logsumexp(s_in, -1)  # (B, nh, T)
+    p_in = torch.exp(s_in - lse_in[..., None])  # (B, nh, T, T)
+    attn_in = p_in @ v  # (B, nh, T, hs)
+
+    s_mem = torch.einsum("bhtd,bhsld->bhtsl", q, memory.key) * scaling  # (B, nh, T, S, Lm)
+    s_mem = s_mem.masked_fill(~memory.token_mask[:, None, None], neg)
+    lse_mem = torch.logsumexp(s_mem, -1)  # (B, nh, T, S), -inf on empty slots
+    p_mem = torch.nan_to_num(torch.exp(s_mem - lse_mem[..., None]), nan=0.0)  # (B, nh, T, S, Lm)
+    attn_mem = torch.einsum("bhtsl,bhsld->bhtsd", p_mem, memory.value)  # (B, nh, T, S, hs)
+
+    has_mem = memory.slot_mask.any(-1)  # (B,)
+    a = torch.where(has_mem, alpha.to(q.dtype), torch.ones_like(alpha, dtype=q.dtype))  # (B,)
+    g_in_fixed = a[:, None, None].expand(B, nh, T)  # (B, nh, T)
+    g_mem_fixed = ((1 - a)[:, None] * memory.weight.to(q.dtype))[:, None, None, :].expand(B, nh, T, -1)
+    lse_all = torch.logsumexp(torch.cat([lse_in[..., None], lse_mem], -1), -1)  # (B, nh, T)
+    g_in_joint = torch.exp(lse_in - lse_all)  # (B, nh, T)
+    g_mem_joint = torch.exp(lse_mem - lse_all[..., None])  # (B, nh, T, S)
+    j = joint[:, None, None]
+    gate_in = torch.where(j, g_in_joint, g_in_fixed)
+    gate_mem = torch.where(j[..., None], g_mem_joint, g_mem_fixed)
+
+    out = gate_in[..., None] * attn_in + torch.einsum("bhts,bhtsd->bhtd", gate_mem, attn_mem)  # (B, nh, T, hs)
+    # chain rule: H(fused) = H(gates) + g_in·H(p_in) + Σ_c g_c·H(p_c)
+    h_in = entropy(p_in)  # (B, nh, T)
+    h_gates = torch.special.entr(gate_in) + entropy(gate_mem)
+    h = h_gates + gate_in * h_in + (gate_mem * entropy(p_mem)).sum(-1)
+    return FusedResult(out, attn_in, attn_mem, p_mem, gate_in, gate_mem, h, h_in)
+
+
+def fused_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    chunks: list[list[tuple[torch.Tensor, torch.Tensor]]],
+    weights: list[list[float]],
+    alpha: list[float],
+    joint: list[bool],
+    scaling: float,
+) -> torch.Tensor:
+    """The formulas above, one input, head and query at a time, in float64.
+
+    chunks[b] lists (k_c, v_c), each (nh, n_c, hs), of input b's retrieved chunks; weights[b] their
+    w_db. Returns out (B, nh, T, hs); pad query positions are left zero.
+    """
+    B, nh, T, hs = q.shape
+    out = torch.zeros(B, nh, T, hs, dtype=torch.float64)
+    for b in range(B):
+        valid = mask[b].nonzero().flatten()
+        for h in range(nh):
+            k_in, v_in = k[b, h, valid].double(), v[b, h, valid].double()  # (n, hs)
+            for i in valid.tolist():
+                qi = q[b, h, i].double()  # (hs,)
+                s_in = (k_in @ qi) * scaling
+                if not chunks[b]:
+                    out[b, h, i] = torch.softmax(s_in, 0) @ v_in
+                elif joint[b]:
+                    ks = torch.cat([k_in] + [kc[h].double() for kc, _ in chunks[b]])
+                    vs = torch.cat([v_in] + [vc[h].double() for _, vc in chunks[b]])
+                    out[b, h, i] = torch.softmax((ks @ qi) * scaling, 0) @ vs
+                else:
+                    intra = torch.softmax(s_in, 0) @ v_in
+                    db = torch.zeros(hs, dtype=torch.float64)
+                    for (kc, vc), w in zip(chunks[b], weights[b], strict=True):
+                        db += w * (torch.softmax((kc[h].double() @ qi) * scaling, 0) @ vc[h].double())
+                    out[b, h, i] = alpha[b] * intra + (1 - alpha[b]) * db
+    return out

@@ -1,0 +1,226 @@
+"""The on-disk index bundle: manifest, checksums, atomic write, load + verify. Nothing is unpickled.
+
+A bundle is one directory:
+    manifest.json      format version, model + weight fingerprint, layer, index spec, counts,
+                       labels, build settings, created-at, sha256 and size of every other file
+    embeddings.npy     (N, D) float32 chunk embeddings e_c (the exact search and PQ re-ranking)
+    index.faiss        FAISS index over embeddings.npy
+    kv_keys.npy        (Ntok, nh, hs) layer-L keys of every chunk's non-special tokens
+    kv_values.npy      (Ntok, nh, hs) values
+    chunk_tokens.npy   (N, 2) int64: first row in kv_* and token count of each chunk
+    token_spans.npy    (Ntok, 2) int64: each memory token's char span in its document
+    chunks.jsonl       per chunk: chunk_id, doc_id, text, start, end (char span), label, metadata
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from softknn.errors import BundleError
+from softknn.memory import ChunkIndex, IndexSpec, KVStore
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+DATA_FILES = (
+    "embeddings.npy",
+    "index.faiss",
+    "kv_keys.npy",
+    "kv_values.npy",
+    "chunk_tokens.npy",
+    "token_spans.npy",
+    "chunks.jsonl",
+)
+
+
+def sha256_file(path: Path, bufsize: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while buf := f.read(bufsize):
+            h.update(buf)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary name beside `path`, fsync, then os.replace: readers see old or new."""
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, array, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def version_id(manifest: dict) -> str:
+    """Content address: sha256 of the manifest without its own id and creation time."""
+    body = {k: v for k, v in manifest.items() if k not in ("version_id", "created_at")}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def finalize(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False) -> dict:
+    """Checksum every data file in tmp_dir, write the manifest, and rename tmp_dir to out.
+
+    If `out` exists it is refused unless `force`; then it is moved aside first and removed only
+    after the new bundle is in place, so a crash leaves either the old or the new bundle.
+    """
+    files = {}
+    for name in DATA_FILES:
+        p = tmp_dir / name
+        if not p.is_file():
+            raise BundleError(f"{p}: missing while finalizing the bundle")
+        files[name] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+    manifest = dict(manifest, format_version=FORMAT_VERSION, files=files)
+    manifest.setdefault("created_at", datetime.now(UTC).isoformat(timespec="seconds"))
+    manifest["version_id"] = version_id(manifest)
+    atomic_write_bytes(tmp_dir / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
+    _fsync_dir(tmp_dir)
+    old = None
+    if out.exists():
+        if not force:
+            raise BundleError(f"{out}: already exists; pass --force to replace it")
+        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+        os.replace(out, old)
+    os.replace(tmp_dir, out)
+    _fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return manifest
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_manifest(path: Path) -> dict:
+    mpath = Path(path) / MANIFEST
+    if not mpath.is_file():
+        raise BundleError(f"{path}: not a bundle (no {MANIFEST})")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BundleError(f"{mpath}: unreadable manifest: {e}") from e
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise BundleError(
+            f"{mpath}: format_version {manifest.get('format_version')!r}, this softknn reads {FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def verify_bundle(path: Path) -> dict:
+    """Check the manifest and every file's size and sha256; return the manifest or raise BundleError."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    files = manifest.get("files", {})
+    for name in DATA_FILES:
+        if name not in files:
+            raise BundleError(f"{path / MANIFEST}: no checksum recorded for {name}")
+        p = path / name
+        if not p.is_file():
+            raise BundleError(f"{p}: missing")
+        if p.stat().st_size != files[name]["bytes"]:
+            raise BundleError(f"{p}: size {p.stat().st_size} != manifest {files[name]['bytes']}")
+        if sha256_file(p) != files[name]["sha256"]:
+            raise BundleError(f"{p}: sha256 mismatch (corrupt or modified)")
+    if version_id(manifest) != manifest.get("version_id"):
+        raise BundleError(f"{path / MANIFEST}: version_id does not match its content (edited manifest)")
+    return manifest
+
+
+@dataclass
+class Bundle:
+    path: Path
+    manifest: dict
+    index: ChunkIndex
+    kv: KVStore
+    chunks: list[dict]
+    token_spans: np.ndarray  # (Ntok, 2)
+    labels: list[str] = field(default_factory=list)
+    _by_id: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def version(self) -> str:
+        return self.manifest["version_id"]
+
+    @property
+    def memory_layer(self) -> int:
+        return int(self.manifest["memory_layer"])
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def row_of(self, chunk_id: str) -> int | None:
+        return self._by_id.get(chunk_id)
+
+    def summary(self) -> dict:
+        m = self.manifest
+        return {
+            "version_id": m["version_id"],
+            "path": str(self.path),
+            "created_at": m.get("created_at"),
+            "model": m["model"],
+            "memory_layer": m["memory_layer"],
+            "index": m["index"],
+            "kv_dtype": m["kv_dtype"],
+            "counts": m["counts"],
+            "labels": m.get("labels", []),
+            "calibration": m.get("calibration", {}),
+            "bytes": sum(f["bytes"] for f in m["files"].values()),
+        }
+
+
+def load_bundle(
+    path: Path, *, expected_fingerprint: str | None = None, verify: bool = True, use_gpu: bool = False
+) -> Bundle:
+    """Verify (checksums) and load a bundle; refuse one built with other model weights."""
+    import faiss
+
+    path = Path(path)
+    manifest = verify_bundle(path) if verify else read_manifest(path)
+    fp = manifest["model"]["fingerprint"]
+    if expected_fingerprint is not None and fp != expected_fingerprint:
+        raise BundleError(
+            f"{path}: built with model weights {fp[:12]}…, but the loaded model is {expected_fingerprint[:12]}…"
+            f" ({manifest['model'].get('name')}); rebuild the bundle with this model"
+        )
+    load = lambda name: np.load(path / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
+    xb = load("embeddings.npy")
+    index = faiss.read_index(str(path / "index.faiss"))
+    ct = np.asarray(load("chunk_tokens.npy"))
+    kv = KVStore(load("kv_keys.npy"), load("kv_values.npy"), ct[:, 0], ct[:, 1])
+    with open(path / "chunks.jsonl", encoding="utf-8") as f:
+        chunks = [json.loads(line) for line in f]
+    n = manifest["counts"]["chunks"]
+    if not (len(chunks) == n == xb.shape[0] == index.ntotal == len(ct)):
+        raise BundleError(f"{path}: inconsistent chunk counts (manifest {n}, chunks {len(chunks)}, index {index.ntotal})")
+    spec = IndexSpec(manifest["index"]["kind"], manifest["index"]["params"], manifest["index"].get("reason", ""))
+    return Bundle(
+        path=path,
+        manifest=manifest,
+        index=ChunkIndex(index, xb, spec, use_gpu=use_gpu),
+        kv=kv,
+        chunks=chunks,
+        token_spans=load("token_spans.npy"),
+        labels=list(manifest.get("labels", [])),
+        _by_id={c["chunk_id"]: i for i, c in enumerate(chunks)},
+    )

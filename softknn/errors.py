@@ -1,0 +1,42 @@
+"""Domain errors. No HTTP in here: the service maps each class to a status in one place."""
+
+
+class SoftKNNError(Exception):
+    """Base class. `field` names the offending input where there is one."""
+
+    kind = "softknn_error"
+
+    def __init__(self, message: str, *, field: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidInput(SoftKNNError):
+    """A request or file field has a value the core cannot use."""
+
+    kind = "invalid_input"
+
+
+class InputTooLarge(SoftKNNError):
+    """An input exceeds a size limit (characters, tokens, items) and truncation was not asked for."""
+
+    kind = "input_too_large"
+
+
+class BundleError(SoftKNNError):
+    """A bundle is missing, corrupt (checksum), of another format version, or for another model."""
+
+    kind = "bundle_error"
+
+
+class KBFormatError(SoftKNNError):
+    """A knowledge-base input file cannot be read; the message names the file and line."""
+
+    kind = "kb_format_error"
+
+
+class UnsupportedModel(SoftKNNError):
+    """The model's architecture does not expose per-layer attention softknn can fuse into."""
+
+    kind = "unsupported_model"

@@ -1,0 +1,146 @@
+"""From the fused attention's weights to evidence: chunks, word spans, query tokens, influence, labels.
+
+All quantities average over heads and the input's non-pad query positions (`valid`):
+    mass_share(c)  = mean_{h,i} g_c(h,i)                      (fixed: exactly (1−α)·w_db(c))
+    token mass(t)  = mean_{h,i} g_c(h,i)·p_c(h,i,t)            (Σ_t = mass_share(c))
+    pull(i, t)     = mean_h g_c(h,i)·p_c(h,i,t)                (which query tokens drew token t)
+    influence(c)   = ‖Δout‖ / ‖out‖ over (h, i, hs) when c is removed and the memory weights
+                     renormalise, in closed form (no second pass):
+        fixed: Δ = (1−α)·w_c/(1−w_c)·(attn_db − attn_c); with c the only chunk, Δ = (1−α)(attn_intra − attn_db)
+        joint: Δ = g_c/(1−g_c)·(out − attn_c)
+    label_scores   = Σ_{c∈R} w_db(c)·onehot(label_c)            (Nadaraya–Watson, seed 001)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from softknn.attention import FusedResult, entropy
+
+
+def influence(fr: FusedResult, b: int, valid: torch.Tensor, weights: torch.Tensor, alpha: float, joint: bool) -> torch.Tensor:
+    """Relative change of the layer's attention output when each slot is removed, (S,)."""
+    out = fr.out[b][:, valid]  # (nh, n, hs)
+    a_s = fr.attn_mem[b][:, valid]  # (nh, n, S, hs)
+    norm = out.norm().clamp(min=1e-12)
+    if joint:
+        g = fr.gate_mem[b][:, valid]  # (nh, n, S)
+        delta = (g / (1 - g).clamp(min=1e-12))[..., None] * (out[:, :, None, :] - a_s)
+    else:
+        w = weights.to(out.dtype)  # (S,)
+        a_db = torch.einsum("s,hnsd->hnd", w, a_s)  # (nh, n, hs)
+        only = (w >= 1 - 1e-7)[None, None, :, None]
+        coef = ((1 - alpha) * w / (1 - w).clamp(min=1e-12))[None, None, :, None]
+        delta = torch.where(
+            only,
+            (1 - alpha) * (fr.attn_in[b][:, valid] - a_db)[:, :, None, :].expand_as(a_s),
+            coef * (a_db[:, :, None, :] - a_s),
+        )
+    return delta.pow(2).sum(dim=(0, 1, 3)).sqrt() / norm  # (S,)
+
+
+def _word_spans(spans: np.ndarray, mass: np.ndarray) -> list[tuple[int, int, float, list[int]]]:
+    """Merge consecutive subword tokens that touch (next.start == prev.end) into word spans."""
+    words: list[tuple[int, int, float, list[int]]] = []
+    for t, ((s, e), m) in enumerate(zip(spans.tolist(), mass.tolist(), strict=True)):
+        if words and s == words[-1][1]:
+            ps, _, pm, toks = words[-1]
+            words[-1] = (ps, e, pm + m, toks + [t])
+        else:
+            words.append((s, e, m, [t]))
+    return words
+
+
+def evidence_items(
+    fr: FusedResult,
+    b: int,
+    batch,
+    bundle,
+    rows: list[int],
+    scores: list[float],
+    weights: torch.Tensor,
+    alpha: float,
+    joint: bool,
+    n_items: int,
+    n_spans: int,
+) -> list[dict]:
+    """Evidence for input b, ranked by memory-mass share, each with its spans and influence."""
+    if not rows:
+        return []
+    valid = batch.mask[b].cpu()  # (T,)
+    g = fr.gate_mem[b][:, valid].cpu()  # (nh, n, S)
+    p = fr.p_mem[b][:, valid].cpu()  # (nh, n, S, Lm)
+    pull = (g[..., None] * p).mean(0)  # (n, S, Lm)
+    token_mass = pull.mean(0)  # (S, Lm)
+    shares = g.mean(dim=(0, 1))  # (S,)
+    infl = influence(fr, b, valid.to(fr.out.device), weights.to(fr.out.device), alpha, joint).cpu()
+    q_idx = valid.nonzero().flatten()
+    q_spans = batch.offsets[b, q_idx].tolist()
+    q_special = batch.special[b, q_idx].tolist()
+    text = batch.texts[b]
+    order = sorted(range(len(rows)), key=lambda s: (-float(shares[s]), s))[:n_items]
+    items = []
+    for rank, s in enumerate(order):
+        c = bundle.chunks[rows[s]]
+        st, n = int(bundle.kv.start[rows[s]]), int(bundle.kv.count[rows[s]])
+        tspans = np.asarray(bundle.token_spans[st : st + n])
+        words = _word_spans(tspans, token_mass[s, :n].numpy())
+        words.sort(key=lambda w: -w[2])
+        spans = []
+        for ws, we, m, toks in words[:n_spans]:
+            pulls = pull[:, s, toks].sum(-1)  # (n,)
+            top = torch.argsort(pulls, descending=True)[:3].tolist()
+            spans.append({
+                "start": ws,
+                "end": we,
+                "text": c["text"][ws - c["start"] : we - c["start"]],
+                "weight": float(m),
+                "share": float(m / max(float(shares[s]), 1e-12)),
+                "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, float(pulls[i])) for i in top],
+            })
+        chunk_pull = pull[:, s, :n].sum(-1)  # (n,)
+        top_q = torch.argsort(chunk_pull, descending=True)[:5].tolist()
+        items.append({
+            "rank": rank,
+            "chunk_id": c["chunk_id"],
+            "doc_id": c["doc_id"],
+            "text": c["text"],
+            "start": c["start"],
+            "end": c["end"],
+            "label": c.get("label"),
+            "metadata": c.get("metadata") or {},
+            "similarity": float(scores[s]),
+            "weight": float(weights[s]),
+            "mass_share": float(shares[s]),
+            "influence": float(infl[s]),
+            "spans": spans,
+            "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, float(chunk_pull[i])) for i in top_q],
+        })
+    return items
+
+
+def _qtok(text: str, span: list[int], special: bool, index: int, weight: float) -> dict:
+    s, e = span
+    return {"index": index, "text": "[special]" if special else text[s:e], "start": s, "end": e, "weight": weight}
+
+
+def label_scores(labels: list[str | None], weights: list[float]) -> dict[str, float]:
+    """Σ_c w_db(c)·onehot(label_c), unlabelled chunks contributing nothing; sorted high to low."""
+    acc: dict[str, float] = {}
+    for lab, w in zip(labels, weights, strict=True):
+        if lab is not None:
+            acc[lab] = acc.get(lab, 0.0) + float(w)
+    return dict(sorted(acc.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def weight_entropy(w: list[float]) -> float:
+    if not w:
+        return 0.0
+    return float(entropy(torch.tensor(w, dtype=torch.float64)))
+
+
+def effective_k(h: float) -> float:
+    return math.exp(h)

@@ -1,0 +1,198 @@
+"""The KB memory: a FAISS index over chunk embeddings, the chunks' layer-L token keys/values.
+
+Vocabulary as in faiss: xb (N, D) the chunk embeddings, xq (B, D) queries, D/I the scores and ids
+of a search (I = -1 where fewer than k exist). Scores are inner products of unit vectors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+import torch
+
+from softknn.attention import MemoryBatch
+
+log = logging.getLogger(__name__)
+
+INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """Which FAISS index and its parameters; stored in the manifest, so a bundle rebuilds from it."""
+
+    kind: str  # flat | hnsw | ivf | ivfpq (never auto once chosen)
+    params: dict
+    reason: str = ""
+
+
+def choose_index(n: int, d: int, requested: str = "auto", params: dict | None = None) -> IndexSpec:
+    """Resolve `auto` by KB size; fill default parameters. See docs/benchmarks.md (ANN section)."""
+    if requested not in INDEX_TYPES:
+        raise ValueError(f"index type must be one of {INDEX_TYPES}, not {requested!r}")
+    params = dict(params or {})
+    kind, reason = requested, "requested"
+    if requested == "auto":
+        if n <= 50_000:
+            kind, reason = "flat", f"{n} chunks ≤ 50,000: exact search is fast enough"
+        elif n <= 2_000_000:
+            kind, reason = "hnsw", f"{n} chunks: HNSW (graph) for sub-linear search with high recall"
+        else:
+            kind, reason = "ivfpq", f"{n} chunks: IVF-PQ to keep the index in memory"
+    if kind == "hnsw":
+        params.setdefault("M", 32)
+        params.setdefault("efConstruction", 80)
+        params.setdefault("efSearch", 128)
+    elif kind in ("ivf", "ivfpq"):
+        params.setdefault("nlist", max(1, min(int(4 * math.sqrt(n)), n // 39 or 1)))
+        params.setdefault("nprobe", 32)
+        if kind == "ivfpq":
+            params.setdefault("m", _pq_subquantizers(d))
+            params.setdefault("nbits", 8)
+            params.setdefault("rerank", 4)  # search k·rerank codes, rescore exactly from xb
+    return IndexSpec(kind, params, reason)
+
+
+def _pq_subquantizers(d: int) -> int:
+    for m in (d // 8, d // 4, d // 2, d):
+        if m and d % m == 0:
+            return m
+    return d
+
+
+def build_index(xb: np.ndarray, spec: IndexSpec, *, seed: int = 1234) -> faiss.Index:
+    """A CPU FAISS index over xb (N, D) float32, inner-product metric.
+
+    Built single-threaded: HNSW insertion and k-means order depend on thread scheduling, and the
+    builder promises the same bytes for the same input.
+    """
+    n, d = xb.shape
+    p = spec.params
+    prev = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        if spec.kind == "flat":
+            index = faiss.IndexFlatIP(d)
+        elif spec.kind == "hnsw":
+            index = faiss.IndexHNSWFlat(d, int(p["M"]), faiss.METRIC_INNER_PRODUCT)
+            index.hnsw.efConstruction = int(p["efConstruction"])
+        elif spec.kind in ("ivf", "ivfpq"):
+            quantizer = faiss.IndexFlatIP(d)
+            nlist = int(p["nlist"])
+            if spec.kind == "ivf":
+                index = faiss.IndexIVFFlat(quantizer, d, nlist, faiss.METRIC_INNER_PRODUCT)
+            else:
+                index = faiss.IndexIVFPQ(quantizer, d, nlist, int(p["m"]), int(p["nbits"]), faiss.METRIC_INNER_PRODUCT)
+            index.cp.seed = seed
+            index.train(xb)
+        else:
+            raise ValueError(f"unknown index kind {spec.kind!r}")
+        index.add(xb)
+    finally:
+        faiss.omp_set_num_threads(prev)
+    return index
+
+
+def gpu_available() -> bool:
+    """True when faiss has GPU support and sees a device, and torch has CUDA; never raises."""
+    try:
+        return hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0 and torch.cuda.is_available()
+    except Exception:  # a CPU-only faiss build without the symbol
+        return False
+
+
+class ChunkIndex:
+    """Search over chunk embeddings: the FAISS index (possibly on GPU) and the exact fallback."""
+
+    def __init__(self, index: faiss.Index, xb: np.ndarray, spec: IndexSpec, *, use_gpu: bool = False):
+        self.spec = spec
+        self.xb = xb  # (N, D) float32, memory-mapped: the exact path and the PQ re-ranker read it
+        self.ntotal = int(index.ntotal)
+        self._xb_t = torch.from_numpy(np.array(xb, dtype=np.float32))  # one in-memory copy, for exact search
+        self.on_gpu = False
+        if spec.kind == "hnsw":
+            index.hnsw.efSearch = int(spec.params.get("efSearch", 128))
+        if spec.kind in ("ivf", "ivfpq"):
+            index.nprobe = int(spec.params.get("nprobe", 32))
+        if use_gpu and spec.kind != "hnsw" and gpu_available():
+            self._res = faiss.StandardGpuResources()
+            index = faiss.index_cpu_to_gpu(self._res, 0, index)
+            self.on_gpu = True
+        self.index = index
+
+    def search(self, xq: np.ndarray, k: int, *, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """D, I (B, k): the k chunks with the largest xq·xb (exact) or the index's answer (ANN)."""
+        k = max(1, min(int(k), self.ntotal))
+        xq = np.ascontiguousarray(xq, dtype=np.float32)
+        if exact or self.spec.kind == "flat":
+            return self.search_exact(xq, k)
+        if self.spec.kind == "ivfpq":
+            kk = min(self.ntotal, k * int(self.spec.params.get("rerank", 4)))
+            _, cand = self.index.search(xq, kk)
+            return self._rerank(xq, cand, k)
+        D, I = self.index.search(xq, k)
+        return D, I
+
+    def search_exact(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Brute force: scores = xq @ xbᵀ, top-k; ties broken by the lower id."""
+        scores = torch.from_numpy(xq) @ self._xb_t.T  # (B, N)
+        D, I = torch.topk(scores, k, dim=1, sorted=True)
+        return D.numpy(), I.numpy().astype(np.int64)
+
+    def _rerank(self, xq: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        D = np.full((len(xq), k), -np.inf, dtype=np.float32)
+        I = np.full((len(xq), k), -1, dtype=np.int64)
+        for b, ids in enumerate(cand):
+            ids = ids[ids >= 0]
+            s = self.xb[ids] @ xq[b]  # exact scores of the PQ candidates
+            order = np.argsort(-s, kind="stable")[:k]
+            D[b, : len(order)], I[b, : len(order)] = s[order], ids[order]
+        return D, I
+
+
+class KVStore:
+    """Per chunk, its non-special tokens' layer-L keys and values, and their char spans.
+
+    keys/values (Ntok, nh, hs) memory-mapped; chunk c owns rows start[c] : start[c] + count[c].
+    """
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray, start: np.ndarray, count: np.ndarray):
+        assert keys.shape == values.shape and keys.ndim == 3, (keys.shape, values.shape)
+        self.keys, self.values = keys, values
+        self.start, self.count = start, count
+        self.num_heads, self.head_dim = keys.shape[1], keys.shape[2]
+
+    def chunk(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k_c, v_c (nh, n_c, hs) float32."""
+        s, n = int(self.start[c]), int(self.count[c])
+        kc = torch.from_numpy(np.asarray(self.keys[s : s + n], dtype=np.float32))  # (n, nh, hs)
+        vc = torch.from_numpy(np.asarray(self.values[s : s + n], dtype=np.float32))
+        return kc.transpose(0, 1), vc.transpose(0, 1)
+
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """Pad each input's chunks into a MemoryBatch: S = max |R|, Lm = the longest chunk."""
+        B = len(ids)
+        S = max(1, max((len(r) for r in ids), default=1))
+        Lm = max(1, max((int(self.count[c]) for r in ids for c in r), default=1))
+        nh, hs = self.num_heads, self.head_dim
+        key = torch.zeros(B, S, Lm, nh, hs)
+        value = torch.zeros(B, S, Lm, nh, hs)
+        token_mask = torch.zeros(B, S, Lm, dtype=torch.bool)
+        weight = torch.zeros(B, S)
+        for b, row in enumerate(ids):
+            for s, c in enumerate(row):
+                st, n = int(self.start[c]), int(self.count[c])
+                key[b, s, :n] = torch.from_numpy(np.asarray(self.keys[st : st + n], dtype=np.float32))
+                value[b, s, :n] = torch.from_numpy(np.asarray(self.values[st : st + n], dtype=np.float32))
+                token_mask[b, s, :n] = True
+                weight[b, s] = weights[b][s]
+        return MemoryBatch(
+            key=key.permute(0, 3, 1, 2, 4).contiguous().to(device),  # (B, nh, S, Lm, hs)
+            value=value.permute(0, 3, 1, 2, 4).contiguous().to(device),
+            token_mask=token_mask.to(device),
+            weight=weight.to(device),
+        )

@@ -1,0 +1,86 @@
+"""The one Settings object: built once at each entry point (CLI, service) and passed down.
+
+Every field is also an environment variable: prefix `SOFTKNN_`, nested sections joined by `__`
+(e.g. `SOFTKNN_DEFAULTS__ALPHA=0.5`, `SOFTKNN_AUTH__API_KEY=...`). The README has the table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ModelSettings(BaseModel):
+    name: str | None = Field(None, description="sentence-transformers model path; empty = packaged all-MiniLM-L6-v2")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when visible, else cpu")
+    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = the number of CPU cores")
+
+
+class InferDefaults(BaseModel):
+    alpha: float = Field(0.7, ge=0, le=1, description="fixed mixing weight of the input's own attention (seed 000 §4.3)")
+    mixing: Literal["fixed", "joint"] = "fixed"
+    k: int = Field(8, ge=1, description="chunks retrieved from the KB")
+    temperature: float = Field(0.05, gt=0, description="k-NN bandwidth τ of w_db = softmax(s/τ)")
+    kernel: Literal["softmax", "epanechnikov", "uniform"] = "softmax"
+    evidence: int = Field(5, ge=0, description="evidence items returned per input")
+    spans: int = Field(5, ge=0, description="highlighted spans per evidence item")
+    hybrid_pool: int = Field(64, ge=1, description="candidates searched when a hybrid threshold is set")
+
+
+class Limits(BaseModel):
+    max_inputs: int = Field(64, ge=1, description="texts per request")
+    max_chars: int = Field(20_000, ge=1, description="characters per text")
+    max_tokens: int | None = Field(None, description="tokens per text; default the model's max_seq_length")
+    max_k: int = Field(256, ge=1)
+    max_evidence: int = Field(50, ge=0)
+    max_body_bytes: int = Field(2_000_000, ge=1024, description="request body size")
+
+
+class Batching(BaseModel):
+    max_batch_tokens: int = Field(4096, ge=1, description="padded tokens per micro-batch")
+    max_batch_size: int = Field(32, ge=1, description="texts per micro-batch")
+    max_wait_ms: float = Field(2.0, ge=0, description="how long the worker waits to fill a batch")
+    queue_size: int = Field(256, ge=1, description="texts waiting; beyond it requests get 429")
+    request_timeout_s: float = Field(30.0, gt=0, description="a request waiting longer gets 503")
+
+
+class Auth(BaseModel):
+    api_key: SecretStr | None = Field(None, description="bearer key for /v1/*; unset = open")
+    admin_token: SecretStr | None = Field(None, description="bearer token for /v1/admin/*; unset = admin off")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SOFTKNN_", env_nested_delimiter="__", extra="ignore")
+
+    bundle: Path | None = Field(None, description="bundle directory the service loads")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    log_level: str = "info"
+    cors_origins: list[str] = Field(default_factory=list, description="allowed CORS origins; empty = CORS off")
+    use_gpu_index: bool = Field(True, description="put the FAISS index on the GPU when faiss-gpu sees one")
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    defaults: InferDefaults = Field(default_factory=InferDefaults)
+    limits: Limits = Field(default_factory=Limits)
+    batching: Batching = Field(default_factory=Batching)
+    auth: Auth = Field(default_factory=Auth)
+
+    def device(self) -> str:
+        if self.model.device != "auto":
+            return self.model.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def apply_threads(settings: Settings) -> int:
+    """Set torch's intra-op threads from settings (0 = cores); returns the number set."""
+    import os
+
+    import torch
+
+    n = settings.model.threads or os.cpu_count() or 1
+    torch.set_num_threads(n)
+    return n
