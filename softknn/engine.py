@@ -143,7 +143,7 @@ class Engine:
         rows = retr.rows[b]
         w = retr.weights[b]
         S = len(rows)
-        weights = torch.zeros(max(S, 1))
+        weights = torch.zeros(fr.gate_mem.shape[-1])  # (S_max,) this input's w_db, zero-padded
         weights[:S] = torch.tensor(w)
         h_db = weight_entropy(w)
         h_att = float(fr.entropy[b][:, valid].mean())
@@ -171,7 +171,7 @@ class Engine:
         labels = [self.bundle.chunks[r].get("label") for r in rows]
         result = {
             "embedding": emb[b].float().cpu().tolist(),
-            "evidence": evidence_items(fr, b, batch, self.bundle, rows, retr.scores[b], weights[:S],
+            "evidence": evidence_items(fr, b, batch, self.bundle, rows, retr.scores[b], weights,
                                        p.alpha, p.mixing == "joint", p.evidence, p.spans),
             "diagnostics": diag,
             "label_scores": None,

@@ -1,0 +1,167 @@
+"""The contract end to end on the real model and the sample bundle (real FAISS)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from softknn.engine import InferParams
+from softknn.reference import reference_embedding
+
+QUERY = "Can I bring my dog on the Coral Line ferry to Brindlewick?"
+
+
+def test_alpha_one_reproduces_the_unmodified_model(engine, encoder):
+    texts = [QUERY, "lost umbrella", "What happens to sailings when a storm warning is issued for the strait?"]
+    res = engine.infer(texts, InferParams(alpha=1.0, k=8))
+    plain = encoder.st.encode(texts, convert_to_numpy=True)
+    got = np.array([r["embedding"] for r in res])
+    assert np.abs(got - plain).max() <= 1e-5
+    assert all(r["diagnostics"]["memory_share"] == 0.0 for r in res)
+
+
+@pytest.mark.parametrize("mixing", ["fixed", "joint"])
+def test_exact_full_kb_equals_brute_force_reference(engine, encoder, sample_bundle, mixing):
+    n = len(sample_bundle)
+    res = engine.infer([QUERY], InferParams(alpha=0.7, mixing=mixing, k=n, temperature=0.05, exact=True, evidence=n))
+    ref, rows, w = reference_embedding(encoder, sample_bundle, QUERY, alpha=0.7, mixing=mixing, k=n, temperature=0.05)
+    assert len(rows) == n
+    assert np.abs(np.array(res[0]["embedding"]) - ref).max() <= 1e-5
+    got_w = {e["chunk_id"]: e["weight"] for e in res[0]["evidence"]}
+    ref_w = {sample_bundle.chunks[r]["chunk_id"]: x for r, x in zip(rows, w)}
+    assert got_w.keys() == ref_w.keys()
+    assert max(abs(got_w[c] - ref_w[c]) for c in ref_w) <= 1e-6
+
+
+def test_ann_free_topk_equals_reference_at_small_k(engine, encoder, sample_bundle):
+    res = engine.infer([QUERY], InferParams(alpha=0.5, k=5, temperature=0.1, exact=True))
+    ref, rows, _ = reference_embedding(encoder, sample_bundle, QUERY, alpha=0.5, mixing="fixed", k=5, temperature=0.1)
+    assert [e["chunk_id"] for e in sorted(res[0]["evidence"], key=lambda e: -e["similarity"])] == [
+        sample_bundle.chunks[r]["chunk_id"] for r in rows
+    ]
+    assert np.abs(np.array(res[0]["embedding"]) - ref).max() <= 1e-5
+
+
+def test_fixed_memory_shares_sum_to_one_minus_alpha(engine):
+    r = engine.infer([QUERY], InferParams(alpha=0.7, k=8, evidence=8))[0]
+    shares = [e["mass_share"] for e in r["evidence"]]
+    assert len(shares) == 8
+    assert sum(shares) == pytest.approx(0.3, abs=1e-6)
+    assert r["diagnostics"]["memory_share"] == pytest.approx(0.3, abs=1e-6)
+    for e in r["evidence"]:  # in fixed mode each share is exactly (1 − α)·w_db
+        assert e["mass_share"] == pytest.approx(0.3 * e["weight"], abs=1e-6)
+    assert shares == sorted(shares, reverse=True)
+
+
+def test_joint_memory_share_is_reported_not_set(engine):
+    r = engine.infer([QUERY], InferParams(mixing="joint", k=8, evidence=8))[0]
+    total = sum(e["mass_share"] for e in r["evidence"])
+    assert 0.0 < total < 1.0
+    assert r["diagnostics"]["memory_share"] == pytest.approx(total, abs=1e-6)
+    assert r["diagnostics"]["alpha"] is None
+
+
+def test_label_scores_are_the_nadaraya_watson_estimate(engine):
+    r = engine.infer([QUERY], InferParams(k=6, evidence=6))[0]
+    expected: dict[str, float] = {}
+    for e in r["evidence"]:
+        if e["label"] is not None:
+            expected[e["label"]] = expected.get(e["label"], 0.0) + e["weight"]
+    assert r["label_scores"].keys() == expected.keys()
+    for lab, score in expected.items():
+        assert r["label_scores"][lab] == pytest.approx(score, abs=1e-7)
+    assert r["prediction"] == max(expected, key=expected.get)
+
+
+def test_spans_round_trip_to_the_original_documents(engine, sample_kb):
+    docs = {}
+    for line in (sample_kb / "kb.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        docs[rec["id"]] = rec["text"]
+    for p in (sample_kb / "handbook").glob("*.md"):
+        docs[f"handbook/{p.name}"] = p.read_text()
+    texts = [QUERY, "Which vessel covers the Dusk Line when the Ossary Star is in dry dock?"]
+    for r, text in zip(engine.infer(texts, InferParams(k=8, evidence=8, spans=10)), texts):
+        assert r["evidence"]
+        for e in r["evidence"]:
+            doc = docs[e["doc_id"]]
+            assert doc[e["start"] : e["end"]] == e["text"]
+            for sp in e["spans"]:
+                assert doc[sp["start"] : sp["end"]] == sp["text"]
+                for qt in sp["query_tokens"]:
+                    assert qt["text"] == "[special]" or text[qt["start"] : qt["end"]] == qt["text"]
+
+
+def test_stored_chunk_memory_equals_recomputing_the_chunk(encoder, sample_bundle):
+    rows = [0, 7, len(sample_bundle) - 1]
+    texts = [sample_bundle.chunks[r]["text"] for r in rows]
+    emb = encoder.st.encode(texts, convert_to_numpy=True)
+    assert np.abs(np.asarray(sample_bundle.index.xb)[rows] - emb).max() <= 1e-5
+    layer = sample_bundle.memory_layer
+    for r, text in zip(rows, texts):
+        batch = encoder.tokenize([text])
+        plain = encoder.forward_plain(batch, capture_layer=layer)
+        keep = ~batch.special[0]
+        kc, vc = sample_bundle.kv.chunk(r)
+        assert torch.allclose(kc, plain.key[0][:, keep], atol=1e-5, rtol=0)
+        assert torch.allclose(vc, plain.value[0][:, keep], atol=1e-5, rtol=0)
+
+
+def test_batched_inputs_with_different_params_equal_their_solo_results(engine):
+    texts = [QUERY, "refund for a cancelled sailing", "wheelchair access at Saltbridge Pier please"]
+    params = [InferParams(alpha=0.3, k=4), InferParams(mixing="joint", k=8, temperature=0.1), InferParams(k=2, exact=True)]
+    together = engine.infer(texts, params)
+    for text, p, r in zip(texts, params, together):
+        solo = engine.infer([text], p)[0]
+        assert np.abs(np.array(solo["embedding"]) - np.array(r["embedding"])).max() <= 1e-5
+        assert [e["chunk_id"] for e in solo["evidence"]] == [e["chunk_id"] for e in r["evidence"]]
+
+
+def test_diagnostics_entropy_and_effective_k(engine):
+    r = engine.infer([QUERY], InferParams(k=8, temperature=0.05))[0]
+    d = r["diagnostics"]
+    w = np.array([e["weight"] for e in engine.infer([QUERY], InferParams(k=8, evidence=8))[0]["evidence"]])
+    h = float(-(w * np.log(w)).sum())
+    assert d["w_db_entropy"] == pytest.approx(h, abs=1e-5)
+    assert d["w_db_effective_k"] == pytest.approx(np.exp(h), abs=1e-4)
+    assert 1.0 <= d["w_db_effective_k"] <= 8.0
+    assert 0.0 < d["truncation_bound"] < 1.0
+    assert d["attention_effective_k"] == pytest.approx(np.exp(d["attention_entropy"]))
+
+
+def test_hybrid_threshold_keeps_topk_plus_heavy_pool_chunks(engine):
+    base = engine.infer([QUERY], InferParams(k=2, temperature=0.5, evidence=50))[0]
+    hyb = engine.infer([QUERY], InferParams(k=2, temperature=0.5, threshold=0.01, hybrid_pool=64, evidence=50))[0]
+    assert base["diagnostics"]["retrieved"] == 2
+    assert hyb["diagnostics"]["retrieved"] > 2  # a flat τ spreads weight over the pool beyond top-2
+    top2 = [e["chunk_id"] for e in sorted(base["evidence"], key=lambda e: -e["similarity"])]
+    hyb_ids = [e["chunk_id"] for e in sorted(hyb["evidence"], key=lambda e: -e["similarity"])]
+    assert hyb_ids[:2] == top2
+
+
+def test_influence_matches_removing_the_chunk_and_renormalising(engine, encoder, sample_bundle):
+    """Closed-form influence vs. actually rerunning the layer without the chunk (weights renormalised)."""
+    from softknn.attention import fused_attention
+
+    text, p = QUERY, InferParams(alpha=0.6, k=4, evidence=4)
+    r = engine.infer([text], p)[0]
+    ev = r["evidence"][0]
+    batch = encoder.tokenize([text])
+    plain = encoder.forward_plain(batch, keep_hidden=True)
+    retr = engine.retrieve(plain.embedding.numpy(), [p])
+    row = sample_bundle.row_of(ev["chunk_id"])
+    outs = {}
+    for name, rows, ws in [("all", retr.rows[0], retr.weights[0]),
+                           ("minus", [x for x in retr.rows[0] if x != row],
+                            [w for x, w in zip(retr.rows[0], retr.weights[0]) if x != row])]:
+        ws = [w / sum(ws) for w in ws]
+        mem = sample_bundle.kv.gather([rows], [ws], torch.device("cpu"))
+
+        def fuse(q, k, v, scaling, mem=mem, name=name):
+            outs[name] = fused_attention(q, k, v, batch.mask, mem, torch.tensor([0.6]), torch.tensor([False]), scaling).out
+            return outs[name]
+
+        encoder.forward_fused(batch, sample_bundle.memory_layer, fuse, plain)
+    delta = (outs["minus"] - outs["all"]).norm() / outs["all"].norm()
+    assert ev["influence"] == pytest.approx(float(delta), rel=1e-4)
