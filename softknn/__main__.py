@@ -1,0 +1,3 @@
+from softknn.cli import app
+
+app(prog_name="softknn")

@@ -1,0 +1,273 @@
+"""`softknn eval` (and `softknn calibrate`): the I/O edge of softknn.evaluation.
+
+Registered by softknn/cli.py as `app.command("eval")(eval_command)`; this module only parses,
+builds the encoder and bundle, calls softknn.evaluation, and writes the report, per-query
+predictions and plots (matplotlib, Agg) under --out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from softknn.errors import SoftKNNError
+
+log = logging.getLogger(__name__)
+
+
+# --- the validation split and its bundle ------------------------------------------------------
+def prepare_validation(kb: Path, fields, bundle_manifest: dict, work: Path, encoder, *, fraction: float = 0.1,
+                       seed: int = 0, layer: int | None = None, progress: bool = True):
+    """Hold out a stratified slice of the KB's labelled records and build a bundle from the rest,
+    with the same build settings as `bundle_manifest` (memory layer overridable, for sweeps).
+
+    Writes work/{rest.jsonl, heldout.jsonl, split.json, bundle/}; a rerun with the same split and
+    settings reuses the bundle. Returns (validation bundle path, held-out queries).
+    """
+    from index_builder.pipeline import BuildConfig, build_bundle
+    from index_builder.reader import Fields, read_kb
+    from softknn.bundle import verify_bundle
+    from softknn.errors import BundleError
+    from softknn.evaluation import Query, holdout_split, write_docs_jsonl
+
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    docs = read_kb(Path(kb), fields)
+    rest, held = holdout_split(docs, fraction, seed)
+    b = bundle_manifest["build"]
+    cfg = BuildConfig(layer=bundle_manifest["memory_layer"] if layer is None else layer,
+                      index_type=bundle_manifest["index"]["kind"], chunk_tokens=b["chunk_tokens"],
+                      overlap=b["overlap"], batch_size=b["batch_size"], kv_dtype=bundle_manifest["kv_dtype"],
+                      fields=Fields())
+    split = {"kb": str(Path(kb).resolve()), "fraction": fraction, "seed": seed, "n_rest": len(rest),
+             "n_held": len(held), "layer": cfg.layer, "kv_dtype": cfg.kv_dtype, "chunk_tokens": cfg.chunk_tokens,
+             "overlap": cfg.overlap, "index": cfg.index_type, "model": bundle_manifest["model"]["fingerprint"]}
+    out = work / "bundle"
+    reuse = False
+    if (work / "split.json").is_file() and json.loads((work / "split.json").read_text()) == split:
+        try:
+            verify_bundle(out)
+            reuse = True
+        except BundleError as e:
+            log.info("rebuilding %s: %s", out, e)
+    if not reuse:
+        write_docs_jsonl(rest, work / "rest.jsonl")
+        write_docs_jsonl(held, work / "heldout.jsonl")
+        build_bundle(work / "rest.jsonl", out, cfg, encoder, force=True, progress=progress)
+        (work / "split.json").write_text(json.dumps(split, indent=2))
+    return out, [Query(d.doc_id, d.text, d.label) for d in held]
+
+
+def calibrate(bundle_path: Path, kb: Path, fields, encoder, params, *, work: Path, fraction: float = 0.1,
+              seed: int = 0, target_loss: float = 0.01, batch_size: int = 32, progress: bool = True) -> dict:
+    """Choose the abstain threshold on a KB-side validation split and store it in the bundle."""
+    from softknn.bundle import load_bundle, read_manifest
+    from softknn.engine import Engine
+    from softknn.evaluation import Strategy, baseline_outcomes, calibration_record, run_variants, write_calibration
+
+    val_path, held = prepare_validation(kb, fields, read_manifest(bundle_path), work, encoder,
+                                        fraction=fraction, seed=seed, progress=progress)
+    val = load_bundle(val_path, expected_fingerprint=encoder.info.fingerprint)
+    run = run_variants(Engine(encoder, val), held, [(params, Strategy())], batch_size=batch_size,
+                       progress=progress, desc="calibration")
+    base = baseline_outcomes(run, val.chunks, params.k, params.temperature, params.kernel)
+    record = calibration_record(run.outcomes[0], base, held, params, target_loss, fraction, seed)
+    write_calibration(bundle_path, record)
+    (Path(work) / "calibration.json").write_text(json.dumps(record, indent=2))
+    return record
+
+
+# --- writing ----------------------------------------------------------------------------------
+def write_predictions(path: Path, run, base: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        for q, o, b in zip(run.queries, run.outcomes[0], base, strict=True):
+            f.write(json.dumps({"id": q.id, "label": q.label, "gold": q.gold,
+                                "softknn": {k: o[k] for k in ("prediction", "score", "ranked", "label_scores", "memory_share")},
+                                "baseline": {k: b[k] for k in ("nn1", "prediction", "score", "ranked")}},
+                               ensure_ascii=False) + "\n")
+
+
+def plot_abstain(rep: dict, path: Path, title: str = "") -> Path | None:
+    """Answered accuracy vs rejection rate (and OOD rejection vs accuracy loss), softknn beside baseline."""
+    cls = rep.get("classification")
+    if not cls:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    has_ood = cls["abstain"]["n_ood"] > 0
+    fig, axes = plt.subplots(1, 2 if has_ood else 1, figsize=(11 if has_ood else 5.5, 4.2), squeeze=False)
+    ax = axes[0][0]
+    for name, style in (("softknn", "-"), ("baseline_knn", "--")):
+        pts = [p for p in cls["curves"][name] if p["answered_accuracy"] is not None]
+        ax.plot([p["rejection_rate"] for p in pts], [p["answered_accuracy"] for p in pts], style, label=name)
+        a = cls["abstain"][name]
+        if a.get("threshold") is not None and a.get("answered_accuracy") is not None:
+            ax.plot([a["rejection_rate"]], [a["answered_accuracy"]], "o", label=f"{name} calibrated t={a['threshold']:.3f}")
+    ax.set_xlabel("in-scope rejection rate")
+    ax.set_ylabel("accuracy on answered queries")
+    ax.set_title("abstain trade-off (test queries)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if has_ood:
+        ax = axes[0][1]
+        for name, style in (("softknn", "-"), ("baseline_knn", "--")):
+            pts = cls["curves"][name]
+            ax.plot([p["accuracy_loss"] for p in pts], [p["ood_rejection_rate"] for p in pts], style, label=name)
+            a = cls["abstain"][name]
+            if a.get("threshold") is not None:
+                ax.plot([a["accuracy_loss"]], [a["ood_rejection_rate"]], "o", label=f"{name} calibrated")
+        ax.set_xlabel("in-scope accuracy loss (right answers rejected)")
+        ax.set_ylabel("out-of-domain rejection rate")
+        ax.set_xlim(0, 0.2)
+        ax.set_title("rejecting out-of-domain inputs")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: Path, rep: dict, run, base: list[dict], *, title: str = "") -> dict:
+    from softknn.evaluation import summary
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "report.json").write_text(json.dumps(rep, indent=2))
+    (out / "summary.json").write_text(json.dumps(summary(rep), indent=2))
+    write_predictions(out / "predictions.jsonl", run, base)
+    plot_abstain(rep, out / "abstain.png", title)
+    return rep
+
+
+def _print(rep: dict) -> None:
+    cls, ev = rep.get("classification"), rep.get("evidence")
+    if cls:
+        for name in ("softknn", "baseline_1nn", "baseline_knn"):
+            m = cls[name]
+            typer.echo(f"{name:13s} accuracy {m['accuracy']:.4f}  macro-F1 {m['macro_f1']:.4f}  (n={m['n']})")
+        for name in ("softknn", "baseline_knn"):
+            a = cls["abstain"][name]
+            if a.get("threshold") is not None:
+                typer.echo(f"{name:13s} abstain t={a['threshold']:.4f}: rejects {a['rejection_rate']:.3f} in-scope "
+                           f"(loss {a['accuracy_loss']:.4f}), OOD rejection {a.get('ood_rejection_rate')}")
+    if ev:
+        for name in ("softknn", "baseline"):
+            m = ev[name]
+            typer.echo(f"{name:13s} " + "  ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "n") + f"  (n={m['n']})")
+
+
+# --- commands ---------------------------------------------------------------------------------
+Opt = typer.Option
+
+
+def eval_command(
+    bundle: Annotated[Path, typer.Argument(help="bundle directory")],
+    queries: Annotated[Path, typer.Argument(help="query set: .jsonl/.json/.csv file or folder (builder formats)")],
+    out: Annotated[Path, Opt("--out", "-o", help="report folder (report.json, summary.json, predictions.jsonl, abstain.png)")] = Path("eval-report"),
+    id_field: Annotated[str, Opt(help="query id field")] = "id",
+    text_field: Annotated[str, Opt(help="query text field")] = "text",
+    label_field: Annotated[str, Opt(help="gold label field (classification)")] = "label",
+    gold_field: Annotated[str, Opt(help="gold chunk/doc ids field: a list or one id (evidence)")] = "gold_ids",
+    ood: Annotated[Optional[Path], Opt(help="out-of-domain query set (rejection at the abstain threshold)")] = None,
+    ood_text_field: Annotated[Optional[str], Opt(help="text field of the OOD set (default: --text-field)")] = None,
+    match: Annotated[str, Opt(help="gold ids are doc ids (doc) or chunk ids (chunk)")] = "doc",
+    limit: Annotated[Optional[int], Opt(help="evaluate a seeded random subset of this many queries")] = None,
+    seed: Annotated[int, Opt(help="seed of --limit and of the calibration split")] = 0,
+    model: Annotated[Optional[str], Opt("--model", help="sentence-transformers model path")] = None,
+    alpha: Annotated[Optional[float], Opt(help="fixed-mixing weight of the input's own attention")] = None,
+    mixing: Annotated[Optional[str], Opt(help="fixed | joint")] = None,
+    k: Annotated[Optional[int], Opt(help="chunks retrieved")] = None,
+    temperature: Annotated[Optional[float], Opt(help="k-NN temperature τ")] = None,
+    kernel: Annotated[Optional[str], Opt(help="softmax | epanechnikov | uniform")] = None,
+    rounds: Annotated[int, Opt(help="2: retrieve again with the fused embedding (labels + evidence from round 2)")] = 1,
+    requery: Annotated[str, Opt(help="round-2 query: fused (e') or sum (e_q + e')")] = "fused",
+    baseline_k: Annotated[Optional[int], Opt(help="weighted k-NN baseline k (default: --k)")] = None,
+    baseline_temperature: Annotated[Optional[float], Opt(help="weighted k-NN baseline τ (default: --temperature)")] = None,
+    threshold: Annotated[Optional[float], Opt(help="abstain threshold to evaluate (default: the bundle's calibrated one)")] = None,
+    calibrate_kb: Annotated[Optional[Path], Opt(help="first calibrate: the KB the bundle was built from (its labelled records are split)")] = None,
+    calibrate_fraction: Annotated[float, Opt(help="share of each label held out for calibration")] = 0.1,
+    target_loss: Annotated[float, Opt(help="in-scope accuracy the threshold may cost on validation")] = 0.01,
+    kb_id_field: Annotated[str, Opt(help="KB id field (with --calibrate-kb)")] = "id",
+    kb_text_field: Annotated[str, Opt(help="KB text field (with --calibrate-kb)")] = "text",
+    kb_label_field: Annotated[str, Opt(help="KB label field (with --calibrate-kb)")] = "label",
+    batch_size: Annotated[int, Opt(help="queries per batch")] = 32,
+    progress: Annotated[bool, Opt(help="show progress bars")] = True,
+) -> None:
+    """Evaluate BUNDLE on QUERIES beside the plain embedding k-NN baseline: accuracy, macro-F1, abstain
+    trade-off, OOD rejection, recall@k / nDCG@10 / MRR@10 of the evidence. Writes a JSON report and plots."""
+    from index_builder.reader import Fields
+    from softknn.bundle import load_bundle
+    from softknn.cli import _encoder, _fail, _settings
+    from softknn.engine import Engine, InferParams
+    from softknn.evaluation import Strategy, baseline_outcomes, evaluate, read_queries, sample
+
+    try:
+        settings = _settings(model__name=model)
+        d = settings.defaults
+        params = InferParams(alpha=d.alpha if alpha is None else alpha, mixing=mixing or d.mixing, k=k or d.k,
+                             temperature=temperature or d.temperature, kernel=kernel or d.kernel,
+                             hybrid_pool=d.hybrid_pool).validate()
+        strategy = Strategy(rounds, requery).validate()
+        qs = sample(read_queries(queries, Fields(id_field, text_field, label_field), gold_field), limit, seed)
+        ood_qs = read_queries(ood, Fields(id_field, ood_text_field or text_field, None), None) if ood else None
+        encoder = _encoder(settings)
+        if calibrate_kb is not None:
+            record = calibrate(bundle, calibrate_kb, Fields(kb_id_field, kb_text_field, kb_label_field), encoder,
+                               params, work=out / "calibration", fraction=calibrate_fraction, seed=seed,
+                               target_loss=target_loss, batch_size=batch_size, progress=progress)
+            v = record["validation"]
+            typer.echo(f"calibrated {bundle}: abstain threshold {record['abstain_threshold']:.4f} "
+                       f"(validation n={v['n']}: loss {v['accuracy_loss']:.4f}, rejects {v['rejection_rate']:.3f})")
+        b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
+        engine = Engine(encoder, b)
+        rep, run, _ = evaluate(engine, qs, params, strategy, ood=ood_qs, baseline_k=baseline_k,
+                               baseline_temperature=baseline_temperature, threshold=threshold, match=match,
+                               batch_size=batch_size, progress=progress)
+        rep["queries"] = {"path": str(queries), "n": len(qs), "limit": limit, "seed": seed,
+                          "ood": str(ood) if ood else None}
+        base = baseline_outcomes(run, b.chunks, rep["baseline_params"]["k"], rep["baseline_params"]["temperature"],
+                                 params.kernel, match)
+        write_report(out, rep, run, base, title=f"{Path(bundle).name} on {Path(queries).name}")
+    except SoftKNNError as e:
+        _fail(e)
+    _print(rep)
+    typer.echo(f"report: {out / 'report.json'}")
+
+
+def calibrate_command(
+    bundle: Annotated[Path, typer.Argument(help="bundle directory (its manifest gets the threshold)")],
+    kb: Annotated[Path, typer.Argument(help="the KB the bundle was built from")],
+    work: Annotated[Path, Opt("--work", help="folder for the split and the validation bundle")] = Path("calibration"),
+    id_field: Annotated[str, Opt(help="KB id field")] = "id",
+    text_field: Annotated[str, Opt(help="KB text field")] = "text",
+    label_field: Annotated[str, Opt(help="KB label field")] = "label",
+    fraction: Annotated[float, Opt(help="share of each label held out")] = 0.1,
+    seed: Annotated[int, Opt(help="split seed")] = 0,
+    target_loss: Annotated[float, Opt(help="in-scope accuracy the threshold may cost on validation")] = 0.01,
+    model: Annotated[Optional[str], Opt("--model", help="sentence-transformers model path")] = None,
+    progress: Annotated[bool, Opt(help="show progress bars")] = True,
+) -> None:
+    """Calibrate BUNDLE's abstain threshold on a validation split of KB (never the test queries)."""
+    from index_builder.reader import Fields
+    from softknn.cli import _encoder, _fail, _settings
+    from softknn.engine import InferParams
+
+    try:
+        settings = _settings(model__name=model)
+        d = settings.defaults
+        params = InferParams(alpha=d.alpha, mixing=d.mixing, k=d.k, temperature=d.temperature, kernel=d.kernel)
+        record = calibrate(bundle, kb, Fields(id_field, text_field, label_field), _encoder(settings), params,
+                           work=work, fraction=fraction, seed=seed, target_loss=target_loss, progress=progress)
+    except SoftKNNError as e:
+        _fail(e)
+    typer.echo(json.dumps(record, indent=2))
+
