@@ -1,0 +1,78 @@
+"""Shared helpers for bench/ scripts: machine facts, timing with repeats, JSON + PNG output."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict:
+    import torch
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.is_available(),
+        "platform": platform.platform(),
+    }
+
+
+def timed(fn, repeats: int = 3) -> dict:
+    """Run fn `repeats` times; median and min–max of wall seconds (the machine is shared and noisy)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "runs": times}
+
+
+def timed_pair(fa, fb, repeats: int = 3) -> tuple[dict, dict]:
+    """Time two alternatives interleaved (a, b, a, b, …) so drifting load hits both alike."""
+    ta, tb = [], []
+    for _ in range(repeats):
+        for fn, acc in ((fa, ta), (fb, tb)):
+            t0 = time.perf_counter()
+            fn()
+            acc.append(time.perf_counter() - t0)
+    summary = lambda t: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "runs": t}  # noqa: E731
+    return summary(ta), summary(tb)
+
+
+def write(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    payload = {"benchmark": name, "when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(), **payload}
+    out = RESULTS / f"{name}.json"
+    out.write_text(json.dumps(payload, indent=2))
+    return out
+
+
+def plot_bars(name: str, labels: list[str], values: list[float], errs: list[tuple[float, float]] | None, ylabel: str, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    yerr = None
+    if errs:
+        yerr = [[v - lo for v, (lo, _) in zip(values, errs)], [hi - v for v, (_, hi) in zip(values, errs)]]
+    ax.bar(labels, values, yerr=yerr, capsize=4, color=["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3"][: len(values)])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    for i, v in enumerate(values):
+        ax.text(i, v, f"{v:.3g}", ha="center", va="bottom")
+    fig.tight_layout()
+    out = RESULTS / f"{name}.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
