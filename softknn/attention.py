@@ -47,6 +47,7 @@ class FusedResult:
     gate_mem: torch.Tensor  # (B, nh, T, S) g_c
     entropy: torch.Tensor  # (B, nh, T) entropy of the whole fused distribution (nats)
     entropy_in: torch.Tensor  # (B, nh, T) entropy of the intra softmax alone
+    lse_mem: torch.Tensor  # (B, nh, T, S) log Σ_{t∈c} exp(q_i·k_t·scale): how strongly i matches c
 
 
 def knn_weights(scores: torch.Tensor, valid: torch.Tensor, temperature: float, kernel: str = "softmax") -> torch.Tensor:
@@ -143,7 +144,7 @@ def fused_attention(
     h_in = entropy(p_in)  # (B, nh, T)
     h_gates = torch.special.entr(gate_in) + entropy(gate_mem)
     h = h_gates + gate_in * h_in + (gate_mem * entropy(p_mem)).sum(-1)
-    return FusedResult(out, attn_in, attn_mem, p_mem, gate_in, gate_mem, h, h_in)
+    return FusedResult(out, attn_in, attn_mem, p_mem, gate_in, gate_mem, h, h_in, lse_mem)
 
 
 def fused_attention_reference(

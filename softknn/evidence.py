@@ -4,6 +4,9 @@ All quantities average over heads and the input's non-pad query positions (`vali
     mass_share(c)  = mean_{h,i} g_c(h,i)                      (fixed: exactly (1−α)·w_db(c))
     token mass(t)  = mean_{h,i} g_c(h,i)·p_c(h,i,t)            (Σ_t = mass_share(c))
     pull(i, t)     = mean_h g_c(h,i)·p_c(h,i,t)                (which query tokens drew token t)
+    reach(i, c)    = mean_h softmax_i(log Z_c(h,i))             (which query tokens match chunk c:
+                     query i's share of the chunk's unnormalised attention; informative in fixed
+                     mode too, where every query gives c the same mass (1−α)·w_db(c))
     influence(c)   = ‖Δout‖ / ‖out‖ over (h, i, hs) when c is removed and the memory weights
                      renormalise, in closed form (no second pass):
         fixed: Δ = (1−α)·w_c/(1−w_c)·(attn_db − attn_c); with c the only chunk, Δ = (1−α)(attn_intra − attn_db)
@@ -32,13 +35,11 @@ def influence(fr: FusedResult, b: int, valid: torch.Tensor, weights: torch.Tenso
     else:
         w = weights.to(out.dtype)  # (S,)
         a_db = torch.einsum("s,hnsd->hnd", w, a_s)  # (nh, n, hs)
-        only = (w >= 1 - 1e-7)[None, None, :, None]
         coef = ((1 - alpha) * w / (1 - w).clamp(min=1e-12))[None, None, :, None]
-        delta = torch.where(
-            only,
-            (1 - alpha) * (fr.attn_in[b][:, valid] - a_db)[:, :, None, :].expand_as(a_s),
-            coef * (a_db[:, :, None, :] - a_s),
-        )
+        delta = coef * (a_db[:, :, None, :] - a_s)  # (nh, n, S, hs)
+        only = w >= 1 - 1e-7  # (S,) at most one slot; its branch is computed only when it exists
+        if bool(only.any()):
+            delta[:, :, only] = ((1 - alpha) * (fr.attn_in[b][:, valid] - a_db))[:, :, None, :]
     return delta.pow(2).sum(dim=(0, 1, 3)).sqrt() / norm  # (S,)
 
 
@@ -76,6 +77,7 @@ def evidence_items(
     pull = (g[..., None] * p).mean(0)  # (n, S, Lm)
     token_mass = pull.mean(0)  # (S, Lm)
     shares = g.mean(dim=(0, 1))  # (S,)
+    reach = torch.softmax(fr.lse_mem[b][:, valid].cpu(), dim=1).mean(0)  # (n, S) softmax over queries
     infl = influence(fr, b, valid.to(fr.out.device), weights.to(fr.out.device), alpha, joint).cpu()
     q_idx = valid.nonzero().flatten()
     q_spans = batch.offsets[b, q_idx].tolist()
@@ -92,7 +94,7 @@ def evidence_items(
         spans = []
         for ws, we, m, toks in words[:n_spans]:
             pulls = pull[:, s, toks].sum(-1)  # (n,)
-            top = torch.argsort(pulls, descending=True)[:3].tolist()
+            top = sorted(range(len(pulls)), key=lambda i: (-round(float(pulls[i]), 9), i))[:3]
             spans.append({
                 "start": ws,
                 "end": we,
@@ -101,8 +103,7 @@ def evidence_items(
                 "share": float(m / max(float(shares[s]), 1e-12)),
                 "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, float(pulls[i])) for i in top],
             })
-        chunk_pull = pull[:, s, :n].sum(-1)  # (n,)
-        top_q = torch.argsort(chunk_pull, descending=True)[:5].tolist()
+        top_q = sorted(range(len(q_idx)), key=lambda i: (-round(float(reach[i, s]), 6), i))[:5]
         items.append({
             "rank": rank,
             "chunk_id": c["chunk_id"],
@@ -117,7 +118,7 @@ def evidence_items(
             "mass_share": float(shares[s]),
             "influence": float(infl[s]),
             "spans": spans,
-            "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, float(chunk_pull[i])) for i in top_q],
+            "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, float(reach[i, s])) for i in top_q],
         })
     return items
 

@@ -169,8 +169,8 @@ class KVStore:
     def chunk(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
         """k_c, v_c (nh, n_c, hs) float32."""
         s, n = int(self.start[c]), int(self.count[c])
-        kc = torch.from_numpy(np.asarray(self.keys[s : s + n], dtype=np.float32))  # (n, nh, hs)
-        vc = torch.from_numpy(np.asarray(self.values[s : s + n], dtype=np.float32))
+        kc = torch.from_numpy(np.array(self.keys[s : s + n], dtype=np.float32))  # (n, nh, hs)
+        vc = torch.from_numpy(np.array(self.values[s : s + n], dtype=np.float32))
         return kc.transpose(0, 1), vc.transpose(0, 1)
 
     def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
@@ -186,8 +186,8 @@ class KVStore:
         for b, row in enumerate(ids):
             for s, c in enumerate(row):
                 st, n = int(self.start[c]), int(self.count[c])
-                key[b, s, :n] = torch.from_numpy(np.asarray(self.keys[st : st + n], dtype=np.float32))
-                value[b, s, :n] = torch.from_numpy(np.asarray(self.values[st : st + n], dtype=np.float32))
+                key[b, s, :n] = torch.from_numpy(np.array(self.keys[st : st + n], dtype=np.float32))
+                value[b, s, :n] = torch.from_numpy(np.array(self.values[st : st + n], dtype=np.float32))
                 token_mask[b, s, :n] = True
                 weight[b, s] = weights[b][s]
         return MemoryBatch(

@@ -21,10 +21,10 @@ class ModelSettings(BaseModel):
 
 class InferDefaults(BaseModel):
     alpha: float = Field(0.7, ge=0, le=1, description="fixed mixing weight of the input's own attention (seed 000 §4.3)")
-    mixing: Literal["fixed", "joint"] = "fixed"
+    mixing: Literal["fixed", "joint"] = Field("fixed", description="fixed = α rule; joint = one softmax over input + memory tokens")
     k: int = Field(8, ge=1, description="chunks retrieved from the KB")
     temperature: float = Field(0.05, gt=0, description="k-NN bandwidth τ of w_db = softmax(s/τ)")
-    kernel: Literal["softmax", "epanechnikov", "uniform"] = "softmax"
+    kernel: Literal["softmax", "epanechnikov", "uniform"] = Field("softmax", description="k-NN kernel (seed 001), bandwidth h² = τ")
     evidence: int = Field(5, ge=0, description="evidence items returned per input")
     spans: int = Field(5, ge=0, description="highlighted spans per evidence item")
     hybrid_pool: int = Field(64, ge=1, description="candidates searched when a hybrid threshold is set")
@@ -34,8 +34,8 @@ class Limits(BaseModel):
     max_inputs: int = Field(64, ge=1, description="texts per request")
     max_chars: int = Field(20_000, ge=1, description="characters per text")
     max_tokens: int | None = Field(None, description="tokens per text; default the model's max_seq_length")
-    max_k: int = Field(256, ge=1)
-    max_evidence: int = Field(50, ge=0)
+    max_k: int = Field(256, ge=1, description="largest k a request may ask for")
+    max_evidence: int = Field(50, ge=0, description="most evidence items a request may ask for")
     max_body_bytes: int = Field(2_000_000, ge=1024, description="request body size")
 
 
@@ -56,9 +56,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SOFTKNN_", env_nested_delimiter="__", extra="ignore")
 
     bundle: Path | None = Field(None, description="bundle directory the service loads")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    log_level: str = "info"
+    host: str = Field("127.0.0.1", description="interface the service binds")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port of the service")
+    log_level: str = Field("info", description="debug | info | warning | error")
     cors_origins: list[str] = Field(default_factory=list, description="allowed CORS origins; empty = CORS off")
     use_gpu_index: bool = Field(True, description="put the FAISS index on the GPU when faiss-gpu sees one")
     model: ModelSettings = Field(default_factory=ModelSettings)

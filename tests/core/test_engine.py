@@ -165,3 +165,14 @@ def test_influence_matches_removing_the_chunk_and_renormalising(engine, encoder,
         encoder.forward_fused(batch, sample_bundle.memory_layer, fuse, plain)
     delta = (outs["minus"] - outs["all"]).norm() / outs["all"].norm()
     assert ev["influence"] == pytest.approx(float(delta), rel=1e-4)
+
+
+def test_chunk_query_tokens_rank_by_reach_and_are_informative_in_fixed_mode(engine):
+    r = engine.infer([QUERY], InferParams(alpha=0.7, k=4, evidence=4))[0]
+    n = r["diagnostics"]["n_tokens"]
+    for e in r["evidence"]:
+        weights = [q["weight"] for q in e["query_tokens"]]
+        assert weights == sorted(weights, reverse=True)
+        assert len(set(round(w, 6) for w in weights)) > 1  # not the constant (1 − α)·w_db
+        assert all(0.0 < w < 1.0 for w in weights) and sum(weights) <= 1.0 + 1e-6
+        assert len(e["query_tokens"]) == min(5, n)

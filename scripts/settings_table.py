@@ -1,0 +1,33 @@
+"""Print the README's settings table from softknn.settings.Settings (tests check the README matches).
+
+    python scripts/settings_table.py
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from softknn.settings import Settings
+
+
+def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str]]:
+    rows = []
+    for name, f in model.model_fields.items():
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            rows += _rows(ann, f"{prefix}{name.upper()}__")
+            continue
+        default = f.get_default(call_default_factory=True)
+        shown = "unset" if default is None else (", ".join(default) if isinstance(default, list) else str(default))
+        rows.append((f"{prefix}{name.upper()}", f"`{shown or '[]'}`", f.description or ""))
+    return rows
+
+
+def table() -> str:
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    lines += [f"| `{n}` | {d} | {m} |" for n, d, m in _rows(Settings, "SOFTKNN_")]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table())
