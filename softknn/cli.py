@@ -168,6 +168,16 @@ def sample_kb() -> None:
     typer.echo(str(sample_kb_path()))
 
 
+def _register_edge_commands() -> None:
+    """Commands whose code lives at the edges (the service), registered without importing FastAPI."""
+    from service.cli import serve
+
+    app.command("serve")(serve)
+
+
+_register_edge_commands()
+
+
 def main() -> None:  # pragma: no cover
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     app()

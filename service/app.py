@@ -1,0 +1,95 @@
+"""The app factory. `create_app(settings)` → a FastAPI app; the model and bundle load in its lifespan.
+
+    uvicorn --factory service.app:app_from_env      (settings from SOFTKNN_* variables)
+    softknn serve --bundle DIR                      (service.cli.serve)
+
+Loading runs in the background (Runtime.start, from the lifespan), so the server answers at once:
+/healthz 200, /readyz and /v1/* 503 not_ready until the model, the bundle and a warm-up pass are
+done. Shutdown stops admitting, fails what still waits (503) and lets the running batch finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.staticfiles import StaticFiles
+
+import softknn
+from service import errors
+from service.auth import require_admin, require_api_key
+from service.metrics import Metrics
+from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from service.routes import admin, explorer, health, index, infer, metrics
+from service.runtime import Runtime
+from service.schemas import infer_request_model
+from softknn.encoder import Encoder
+from softknn.settings import Settings
+
+log = logging.getLogger("softknn.service")
+
+DESCRIPTION = """Attention extended, without retraining, to a FAISS-indexed knowledge base: every
+output names the KB entries it drew on. Errors: `{"error": {"type", "message", "field"}}`."""
+
+
+def check_settings(settings: Settings) -> None:
+    """Refuse settings whose defaults break their own limits (the request schema relies on both)."""
+    d, lim = settings.defaults, settings.limits
+    if d.k > lim.max_k:
+        raise ValueError(f"defaults.k = {d.k} exceeds limits.max_k = {lim.max_k}")
+    if d.evidence > lim.max_evidence:
+        raise ValueError(f"defaults.evidence = {d.evidence} exceeds limits.max_evidence = {lim.max_evidence}")
+    if lim.max_tokens is not None and lim.max_tokens < 3:
+        raise ValueError(f"limits.max_tokens = {lim.max_tokens}: need room for two special tokens and one more")
+
+
+@contextlib.asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    runtime: Runtime = app.state.runtime
+    runtime.batcher.start()
+    loading = asyncio.create_task(runtime.start())
+    try:
+        yield
+    finally:
+        loading.cancel()  # shutdown while loading: stop waiting (a loading thread finishes on its own)
+        with contextlib.suppress(asyncio.CancelledError):
+            await loading
+        await asyncio.to_thread(runtime.batcher.close)
+        log.info("stopped")
+
+
+def create_app(settings: Settings, *, encoder: Encoder | None = None) -> FastAPI:
+    """The service app. Pass `encoder` to share an already loaded model (tests, several apps)."""
+    check_settings(settings)
+    app = FastAPI(title="softknn", version=softknn.__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.state.runtime = Runtime(settings, app.state.metrics, encoder=encoder)
+    errors.install(app)
+
+    app.include_router(health.router)
+    app.include_router(metrics.router)
+    app.include_router(infer.build_router(infer_request_model(settings)), dependencies=[Depends(require_api_key)])
+    app.include_router(index.router, dependencies=[Depends(require_api_key)])
+    app.include_router(admin.router, dependencies=[Depends(require_admin)])
+    app.include_router(explorer.router)
+    if explorer.STATIC_DIR.is_dir():
+        app.mount("/static", StaticFiles(directory=explorer.STATIC_DIR), name="static")
+
+    # add_middleware wraps outermost last: request context ⊃ CORS ⊃ body limit ⊃ routes
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                           expose_headers=["X-Request-ID", "Retry-After"])
+    app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
+    return app
+
+
+def app_from_env() -> FastAPI:
+    """uvicorn --factory entry point: Settings from the environment (SOFTKNN_*)."""
+    return create_app(Settings())

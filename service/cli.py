@@ -1,0 +1,51 @@
+"""`softknn serve`: build Settings (environment, then these options) and run uvicorn on create_app.
+
+Registered in softknn/cli.py as the `serve` command; also runnable as `python -m service.cli`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+
+def serve(
+    bundle: Annotated[Optional[Path], typer.Option("--bundle", help="bundle directory to serve "
+                                                   "(SOFTKNN_BUNDLE)")] = None,
+    host: Annotated[Optional[str], typer.Option(help="interface to bind (SOFTKNN_HOST, default 127.0.0.1)")] = None,
+    port: Annotated[Optional[int], typer.Option(help="TCP port (SOFTKNN_PORT, default 8000)")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="sentence-transformers model path "
+                                                 "(SOFTKNN_MODEL__NAME; default: packaged all-MiniLM-L6-v2)")] = None,
+    log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error")] = None,
+) -> None:
+    """Serve a bundle over HTTP: POST /v1/infer, GET /v1/index, /healthz, /readyz, /metrics, /docs.
+
+    Every other setting is a SOFTKNN_* environment variable (see the README's table), e.g.
+    SOFTKNN_AUTH__API_KEY, SOFTKNN_MODEL__THREADS, SOFTKNN_BATCHING__QUEUE_SIZE.
+    """
+    import uvicorn
+    from pydantic import ValidationError
+
+    from service.app import create_app
+    from service.logs import configure_logging
+    from softknn.settings import Settings
+
+    overrides = {"bundle": bundle, "host": host, "port": port, "log_level": log_level}
+    init = {k: v for k, v in overrides.items() if v is not None}
+    if model is not None:
+        init["model"] = {"name": model}  # merged with SOFTKNN_MODEL__* from the environment
+    try:
+        settings = Settings(**init)
+        app = create_app(settings)
+    except (ValidationError, ValueError) as e:
+        typer.secho(f"error: invalid settings: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    configure_logging(settings.log_level)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
+                log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    typer.run(serve)

@@ -1,0 +1,37 @@
+"""FastAPI dependencies as `Annotated` aliases: settings, runtime, engine and request id come from
+the app (built by create_app), never from module globals."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.runtime import Runtime
+from softknn.engine import Engine
+from softknn.settings import Settings
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_runtime(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+def get_engine(runtime: Annotated[Runtime, Depends(get_runtime)]) -> Engine:
+    """The engine serving now; 503 not_ready until the model and a bundle are loaded and warm."""
+    return runtime.current()
+
+
+def get_request_id(request: Request) -> str:
+    rid = getattr(request.state, "request_id", None)  # set by RequestContextMiddleware
+    return rid or uuid.uuid4().hex
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+EngineDep = Annotated[Engine, Depends(get_engine)]
+RequestIdDep = Annotated[str, Depends(get_request_id)]

@@ -1,0 +1,188 @@
+"""One error taxonomy, one status map, one JSON shape (DESIGN.md "Errors"; TEI's habit).
+
+Every error the service answers — domain errors from the core, the service's own refusals,
+FastAPI's validation errors, Starlette's 404/405, malformed JSON, a body over the limit, an
+unexpected exception — leaves as
+
+    {"error": {"type": "<snake_case kind>", "message": "<what and why>", "field": "<input path> | null"}}
+
+with the status from `STATUS` (looked up along the exception's MRO).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from softknn.errors import BundleError, InputTooLarge, InvalidInput, KBFormatError, SoftKNNError, UnsupportedModel
+
+log = logging.getLogger("softknn.service")
+
+
+class ServiceError(Exception):
+    """A refusal by the service itself (not the core); `kind` and the status come from the class."""
+
+    kind = "service_error"
+
+    def __init__(self, message: str, *, field: str | None = None, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.headers = headers or {}
+
+
+class NotReady(ServiceError):
+    kind = "not_ready"
+
+
+class QueueFull(ServiceError):
+    kind = "queue_full"
+
+
+class DeadlineExceeded(ServiceError):
+    kind = "timeout"
+
+
+class ShuttingDown(ServiceError):
+    kind = "shutting_down"
+
+
+class StartupFailed(ServiceError):
+    kind = "startup_failed"
+
+
+class InferenceFailed(ServiceError):
+    """The engine raised something that is not a domain error: a bug, logged with its traceback."""
+
+    kind = "inference_error"
+
+
+class Unauthorized(ServiceError):
+    kind = "unauthorized"
+
+
+class Forbidden(ServiceError):
+    kind = "forbidden"
+
+
+class NotFound(ServiceError):
+    kind = "not_found"
+
+
+class Conflict(ServiceError):
+    kind = "conflict"
+
+
+class BodyTooLarge(StarletteHTTPException):
+    """Raised from the body-limit middleware's receive; an HTTPException so FastAPI re-raises it as is."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body larger than {limit} bytes")
+
+
+# The one map from error class to HTTP status. Subclasses not listed inherit their parent's.
+STATUS: dict[type[Exception], int] = {
+    InvalidInput: 422,
+    InputTooLarge: 413,
+    BundleError: 422,  # a reload naming a corrupt/foreign bundle: the request's bundle is unusable
+    KBFormatError: 422,
+    UnsupportedModel: 500,  # server configuration, never the client's fault
+    SoftKNNError: 400,
+    Unauthorized: 401,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+    QueueFull: 429,
+    NotReady: 503,
+    DeadlineExceeded: 503,
+    ShuttingDown: 503,
+    StartupFailed: 503,
+    ServiceError: 500,
+}
+
+HTTP_KINDS = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+}
+
+
+def status_of(exc: Exception) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def error_body(kind: str, message: str, field: str | None = None) -> dict:
+    return {"error": {"type": kind, "message": message, "field": field}}
+
+
+def error_response(status: int, kind: str, message: str, field: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(kind, message, field), status_code=status, headers=headers)
+
+
+def field_path(loc: tuple | list) -> str | None:
+    """("body", "inputs", 2) -> "inputs[2]"; ("query", "k") -> "k"; the location kind is dropped."""
+    parts = list(loc)
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        parts = parts[1:]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or None
+
+
+def validation_response(exc: RequestValidationError) -> JSONResponse:
+    errors = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in errors):
+        e = next(e for e in errors if e.get("type") == "json_invalid")
+        detail = (e.get("ctx") or {}).get("error", "")
+        pos = e["loc"][1] if len(e.get("loc", ())) > 1 else "?"
+        return error_response(400, "malformed_json", f"request body is not valid JSON: {detail} at char {pos}")
+    parts = []
+    for e in errors:
+        f = field_path(e.get("loc", ()))
+        parts.append(f"{f or 'request body'}: {e.get('msg')}")  # no field: the body itself (missing, not an object)
+    first = field_path(errors[0].get("loc", ())) if errors else None
+    return error_response(422, "validation_error", "; ".join(parts) or "invalid request", first)
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that turn every exception into the one shape."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_response(exc)
+
+    @app.exception_handler(SoftKNNError)
+    async def _domain(request: Request, exc: SoftKNNError) -> JSONResponse:
+        return error_response(status_of(exc), exc.kind, exc.message, exc.field)
+
+    @app.exception_handler(ServiceError)
+    async def _service(request: Request, exc: ServiceError) -> JSONResponse:
+        return error_response(status_of(exc), exc.kind, exc.message, exc.field, exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = HTTP_KINDS.get(exc.status_code, "http_error")
+        message = str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no route {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"method {request.method} not allowed on {request.url.path}"
+        return error_response(exc.status_code, kind, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(500, "internal_error", "internal error; see the server log for this request id")

@@ -1,0 +1,41 @@
+"""Prometheus metrics, one registry per app (so several apps in one process never collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("softknn_http_requests", "HTTP requests by route template, method and status",
+                                ["route", "method", "status"], registry=r)
+        self.latency = Histogram("softknn_http_request_duration_seconds", "HTTP request latency by route",
+                                 ["route", "method"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("softknn_queue_depth", "texts waiting for the inference worker", registry=r)
+        self.queue_wait = Histogram("softknn_queue_wait_seconds", "time a request waited before its first batch",
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("softknn_batch_size", "texts per micro-batch", buckets=SIZE_BUCKETS, registry=r)
+        self.batch_tokens = Histogram("softknn_batch_padded_tokens", "padded tokens (texts × longest) per micro-batch",
+                                      buckets=(16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384), registry=r)
+        self.inference = Histogram("softknn_inference_seconds", "wall time of one micro-batch in the engine",
+                                   buckets=LATENCY_BUCKETS, registry=r)
+        self.memory_share = Histogram("softknn_memory_share", "memory mass share of each input's output",
+                                      buckets=tuple(i / 20 for i in range(1, 21)), registry=r)
+        self.rejected = Counter("softknn_rejected", "requests refused without inference, by reason",
+                                ["reason"], registry=r)
+        self.ready = Gauge("softknn_ready", "1 when the model and a bundle are loaded and warm", registry=r)
+        self.bundle = Info("softknn_bundle", "the bundle being served", registry=r)
+        self.reloads = Counter("softknn_reloads", "bundle reloads by outcome", ["outcome"], registry=r)
+
+    def set_bundle(self, summary: dict, model_name: str) -> None:
+        self.bundle.info({
+            "version_id": summary["version_id"],
+            "path": summary["path"],
+            "model": model_name,
+            "index": summary["index"]["kind"],
+            "chunks": str(summary["counts"]["chunks"]),
+        })

@@ -1,0 +1,1 @@
+"""Thin route modules: unpack the request, call the runtime/core, shape the response."""

@@ -1,0 +1,28 @@
+"""Liveness and readiness (no key). /readyz is 503 until the model and a bundle are loaded and warm."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.deps import RuntimeDep
+from service.errors import NotReady, StartupFailed
+from service.schemas import ErrorResponse
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness: the process answers (503 only if startup failed)",
+            responses={503: {"model": ErrorResponse}})
+async def healthz(runtime: RuntimeDep) -> dict:
+    if runtime.status == "failed":
+        raise StartupFailed(f"startup failed: {runtime.error}")
+    return {"status": "ok"}
+
+
+@router.get("/readyz", summary="Readiness: model and bundle loaded and warm",
+            responses={503: {"model": ErrorResponse}})
+async def readyz(runtime: RuntimeDep) -> dict:
+    engine = runtime.current()  # NotReady → 503 until then
+    if not runtime.ready:
+        raise NotReady(runtime.error or runtime.status)
+    return {"status": "ready", "bundle_version": engine.bundle.version, "model": engine.encoder.info.name}

@@ -1,0 +1,27 @@
+"""GET /v1/index (the bundle's manifest summary) and GET /v1/entries/{chunk_id} (one KB chunk)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.deps import EngineDep, RequestIdDep
+from service.errors import NotFound
+from service.schemas import EntryResponse, ErrorResponse, IndexResponse, entry_payload, served
+
+router = APIRouter(prefix="/v1", tags=["index"])
+ERRORS = {s: {"model": ErrorResponse} for s in (401, 404, 503)}
+
+
+@router.get("/index", response_model=IndexResponse, responses=ERRORS, summary="The served bundle's summary")
+async def index(engine: EngineDep, request_id: RequestIdDep) -> dict:
+    return {**served(request_id, engine), "index": engine.bundle.summary()}
+
+
+# chunk ids may contain '/', e.g. "handbook/01_crew_safety_drills.md#0" (a '#' must be sent as %23)
+@router.get("/entries/{chunk_id:path}", response_model=EntryResponse, responses=ERRORS,
+            summary="One KB chunk with its provenance")
+async def entry(chunk_id: str, engine: EngineDep, request_id: RequestIdDep) -> dict:
+    row = engine.bundle.row_of(chunk_id)
+    if row is None:
+        raise NotFound(f"no chunk {chunk_id!r} in bundle {engine.bundle.version}", field="chunk_id")
+    return {**served(request_id, engine), "entry": entry_payload(engine.bundle, row)}

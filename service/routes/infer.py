@@ -1,0 +1,29 @@
+"""POST /v1/infer. The body model carries this app's limits, so the router is built per app."""
+
+# No `from __future__ import annotations`: FastAPI must see the body model class itself, and the
+# class is local to build_router.
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from service.deps import RequestIdDep, RuntimeDep, SettingsDep
+from service.schemas import ErrorResponse, InferRequestBase, InferResponse, result_payload, served
+
+ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 413, 422, 429, 503)}
+
+
+def build_router(InferRequest: type[InferRequestBase]) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["inference"])
+
+    @router.post("/infer", response_model=InferResponse, responses=ERRORS,
+                 summary="Knowledge-augmented inference with evidence")
+    async def infer(body: InferRequest, runtime: RuntimeDep, settings: SettingsDep,
+                    request_id: RequestIdDep) -> JSONResponse:
+        params = body.to_params(settings.defaults.hybrid_pool)
+        engine, results = await runtime.infer(body.inputs, params, truncate=body.truncate, cut=body.cut,
+                                              request_id=request_id)
+        # Returned as is (documented by InferResponse, checked by the contract tests): validating
+        # hundreds of thousands of floats per response on the event loop buys nothing.
+        return JSONResponse({**served(request_id, engine), "results": [result_payload(r) for r in results]})
+
+    return router

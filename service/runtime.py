@@ -1,0 +1,214 @@
+"""What the app serves: the model (loaded once), the current Engine (model + bundle), the batcher.
+
+`start` runs once, from the lifespan, in the background: model and bundle (checksums verified) in a
+thread, then a warm-up pass; only then is the runtime ready. `reload` opens another bundle the same way, off the
+hot path, and swaps the engine reference in one assignment: requests admitted before it keep the
+engine they were pinned to (service.batching), requests after it get the new one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from service.batching import Batcher
+from service.errors import Conflict, InferenceFailed, NotReady, ServiceError
+from service.metrics import Metrics
+from softknn.bundle import load_bundle
+from softknn.encoder import Encoder
+from softknn.engine import Engine, InferParams
+from softknn.errors import BundleError, InputTooLarge, SoftKNNError
+from softknn.settings import Settings, apply_threads
+
+log = logging.getLogger("softknn.service")
+
+WARMUP_TEXT = "softknn warm-up: how are the ferries today?"
+
+
+def run_engine(engine: Engine, texts: list[str], params: list[InferParams]) -> list[dict]:
+    """The batcher's runner: one micro-batch through the core, as `softknn query` would run it."""
+    return engine.infer(texts, params)
+
+
+def token_counter(encoder: Encoder):
+    """A private copy of the model's fast (`tokenizers.Tokenizer`) tokenizer, truncation and padding off.
+
+    A private copy because the transformers wrapper reconfigures its Rust tokenizer on every call
+    (truncation, padding) and concurrent reconfiguration fails ("Already borrowed"); this copy is
+    configured once and only read, from any number of admission threads.
+    """
+    backend = encoder.tokenizer.backend_tokenizer
+    tok = type(backend).from_str(backend.to_str())
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+class Runtime:
+    def __init__(self, settings: Settings, metrics: Metrics, *, encoder: Encoder | None = None):
+        self.settings = settings
+        self.metrics = metrics
+        self.encoder = encoder
+        self.engine: Engine | None = None
+        self.status = "starting"  # starting → ready | no_bundle | failed
+        self.error: str | None = None
+        self._counter = None  # token_counter(encoder), once the model is loaded
+        self._reload_lock = asyncio.Lock()
+        b = settings.batching
+        self.batcher = Batcher(max_batch_size=b.max_batch_size, max_batch_tokens=b.max_batch_tokens,
+                               max_wait_ms=b.max_wait_ms, queue_size=b.queue_size, runner=run_engine,
+                               slot_unit=settings.defaults.k, metrics=metrics)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Model, bundle, warm-up; then ready. The lifespan runs it in the background. Never raises."""
+        s = self.settings
+        try:
+            await asyncio.to_thread(self._load_model)
+            if s.bundle is None:
+                self.status, self.error = "no_bundle", ("no bundle configured (--bundle, SOFTKNN_BUNDLE); "
+                                                        "POST /v1/admin/reload one")
+                log.warning(self.error)
+                return
+            self._install(await self.open(s.bundle))
+        except Exception as e:
+            self.status, self.error = "failed", f"{type(e).__name__}: {e}"
+            log.error("startup failed: %s", self.error, exc_info=not isinstance(e, SoftKNNError))
+
+    def _load_model(self) -> None:
+        t0 = time.perf_counter()
+        threads = apply_threads(self.settings)
+        if self.encoder is None:
+            self.encoder = Encoder(self.settings.model.name, device=self.settings.device())
+        self._counter = token_counter(self.encoder)
+        log.info("model loaded", extra={"model": self.encoder.info.name, "device": str(self.encoder.device),
+                                        "torch_threads": threads, "seconds": round(time.perf_counter() - t0, 2)})
+
+    async def open(self, path: Path) -> Engine:
+        """Verify and load a bundle for the loaded model (in a thread), then one warm-up pass.
+
+        The warm-up goes through the batcher like any request, ahead of the queue: every forward
+        pass of this process runs on the one worker thread (the model's tokenizer is not safe to
+        call from two threads at once, and two passes would fight for the same cores).
+        """
+        t0 = time.perf_counter()
+        engine = await asyncio.to_thread(self._load_engine, Path(path))
+        tokens = len(self._counter.encode(WARMUP_TEXT).ids)
+        try:
+            await self.batcher.run(engine, [WARMUP_TEXT], [InferParams()], [tokens], [InferParams().k],
+                                   timeout=max(60.0, self.settings.batching.request_timeout_s), request_id="warm-up",
+                                   internal=True)
+        except ServiceError:  # shutting down, deadline: not the bundle's fault
+            raise
+        except Exception as e:
+            raise BundleError(f"{path}: warm-up pass failed: {type(e).__name__}: {e}", field="bundle") from e
+        log.info("bundle opened", extra={"bundle": str(path), "version_id": engine.bundle.version,
+                                         "chunks": len(engine.bundle), "seconds": round(time.perf_counter() - t0, 2)})
+        return engine
+
+    def _load_engine(self, path: Path) -> Engine:
+        try:
+            bundle = load_bundle(path, expected_fingerprint=self.encoder.info.fingerprint,
+                                 use_gpu=self.settings.use_gpu_index)
+            return Engine(self.encoder, bundle)
+        except SoftKNNError:
+            raise
+        except Exception as e:  # a bundle that verifies but does not load is still the bundle's fault
+            raise BundleError(f"{path}: cannot be loaded: {type(e).__name__}: {e}", field="bundle") from e
+
+    def _install(self, engine: Engine) -> None:
+        self.engine = engine  # the atomic swap: one reference assignment
+        self.status, self.error = "ready", None
+        self.metrics.set_bundle(engine.bundle.summary(), engine.encoder.info.name)
+        self.metrics.ready.set(1)
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready" and self.engine is not None
+
+    def current(self) -> Engine:
+        engine = self.engine
+        if engine is None or self.status != "ready":
+            msg = {"starting": "the model and bundle are still loading"}.get(self.status, self.error or self.status)
+            raise NotReady(msg, headers={"Retry-After": "1"} if self.status == "starting" else None)
+        return engine
+
+    # --- requests -----------------------------------------------------------------------------
+    def token_limit(self) -> int:
+        model_max = self.encoder.max_seq_length
+        return min(self.settings.limits.max_tokens or model_max, model_max)
+
+    def admit(self, texts: list[str], truncate: bool) -> tuple[list[str], list[int], list[int]]:
+        """Token-limit check before queueing (one bad input never reaches a shared batch).
+
+        Returns the texts (cut where the service's own token limit is below the model's and
+        `truncate` allows it), each text's token count after cutting, and which texts were cut.
+        """
+        limit, model_max = self.token_limit(), self.encoder.max_seq_length
+        out, tokens, cut = list(texts), [], []
+        for i, enc in enumerate(self._counter.encode_batch(texts)):
+            n = len(enc.ids)
+            if n > limit:
+                if not truncate:
+                    raise InputTooLarge(f"inputs[{i}] has {n} tokens, more than the limit {limit}; "
+                                        "send truncate=true to cut it", field=f"inputs[{i}]")
+                if limit < model_max:  # the engine cuts at the model's limit by itself
+                    content = [j for j, special in enumerate(enc.special_tokens_mask) if not special]
+                    keep = content[: max(1, limit - (n - len(content)))]
+                    out[i] = texts[i][: enc.offsets[keep[-1]][1]]
+                    cut.append(i)
+            tokens.append(min(n, limit))
+        return out, tokens, cut
+
+    async def infer(self, texts: list[str], params: list[InferParams], *, truncate: bool, cut: Sequence[int] = (),
+                    request_id: str | None = None) -> tuple[Engine, list[dict]]:
+        """Admit, queue, wait: (the engine that answered, one result per text).
+
+        `cut` lists inputs already cut before (to the character limit); their results, like those
+        of inputs cut here, report diagnostics.truncated = true.
+        """
+        start = time.monotonic()
+        engine = self.current()  # pinned: a reload after this line does not change this request's bundle
+        texts, tokens, cut_here = await asyncio.to_thread(self.admit, texts, truncate)
+        n = len(engine.bundle)
+        slots = [min(n, max(p.k, p.hybrid_pool) if p.threshold is not None else p.k) for p in params]
+        timeout = self.settings.batching.request_timeout_s - (time.monotonic() - start)
+        try:
+            results = await self.batcher.run(engine, texts, params, tokens, slots, timeout=timeout,
+                                             request_id=request_id)
+        except (SoftKNNError, ServiceError):
+            raise
+        except Exception as e:  # not the client's fault and not a refusal: a bug, answered as one
+            log.error("inference failed", exc_info=e)
+            raise InferenceFailed(f"inference failed ({type(e).__name__}); "
+                                  "see the server log for this request id") from e
+        for i in {*cut, *cut_here}:
+            results[i]["diagnostics"]["truncated"] = True
+        for r in results:
+            self.metrics.memory_share.observe(r["diagnostics"]["memory_share"])
+        return engine, results
+
+    async def reload(self, path: Path) -> tuple[str | None, Engine]:
+        """Open `path` off the hot path, then swap; (previous version id, new engine)."""
+        if self.encoder is None or self._counter is None:
+            raise NotReady("the model is still loading", headers={"Retry-After": "1"})
+        if self._reload_lock.locked():
+            raise Conflict("another reload is in progress", field="bundle")
+        async with self._reload_lock:
+            try:
+                engine = await self.open(path)
+            except BundleError as e:
+                self.metrics.reloads.labels("refused").inc()
+                e.field = e.field or "bundle"  # the request field that named it
+                raise
+            except Exception:
+                self.metrics.reloads.labels("refused").inc()
+                raise
+            previous = self.engine.bundle.version if self.engine is not None else None
+            self._install(engine)
+            self.metrics.reloads.labels("ok").inc()
+        log.info("bundle swapped", extra={"previous_version": previous, "version_id": engine.bundle.version})
+        return previous, engine

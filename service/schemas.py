@@ -1,0 +1,298 @@
+"""Request and response models of the HTTP contract (v1, DESIGN.md "The HTTP contract").
+
+Requests are strict: unknown fields, wrong JSON types, NaN/±inf and out-of-range numbers are
+refused here, so the inference worker never sees a bad request. The bounds come from
+`settings.limits` and the defaults from `settings.defaults`, so the request model is built per
+app by `infer_request_model(settings)` (its OpenAPI schema shows the real bounds and defaults).
+Size limits (too many inputs, a text over `max_chars` without `truncate`) raise the core's
+`InputTooLarge`, which the one error map answers with 413.
+
+Responses document every field of the engine's result object (softknn/engine.py) with
+`extra="forbid"`, so a field the core adds without documenting it fails the contract tests.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic_core import PydanticCustomError
+
+from softknn.engine import InferParams
+from softknn.errors import InputTooLarge
+from softknn.settings import Settings
+
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+# τ outside [1e-6, 1e6] is refused as a mistake, not a setting: scores s lie in [−1, 1], so below it
+# w_db is already one-hot and above it already uniform.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
+MAX_SPANS = 256  # a chunk has at most max_seq_length tokens, so at most that many word spans
+
+
+def _check_text(s: str) -> str:
+    if not s.strip():
+        raise PydanticCustomError("empty_text", "text must contain at least one non-whitespace character")
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("invalid_text", "text is not valid Unicode (lone surrogate escape)") from None
+    return s
+
+
+Text = Annotated[str, AfterValidator(_check_text)]
+
+
+class InferRequestBase(BaseModel):
+    """Fields shared by every app's InferRequest; bounds and defaults are set by infer_request_model."""
+
+    model_config = STRICT
+
+    inputs: list[Text]
+    alpha: float
+    mixing: Literal["fixed", "joint"]
+    k: int
+    temperature: float
+    kernel: Literal["softmax", "epanechnikov", "uniform"]
+    exact: bool
+    threshold: float | None
+    evidence: int
+    spans: int
+    return_tokens: bool
+    truncate: bool
+    _cut: list[int] = PrivateAttr(default_factory=list)  # inputs cut to max_chars (truncate)
+
+    @property
+    def cut(self) -> list[int]:
+        """Indices of the inputs this model cut to the character limit."""
+        return list(self._cut)
+
+    def to_params(self, hybrid_pool: int) -> list[InferParams]:
+        """One InferParams per input (a request's inputs share its parameters)."""
+        p = InferParams(alpha=self.alpha, mixing=self.mixing, k=self.k, temperature=self.temperature,
+                        kernel=self.kernel, exact=self.exact, threshold=self.threshold, hybrid_pool=hybrid_pool,
+                        evidence=self.evidence, spans=self.spans, return_tokens=self.return_tokens,
+                        truncate=self.truncate)
+        return [p] * len(self.inputs)
+
+
+def infer_request_model(settings: Settings) -> type[InferRequestBase]:
+    """The POST /v1/infer body model with this app's limits and defaults baked in."""
+    d, lim = settings.defaults, settings.limits
+
+    def count(v: Any) -> Any:  # before item validation: a 10⁶-item list is refused without walking it
+        if isinstance(v, list) and len(v) > lim.max_inputs:
+            raise InputTooLarge(f"{len(v)} inputs, more than the limit {lim.max_inputs}", field="inputs")
+        return v
+
+    class InferRequest(InferRequestBase):
+        """Knowledge-augmented inference over one or more texts; every field but `inputs` is optional."""
+
+        model_config = ConfigDict(title="InferRequest")
+
+        inputs: Annotated[list[Text], BeforeValidator(count)] = Field(
+            min_length=1, json_schema_extra={"maxItems": lim.max_inputs},
+            description=f"1..{lim.max_inputs} non-empty texts, each ≤ {lim.max_chars} characters "
+                        "(longer ones need `truncate`) and ≤ the model's token limit (or `truncate`)")
+        alpha: float = Field(d.alpha, ge=0, le=1, description="fixed mixing: weight of the input's own attention, "
+                             "out = α·attn_intra + (1−α)·attn_db (seed 000 §4.3); ignored by joint mixing")
+        mixing: Literal["fixed", "joint"] = Field(d.mixing, description="fixed: the α rule; joint: one softmax "
+                                                  "over input and retrieved tokens (memory share is reported)")
+        k: int = Field(d.k, ge=1, le=lim.max_k, description="KB chunks retrieved by the external k-NN")
+        temperature: float = Field(d.temperature, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE,
+                                   description="k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel")
+        kernel: Literal["softmax", "epanechnikov", "uniform"] = Field(d.kernel, description="k-NN kernel (seed 001)")
+        exact: bool = Field(False, description="exact (brute-force) search instead of the ANN index")
+        threshold: float | None = Field(None, gt=0, lt=1, description="hybrid retrieval: also keep chunks of the "
+                                        f"{d.hybrid_pool}-candidate pool whose weight is ≥ threshold")
+        evidence: int = Field(min(d.evidence, lim.max_evidence), ge=0, le=lim.max_evidence,
+                              description="evidence items returned per input")
+        spans: int = Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")
+        return_tokens: bool = Field(False, description="also return per-token outputs: tokens, token_embeddings, "
+                                    "head_memory_share")
+        truncate: bool = Field(False, description="cut inputs over the character or token limit instead of "
+                               "refusing them (413)")
+
+        @model_validator(mode="after")
+        def _chars(self) -> InferRequest:
+            for i, t in enumerate(self.inputs):
+                if len(t) > lim.max_chars:
+                    if not self.truncate:
+                        raise InputTooLarge(f"inputs[{i}] has {len(t)} characters, more than the limit "
+                                            f"{lim.max_chars}; send truncate=true to cut it", field=f"inputs[{i}]")
+                    self.inputs[i] = t[: lim.max_chars]
+                    self._cut.append(i)
+            return self
+
+    return InferRequest
+
+
+class ReloadRequest(BaseModel):
+    model_config = STRICT
+
+    bundle: str = Field(min_length=1, max_length=4096, description="bundle directory, as the server sees it")
+
+
+# --- responses -------------------------------------------------------------------------------
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class QueryToken(_Out):
+    index: int = Field(description="position of the token in the input's tokenization")
+    text: str = Field(description="the token's text in the input ('[special]' for [CLS]/[SEP])")
+    start: int = Field(description="char span [start, end) in the input")
+    end: int
+    weight: float = Field(description="mean over heads of g_c·p_c mass this query token put on the chunk/span")
+
+
+class Span(_Out):
+    start: int = Field(description="char span [start, end) of the word in the chunk's document")
+    end: int
+    text: str
+    weight: float = Field(description="memory mass on this word's tokens, mean over heads and query positions")
+    share: float = Field(description="weight / the chunk's mass_share")
+    query_tokens: list[QueryToken] = Field(description="the input tokens that pulled this span most (≤ 3)")
+
+
+class EvidenceItem(_Out):
+    rank: int = Field(description="0 = largest memory-mass share")
+    chunk_id: str
+    doc_id: str
+    text: str = Field(description="the chunk's text")
+    start: int = Field(description="char span [start, end) of the chunk in its document")
+    end: int
+    label: str | None
+    metadata: dict[str, Any]
+    similarity: float = Field(description="k-NN score s_c = e_q·e_c")
+    weight: float = Field(description="Nadaraya–Watson weight w_db(c) over the retrieved set R")
+    mass_share: float = Field(description="share of the layer's attention mass on this chunk (fixed: (1−α)·w_db)")
+    influence: float = Field(description="‖Δout‖/‖out‖ of the memory layer if this chunk were removed and the "
+                             "weights renormalised (closed form)")
+    spans: list[Span]
+    query_tokens: list[QueryToken] = Field(description="the input tokens that pulled this chunk most (≤ 5)")
+
+
+class Diagnostics(_Out):
+    memory_share: float = Field(description="mean over heads and query tokens of the memory's gate mass")
+    retrieved: int = Field(description="|R|, chunks the fused layer attended")
+    k: int
+    alpha: float | None = Field(description="α used (null for joint mixing)")
+    mixing: Literal["fixed", "joint"]
+    temperature: float
+    kernel: str
+    threshold: float | None
+    search: str = Field(description="'exact' or the ANN index kind that answered")
+    memory_layer: int
+    w_db_entropy: float = Field(description="entropy H of w_db (nats)")
+    w_db_effective_k: float = Field(description="exp(H(w_db))")
+    attention_entropy: float = Field(description="entropy of the fused attention distribution, mean over heads/tokens")
+    attention_effective_k: float
+    attention_entropy_intra: float = Field(description="entropy of the input's own attention alone")
+    truncation_bound: float = Field(description="upper bound on the kernel mass lost to top-k truncation")
+    n_tokens: int
+    truncated: bool = Field(description="true when the input was cut to the token or character limit")
+
+
+class Token(_Out):
+    index: int
+    text: str
+    start: int
+    end: int
+    special: bool
+    memory_share: float = Field(description="memory gate mass at this token, mean over heads")
+
+
+class InferResult(_Out):
+    embedding: list[float] = Field(description="knowledge-augmented sentence embedding (pooled, normalised)")
+    evidence: list[EvidenceItem]
+    diagnostics: Diagnostics
+    label_scores: dict[str, float] | None = Field(description="Σ_c w_db(c)·onehot(label_c), high to low; null "
+                                                  "when the KB has no labels")
+    prediction: str | None = Field(description="top label, or null (unlabelled KB, or abstained)")
+    abstained: bool
+    abstain_reason: str | None = Field(None, description="why no prediction was made")
+    tokens: list[Token] | None = Field(None, description="with return_tokens: the input's tokens")
+    token_embeddings: list[list[float]] | None = Field(None, description="with return_tokens: (n_tokens, dim)")
+    head_memory_share: list[list[float]] | None = Field(None, description="with return_tokens: (heads, n_tokens)")
+
+
+class Served(_Out):
+    request_id: str
+    model: str = Field(description="serving model name")
+    model_fingerprint: str = Field(description="sha256 over the model's weights")
+    bundle_version: str = Field(description="version_id of the bundle that answered")
+
+
+class InferResponse(Served):
+    results: list[InferResult] = Field(description="one result per input, in order")
+
+
+class BundleSummary(_Out):
+    version_id: str
+    path: str
+    created_at: str | None
+    model: dict[str, Any]
+    memory_layer: int
+    index: dict[str, Any]
+    kv_dtype: str
+    counts: dict[str, int]
+    labels: list[str]
+    calibration: dict[str, Any]
+    bytes: int
+
+
+class IndexResponse(Served):
+    index: BundleSummary
+
+
+class Entry(_Out):
+    row: int = Field(description="row of the chunk in the bundle")
+    chunk_id: str
+    doc_id: str
+    text: str
+    start: int
+    end: int
+    label: str | None
+    metadata: dict[str, Any]
+    token_spans: list[tuple[int, int]] = Field(description="char span in the document of each memory token")
+
+
+class EntryResponse(Served):
+    entry: Entry
+
+
+class ReloadResponse(Served):
+    previous_version: str | None
+    index: BundleSummary
+
+
+class ErrorDetail(BaseModel):
+    type: str = Field(description="snake_case kind, e.g. validation_error, queue_full, bundle_error")
+    message: str
+    field: str | None = Field(description="offending input, e.g. 'inputs[2]' or 'k'")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def served(request_id: str, engine) -> dict:
+    info = engine.encoder.info
+    return {"request_id": request_id, "model": info.name, "model_fingerprint": info.fingerprint,
+            "bundle_version": engine.bundle.version}
+
+
+def result_payload(r: dict) -> dict:
+    """The engine's result with the optional keys always present (null when absent)."""
+    out = dict(r)
+    for key in ("abstain_reason", "tokens", "token_embeddings", "head_memory_share"):
+        out.setdefault(key, None)
+    return out
+
+
+def entry_payload(bundle, row: int) -> dict:
+    c = bundle.chunks[row]
+    st, n = int(bundle.kv.start[row]), int(bundle.kv.count[row])
+    return {"row": row, "chunk_id": c["chunk_id"], "doc_id": c["doc_id"], "text": c["text"], "start": c["start"],
+            "end": c["end"], "label": c.get("label"), "metadata": c.get("metadata") or {},
+            "token_spans": [tuple(s) for s in bundle.token_spans[st : st + n].tolist()]}

@@ -1,0 +1,154 @@
+"""Micro-batching under load: concurrent answers equal solo answers; backpressure; deadlines."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from service.batching import DEADLINE_MESSAGE
+from softknn.engine import InferParams
+
+LONG = ("The relief vessel takes over the Amber Line whenever the flagship is in dry dock, and her timetable "
+        "is posted at every ticket office a week ahead, together with the changes to vehicle bookings. ") * 2
+
+
+def mixed_requests(queries: list[str]) -> list[dict]:
+    """64 request bodies that differ in every parameter the contract has; some carry several inputs."""
+    # sizes kept small (k ≤ 8, few long texts): the suite runs on a shared 2-core box
+    alphas, ks, temps = [0.0, 0.3, 0.7, 1.0], [1, 2, 4, 8], [0.05, 0.2, 1.0]
+    kernels = ["softmax", "softmax", "epanechnikov", "uniform"]
+    bodies = []
+    for i in range(64):
+        n_inputs = 1 + (i % 8 == 0)
+        inputs = [queries[(3 * i + j) % len(queries)] for j in range(n_inputs)]
+        if i % 16 == 0:
+            inputs.append(LONG)
+        kernel = kernels[i % 4]
+        bodies.append({
+            "inputs": inputs,
+            "alpha": alphas[i % 4],
+            "mixing": "joint" if i % 3 == 0 else "fixed",
+            "k": ks[i % 4],
+            "temperature": 2.0 if kernel != "softmax" and i % 8 < 4 else temps[i % 3],
+            "kernel": kernel,
+            "exact": i % 2 == 0,
+            "threshold": 0.1 if i % 16 == 1 else None,
+            "evidence": i % 6,
+            "spans": i % 4,
+            "return_tokens": i % 10 == 3,
+        })
+    return bodies
+
+
+def params_of(body: dict) -> InferParams:
+    return InferParams(**{k: v for k, v in body.items() if k != "inputs"})
+
+
+@pytest.fixture(scope="module")
+def solo(queries, engine):
+    """The 64 bodies and, per body, each input's answer from the engine run alone."""
+    bodies = mixed_requests(queries)
+    return bodies, [[engine.infer([t], params_of(b))[0] for t in b["inputs"]] for b in bodies]
+
+
+def test_64_concurrent_mixed_requests_equal_their_solo_answers(api, solo, engine, assert_same):
+    bodies, answers = solo
+    bad = [{"inputs": [""]}, {"inputs": ["x"], "k": 0}, {"inputs": ["x"], "alpha": float("inf")}]
+    work = [(b, 200) for b in bodies] + [(b, 422) for b in bad]
+    work = work[::2] + work[1::2]  # bad requests in the middle of the load
+
+    def send(item):
+        body, _ = item
+        if body.get("alpha") == float("inf"):
+            return api.post("/v1/infer", content=b'{"inputs": ["x"], "alpha": Infinity}',
+                            headers={"content-type": "application/json"})
+        return api.post("/v1/infer", json=body)
+
+    before = batch_stats(api)
+    with ThreadPoolExecutor(len(work)) as pool:
+        responses = list(pool.map(send, work))
+    after = batch_stats(api)
+    assert [r.status_code for r in responses] == [status for _, status in work]
+    got = {id(b): r.json() for (b, _), r in zip(work, responses, strict=True)}
+    for body, want in zip(bodies, answers, strict=True):
+        out = got[id(body)]
+        assert out["bundle_version"] == engine.bundle.version
+        assert len(out["results"]) == len(want)
+        for res, ref in zip(out["results"], want, strict=True):
+            assert_same(res, ref)
+    texts = sum(len(b["inputs"]) for b in bodies)
+    assert after[1] - before[1] == texts  # every text ran exactly once
+    assert after[0] - before[0] < texts  # in fewer micro-batches than texts: it really batched
+
+
+def batch_stats(client) -> tuple[float, float]:
+    """(micro-batches run, texts run) so far, from /metrics."""
+    text = client.get("/metrics").text
+    count = float(re.search(r"^softknn_batch_size_count (\S+)$", text, re.M).group(1))
+    total = float(re.search(r"^softknn_batch_size_sum (\S+)$", text, re.M).group(1))
+    return count, total
+
+
+def test_an_engine_failure_is_a_500_for_that_request_only(running_app, make_settings):
+    with running_app(make_settings(batching={"max_wait_ms": 200})) as client:
+        batcher = client.app.state.runtime.batcher
+        real = batcher.runner
+
+        def runner(engine, texts, params):
+            if "explode" in texts:
+                raise RuntimeError("a bug in the core")
+            return real(engine, texts, params)
+
+        batcher.runner = runner
+        with ThreadPoolExecutor(3) as pool:
+            good1, bad, good2 = pool.map(lambda t: client.post("/v1/infer", json={"inputs": [t]}),
+                                         ["fine one", "explode", "fine two"])
+        assert (good1.status_code, good2.status_code) == (200, 200)
+        assert (bad.status_code, bad.json()) == (500, {"error": {
+            "type": "inference_error", "field": None,
+            "message": "inference failed (RuntimeError); see the server log for this request id"}})
+
+
+def burst(client, n: int, headers: dict | None = None) -> list:
+    body = {"inputs": [LONG], "k": 64, "exact": True, "evidence": 1}
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: client.post("/v1/infer", json=body, headers=headers), range(n)))
+
+
+def assert_some_refused_with_retry_after(responses) -> None:
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 429} and statuses.count(429) >= 1 and statuses.count(200) >= 1, statuses
+    for r in responses:
+        if r.status_code == 429:
+            assert r.json() == {"error": {"type": "queue_full", "field": None,
+                                          "message": "queue full: 1 texts waiting, limit 1; retry later"}}
+            assert r.headers["retry-after"].isdigit() and int(r.headers["retry-after"]) >= 1
+
+
+def test_full_queue_gives_429_with_retry_after_then_recovers(running_app, make_settings):
+    settings = make_settings(batching={"queue_size": 1, "max_batch_size": 1, "max_wait_ms": 0})
+    with running_app(settings) as client:
+        assert_some_refused_with_retry_after(burst(client, 12))
+        assert client.post("/v1/infer", json={"inputs": ["after the burst"]}).status_code == 200
+        assert 'softknn_rejected_total{reason="queue_full"}' in client.get("/metrics").text
+
+
+def test_full_queue_gives_429_over_real_http(auth_server):
+    responses = burst(auth_server, 12, headers={"Authorization": f"Bearer {auth_server.api_key}"})
+    assert_some_refused_with_retry_after(responses)
+
+
+def test_request_past_its_deadline_is_503_and_never_computed(running_app, make_settings):
+    # the worker waits up to 3 s to fill a batch; the request's deadline is 0.3 s
+    settings = make_settings(batching={"request_timeout_s": 0.3, "max_wait_ms": 3000})
+    with running_app(settings) as client:
+        r = client.post("/v1/infer", json={"inputs": ["will this wait too long?"]})
+        assert (r.status_code, r.json()) == (503, {"error": {"type": "timeout", "message": DEADLINE_MESSAGE,
+                                                             "field": None}})
+        assert r.headers["retry-after"].isdigit()
+        metrics = client.get("/metrics").text
+        assert "softknn_batch_size_count 1.0" in metrics  # the warm-up pass only: the work was dropped
+        assert 'softknn_rejected_total{reason="deadline"} 1.0' in metrics
+        assert client.app.state.runtime.batcher.depth() == 0

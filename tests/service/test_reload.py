@@ -1,0 +1,143 @@
+"""POST /v1/admin/reload: atomic swap under load; corrupt and foreign bundles refused, old one serving."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from softknn.bundle import load_bundle
+
+
+def chunk_ids(path) -> set[str]:
+    return {c["chunk_id"] for c in load_bundle(path, verify=False).chunks}
+
+
+def reload(client, path, headers: dict):
+    return client.post("/v1/admin/reload", json={"bundle": str(path)}, headers=headers)
+
+
+def test_reload_under_load_loses_no_request_and_refuses_bad_bundles(server, bundle_dir, bundle_b, refused_bundles,
+                                                                   admin_headers):
+    ids = {load_bundle(p, verify=False).version: chunk_ids(p) for p in (bundle_dir, bundle_b)}
+    version_a, version_b = (load_bundle(p, verify=False).version for p in (bundle_dir, bundle_b))
+    log: list[tuple[float, int, dict]] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def load(i: int) -> None:
+        n = 0
+        while not stop.is_set():
+            sent = time.monotonic()
+            try:
+                r = server.post("/v1/infer", json={"inputs": [f"can my dog travel on the ferry? ({i}.{n})"],
+                                                   "evidence": 3})
+                log.append((sent, r.status_code, r.json()))
+            except BaseException as e:  # a lost request is a failure, whatever its form
+                errors.append(e)
+            n += 1
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(1.0)
+        r = reload(server, bundle_b, admin_headers)
+        swapped = time.monotonic()
+        assert r.status_code == 200
+        assert (r.json()["previous_version"], r.json()["bundle_version"]) == (version_a, version_b)
+        time.sleep(0.5)
+        for kind, path in refused_bundles.items():
+            r = reload(server, path, admin_headers)
+            assert r.status_code == 422, kind
+            err = r.json()["error"]
+            assert (err["type"], err["field"]) == ("bundle_error", "bundle")
+            assert ("sha256 mismatch" if kind == "corrupt" else "built with model weights") in err["message"]
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        restored = reload(server, bundle_dir, admin_headers)
+    assert restored.status_code == 200 and restored.json()["bundle_version"] == version_a
+    assert errors == []
+    assert log and all(status == 200 for _, status, _ in log)
+    versions = [body["bundle_version"] for _, _, body in log]
+    assert version_a in versions and version_b in versions
+    # after the swap (and the refused reloads) every request was answered by the new bundle
+    assert {body["bundle_version"] for sent, _, body in log if sent > swapped} == {version_b}
+    # and every answer drew its evidence from the bundle it names
+    for _, _, body in log:
+        for res in body["results"]:
+            assert {e["chunk_id"] for e in res["evidence"]} <= ids[body["bundle_version"]]
+
+
+def test_in_flight_request_finishes_on_the_bundle_it_started_with(running_app, make_settings, bundle_dir, bundle_b,
+                                                                 admin_headers):
+    version_a, version_b = (load_bundle(p, verify=False).version for p in (bundle_dir, bundle_b))
+    # the worker holds a lone request for up to 2 s waiting for batch-mates: time to reload meanwhile
+    with running_app(make_settings(batching={"max_wait_ms": 2000})) as client:
+        runtime = client.app.state.runtime
+        answer = {}
+        first = threading.Thread(target=lambda: answer.update(r=client.post("/v1/infer", json={"inputs": ["dogs?"]})))
+        first.start()
+        deadline = time.monotonic() + 10
+        while runtime.batcher.depth() == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert runtime.batcher.depth() == 1  # admitted and pinned to bundle A
+        r = reload(client, bundle_b, admin_headers)
+        assert r.status_code == 200 and r.json()["bundle_version"] == version_b
+        first.join(30)
+        assert answer["r"].status_code == 200 and answer["r"].json()["bundle_version"] == version_a
+        assert client.get("/v1/index").json()["bundle_version"] == version_b
+        nxt = client.post("/v1/infer", json={"inputs": ["dogs?"], "evidence": 2})
+        assert nxt.json()["bundle_version"] == version_b
+        assert {e["chunk_id"] for e in nxt.json()["results"][0]["evidence"]} <= chunk_ids(bundle_b)
+
+
+def test_refused_reload_keeps_the_old_bundle_serving(running_app, make_settings, bundle_dir, refused_bundles, tmp_path,
+                                                    admin_headers):
+    version_a = load_bundle(bundle_dir, verify=False).version
+    with running_app(make_settings()) as client:
+        for path in [*refused_bundles.values(), tmp_path / "missing"]:
+            assert reload(client, path, admin_headers).status_code == 422
+        r = reload(client, tmp_path / "missing", admin_headers)
+        assert r.json() == {"error": {"type": "bundle_error", "field": "bundle",
+                                      "message": f"{tmp_path / 'missing'}: not a bundle (no manifest.json)"}}
+        assert client.get("/readyz").json()["bundle_version"] == version_a
+        assert client.post("/v1/infer", json={"inputs": ["still here?"]}).json()["bundle_version"] == version_a
+        assert 'softknn_reloads_total{outcome="refused"} 4.0' in client.get("/metrics").text
+
+
+def test_reload_request_is_strict(inproc, admin_headers):
+    r = inproc.post("/v1/admin/reload", json={"bundle": "/x", "force": True}, headers=admin_headers)
+    assert (r.status_code, r.json()["error"]["field"]) == (422, "force")
+    r = inproc.post("/v1/admin/reload", json={"bundle": ""}, headers=admin_headers)
+    assert (r.status_code, r.json()["error"]["field"]) == (422, "bundle")
+
+
+def test_service_without_a_bundle_is_alive_not_ready_until_one_is_loaded(running_app, make_settings, bundle_b,
+                                                                         admin_headers):
+    with running_app(make_settings(bundle=None), ready=False) as client:
+        deadline = time.monotonic() + 30
+        while client.app.state.runtime.status == "starting" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.get("/healthz").status_code == 200
+        message = "no bundle configured (--bundle, SOFTKNN_BUNDLE); POST /v1/admin/reload one"
+        not_ready = {"error": {"type": "not_ready", "message": message, "field": None}}
+        assert (client.get("/readyz").status_code, client.get("/readyz").json()) == (503, not_ready)
+        r = client.post("/v1/infer", json={"inputs": ["anyone?"]})
+        assert (r.status_code, r.json()) == (503, not_ready)
+        assert reload(client, bundle_b, admin_headers).status_code == 200
+        assert client.get("/readyz").status_code == 200
+
+
+def test_startup_with_a_corrupt_bundle_is_reported_by_health(running_app, make_settings, refused_bundles):
+    with running_app(make_settings(bundle=refused_bundles["corrupt"]), ready=False) as client:
+        deadline = time.monotonic() + 30
+        while client.app.state.runtime.status == "starting" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for path in ("/healthz", "/readyz"):
+            r = client.get(path)
+            assert r.status_code == 503
+            assert "sha256 mismatch" in r.json()["error"]["message"]
+        assert client.get("/healthz").json()["error"]["type"] == "startup_failed"
