@@ -61,6 +61,44 @@ def _batches(chunks: list[Chunk], tokenizer, batch_size: int) -> list[list[int]]
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+class _PlainWriter:
+    """A file seen through write() alone, so numpy streams an array in chunks through Python's write.
+
+    numpy's fast path for real files (ndarray.tofile) loses errno on a full disk ("problem writing
+    element N"); Python's write raises OSError with it (ENOSPC, EDQUOT, EROFS), which build_bundle
+    turns into a message that names the folder (tests/reliability/test_crash_build.py)."""
+
+    def __init__(self, f):
+        self.write = f.write
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    with open(path, "wb") as f:
+        np.lib.format.write_array(_PlainWriter(f), np.ascontiguousarray(array), allow_pickle=False)
+
+
+def _open_memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.memmap:
+    """A new .npy memory map whose blocks are allocated up front.
+
+    open_memmap makes a sparse file; writing through the map into a full disk then kills the
+    process with SIGBUS (seen on a full tmpfs) instead of raising. posix_fallocate raises ENOSPC here.
+    """
+    arr = np.lib.format.open_memmap(path, "w+", dtype, shape)
+    with open(path, "r+b") as f:
+        os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+    return arr
+
+
+def _write_error(e: OSError, parent: Path) -> BundleError:
+    """A full disk, a quota, a read-only or vanished folder: one message that names the place."""
+    try:
+        free = f"{shutil.disk_usage(parent).free:,} bytes free there"
+    except OSError:
+        free = "free space unknown"
+    return BundleError(f"{e.filename or parent}: cannot write the bundle: {e.strerror or e} ({free}); "
+                       "finished shards are kept, so rerunning the same command resumes")
+
+
 def _encode_shard(encoder: Encoder, chunks: list[Chunk], rows: list[int], layer: int, dtype, shard: Path) -> None:
     batch = encoder.tokenize([chunks[r].text for r in rows], truncate=True)
     plain = encoder.forward_plain(batch, capture_layer=layer)
@@ -74,12 +112,12 @@ def _encode_shard(encoder: Encoder, chunks: list[Chunk], rows: list[int], layer:
         counts.append(len(idx))
     tmp = shard.with_name(f"{shard.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
-    np.save(tmp / "rows.npy", np.asarray(rows, dtype=np.int64), allow_pickle=False)
-    np.save(tmp / "emb.npy", plain.embedding.float().cpu().numpy(), allow_pickle=False)
-    np.save(tmp / "counts.npy", np.asarray(counts, dtype=np.int64), allow_pickle=False)
-    np.save(tmp / "keys.npy", np.concatenate(keys).astype(dtype), allow_pickle=False)
-    np.save(tmp / "values.npy", np.concatenate(values).astype(dtype), allow_pickle=False)
-    np.save(tmp / "spans.npy", np.concatenate(spans), allow_pickle=False)
+    _save(tmp / "rows.npy", np.asarray(rows, dtype=np.int64))
+    _save(tmp / "emb.npy", plain.embedding.float().cpu().numpy())
+    _save(tmp / "counts.npy", np.asarray(counts, dtype=np.int64))
+    _save(tmp / "keys.npy", np.concatenate(keys).astype(dtype))
+    _save(tmp / "values.npy", np.concatenate(values).astype(dtype))
+    _save(tmp / "spans.npy", np.concatenate(spans))
     os.replace(tmp, shard)  # a shard exists whole or not at all
 
 
@@ -96,10 +134,10 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
             counts[r], where[r] = c, (s, f)
     start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     ntok = int(counts.sum())
-    emb = np.lib.format.open_memmap(tmp / "embeddings.npy", "w+", np.float32, (n, dim))
-    keys = np.lib.format.open_memmap(tmp / "kv_keys.npy", "w+", dtype, (ntok, nh, hs))
-    vals = np.lib.format.open_memmap(tmp / "kv_values.npy", "w+", dtype, (ntok, nh, hs))
-    spans = np.lib.format.open_memmap(tmp / "token_spans.npy", "w+", np.int64, (ntok, 2))
+    emb = _open_memmap(tmp / "embeddings.npy", np.float32, (n, dim))
+    keys = _open_memmap(tmp / "kv_keys.npy", dtype, (ntok, nh, hs))
+    vals = _open_memmap(tmp / "kv_values.npy", dtype, (ntok, nh, hs))
+    spans = _open_memmap(tmp / "token_spans.npy", np.int64, (ntok, 2))
     for s, sh in enumerate(shards):
         rows = np.load(sh / "rows.npy")
         e, k, v, sp = (np.load(sh / f, mmap_mode="r") for f in ("emb.npy", "keys.npy", "values.npy", "spans.npy"))
@@ -111,7 +149,7 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
     for arr in (emb, keys, vals, spans):
         arr.flush()
     del emb, keys, vals, spans
-    np.save(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1), allow_pickle=False)
+    _save(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1))
     return ntok
 
 
@@ -123,7 +161,10 @@ def build_bundle(
     if out.exists() and not force:
         raise BundleError(f"{out}: already exists; pass --force to replace it")
     parent = out.parent if str(out.parent) else Path(".")
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise BundleError(f"{parent}: cannot create the output folder: {e.strerror or e}") from e
     if not os.access(parent, os.W_OK):
         raise BundleError(f"{parent}: output folder is not writable")
     layer = encoder.check_layer(cfg.layer)
@@ -136,6 +177,16 @@ def build_bundle(
     if not chunks:
         raise KBFormatError(f"{kb}: no chunks")
     plan = _plan_hash(chunks, cfg, encoder, layer)
+    try:
+        return _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, force=force, progress=progress)
+    except OSError as e:
+        raise _write_error(e, parent) from e
+
+
+def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, progress) -> dict:
+    """The writing half of build_bundle: shards (resumed), then the bundle, assembled and renamed in."""
+    for stale in parent.glob(f".{out.name}.tmp-*"):  # a killed run's half-assembled bundle: never loadable, only space
+        shutil.rmtree(stale, ignore_errors=True)
     work = parent / f".{out.name}.partial"
     if (work / "plan.txt").is_file() and (work / "plan.txt").read_text() != plan:
         log.info("discarding %s: it was started for other input or settings", work)
@@ -161,7 +212,9 @@ def build_bundle(
         ntok = _assemble(work, len(batches), chunks, info.num_heads, info.head_dim, info.dim, dtype, tmp)
         xb = np.load(tmp / "embeddings.npy")
         spec = choose_index(len(chunks), info.dim, cfg.index_type, cfg.index_params)
-        faiss.write_index(build_index(xb, spec), str(tmp / "index.faiss"))
+        # serialize + Python write, not faiss.write_index: a full disk then raises OSError with errno
+        # (same bytes; faiss's own writer fails with a RuntimeError that names no cause)
+        (tmp / "index.faiss").write_bytes(faiss.serialize_index(build_index(xb, spec)).tobytes())
         with open(tmp / "chunks.jsonl", "w", encoding="utf-8") as f:
             for c in chunks:
                 f.write(json.dumps(c.record(), sort_keys=True, ensure_ascii=False) + "\n")

@@ -81,7 +81,8 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None) -> FastAPI
         app.mount("/static", StaticFiles(directory=explorer.STATIC_DIR), name="static")
 
     # add_middleware wraps outermost last: request context ⊃ CORS ⊃ body limit ⊃ routes
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes,
+                       timeout_s=settings.limits.body_timeout_s)
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],

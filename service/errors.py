@@ -78,10 +78,22 @@ class Conflict(ServiceError):
 
 
 class BodyTooLarge(StarletteHTTPException):
-    """Raised from the body-limit middleware's receive; an HTTPException so FastAPI re-raises it as is."""
+    """Raised from the body-limit middleware's receive; an HTTPException so FastAPI re-raises it as is.
+
+    The connection stays open: uvicorn reads and discards the rest of the body after the answer, so
+    the client reads its 413 (closing with unread bytes would reset the connection under it)."""
 
     def __init__(self, limit: int):
         super().__init__(413, f"request body larger than {limit} bytes")
+
+
+class BodyTimeout(StarletteHTTPException):
+    """The body did not arrive within limits.body_timeout_s (a slow-loris client); raised like BodyTooLarge.
+
+    "Connection: close": without it the client's next trickled bytes would keep the connection open."""
+
+    def __init__(self, seconds: float):
+        super().__init__(408, f"request body not received within {seconds:g} s", headers={"Connection": "close"})
 
 
 # The one map from error class to HTTP status. Subclasses not listed inherit their parent's.
@@ -110,9 +122,25 @@ HTTP_KINDS = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
 }
+
+
+# FastAPI's detail when reading the JSON body raised something other than JSONDecodeError (the
+# original exception is its __cause__): invalid UTF-8, nesting past the recursion limit, an integer
+# literal past Python's digit limit. Answered as malformed_json like any other unparsable body.
+FASTAPI_PARSE_ERROR = "There was an error parsing the body"
+
+
+def parse_failure(cause: BaseException) -> str:
+    """Why the body could not be parsed, in words (tests/reliability/test_hostile.py)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"not UTF-8 ({cause.reason} at byte {cause.start})"
+    if isinstance(cause, RecursionError):
+        return "nested too deeply"
+    return f"{type(cause).__name__}: {cause}"
 
 
 def status_of(exc: Exception) -> int:
@@ -176,6 +204,8 @@ def install(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = HTTP_KINDS.get(exc.status_code, "http_error")
         message = str(exc.detail)
+        if exc.status_code == 400 and exc.__cause__ is not None and message == FASTAPI_PARSE_ERROR:
+            kind, message = "malformed_json", f"request body is not valid JSON: {parse_failure(exc.__cause__)}"
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.url.path}"
         elif exc.status_code == 405:

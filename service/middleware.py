@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -10,7 +11,7 @@ import uuid
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import BodyTooLarge, error_response
+from service.errors import BodyTimeout, BodyTooLarge, error_response
 from service.logs import request_id_var
 from service.metrics import Metrics
 
@@ -63,14 +64,18 @@ class RequestContextMiddleware:
 
 class BodyLimitMiddleware:
     """413 for a body over `max_bytes`: at once from Content-Length, else while it streams in.
+    408 for a body not received within `timeout_s` of the route's first read (a slow-loris client:
+    uvicorn itself has no body-read timeout, so without this one connection could hold a request
+    open for ever; tests/reliability/test_hostile.py).
 
     Not Starlette's RequestBodyLimitMiddleware: that one answers in plain text when the route
     never reads the body, and every error here leaves in the one JSON shape.
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float = 30.0):
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -82,12 +87,21 @@ class BodyLimitMiddleware:
                                       f"request body of {declared} bytes is larger than the limit {self.max_bytes}")
             await response(scope, receive, send)
             return
-        received = 0
+        received, complete = 0, False
+        deadline: float | None = None
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, complete, deadline
+            if complete:  # the body is in: later reads only wait for a disconnect, without a deadline
+                return await receive()
+            if deadline is None:
+                deadline = time.monotonic() + self.timeout_s
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                raise BodyTimeout(self.timeout_s) from None  # an HTTPException, like BodyTooLarge
             if message["type"] == "http.request":
+                complete = not message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
                     raise BodyTooLarge(self.max_bytes)  # an HTTPException: the route re-raises it as is

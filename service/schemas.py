@@ -39,7 +39,22 @@ def _check_text(s: str) -> str:
     return s
 
 
-Text = Annotated[str, AfterValidator(_check_text)]
+# The pattern documents _check_text's rule in the OpenAPI schema: \S, at least one non-whitespace
+# character (JSON Schema patterns search, unanchored). Validation stays in _check_text, with its message.
+# Found by tests/reliability/test_fuzz.py: a blank text was schema-valid but refused.
+Text = Annotated[str, AfterValidator(_check_text), Field(json_schema_extra={"pattern": r"\S"})]
+
+
+def _integral(v: Any) -> Any:
+    """4.0 → 4: JSON Schema's "integer" is any number with a zero fractional part (2020-12 core §4.2.1), and
+    JSON writers such as Python's emit 4.0 for a float that holds 4. 4.5, NaN, ±inf stay floats and
+    are refused by strict int validation. Found by tests/reliability/test_fuzz.py ({"evidence": 1.0})."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_integral)]
 
 
 class InferRequestBase(BaseModel):
@@ -97,16 +112,16 @@ def infer_request_model(settings: Settings) -> type[InferRequestBase]:
                              "out = α·attn_intra + (1−α)·attn_db (seed 000 §4.3); ignored by joint mixing")
         mixing: Literal["fixed", "joint"] = Field(d.mixing, description="fixed: the α rule; joint: one softmax "
                                                   "over input and retrieved tokens (memory share is reported)")
-        k: int = Field(d.k, ge=1, le=lim.max_k, description="KB chunks retrieved by the external k-NN")
+        k: Int = Field(d.k, ge=1, le=lim.max_k, description="KB chunks retrieved by the external k-NN")
         temperature: float = Field(d.temperature, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE,
                                    description="k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel")
         kernel: Literal["softmax", "epanechnikov", "uniform"] = Field(d.kernel, description="k-NN kernel (seed 001)")
         exact: bool = Field(False, description="exact (brute-force) search instead of the ANN index")
         threshold: float | None = Field(None, gt=0, lt=1, description="hybrid retrieval: also keep chunks of the "
                                         f"{d.hybrid_pool}-candidate pool whose weight is ≥ threshold")
-        evidence: int = Field(min(d.evidence, lim.max_evidence), ge=0, le=lim.max_evidence,
+        evidence: Int = Field(min(d.evidence, lim.max_evidence), ge=0, le=lim.max_evidence,
                               description="evidence items returned per input")
-        spans: int = Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")
+        spans: Int = Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")
         return_tokens: bool = Field(False, description="also return per-token outputs: tokens, token_embeddings, "
                                     "head_memory_share")
         truncate: bool = Field(False, description="cut inputs over the character or token limit instead of "

@@ -189,6 +189,15 @@ class Bundle:
         }
 
 
+def load_npy(path: Path) -> np.ndarray:
+    """Memory-map one plain numeric .npy. Never unpickles: an object array (the only kind that
+    holds a pickle) is refused with BundleError, before any of its bytes are interpreted."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError as e:  # object dtype ("cannot be memory-mapped"/"allow_pickle=False"), bad header
+        raise BundleError(f"{path}: not a plain numeric array ({e}); a bundle never holds pickled objects") from e
+
+
 def load_bundle(
     path: Path, *, expected_fingerprint: str | None = None, verify: bool = True, use_gpu: bool = False
 ) -> Bundle:
@@ -203,13 +212,19 @@ def load_bundle(
             f"{path}: built with model weights {fp[:12]}…, but the loaded model is {expected_fingerprint[:12]}…"
             f" ({manifest['model'].get('name')}); rebuild the bundle with this model"
         )
-    load = lambda name: np.load(path / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
+    load = lambda name: load_npy(path / name)  # noqa: E731
     xb = load("embeddings.npy")
-    index = faiss.read_index(str(path / "index.faiss"))
+    try:
+        index = faiss.read_index(str(path / "index.faiss"))
+    except RuntimeError as e:
+        raise BundleError(f"{path / 'index.faiss'}: not a FAISS index ({str(e).strip().splitlines()[-1]})") from e
     ct = np.asarray(load("chunk_tokens.npy"))
     kv = KVStore(load("kv_keys.npy"), load("kv_values.npy"), ct[:, 0], ct[:, 1])
-    with open(path / "chunks.jsonl", encoding="utf-8") as f:
-        chunks = [json.loads(line) for line in f]
+    try:
+        with open(path / "chunks.jsonl", encoding="utf-8") as f:
+            chunks = [json.loads(line) for line in f]
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BundleError(f"{path / 'chunks.jsonl'}: unreadable: {e}") from e
     n = manifest["counts"]["chunks"]
     if not (len(chunks) == n == xb.shape[0] == index.ntotal == len(ct)):
         raise BundleError(f"{path}: inconsistent chunk counts (manifest {n}, chunks {len(chunks)}, index {index.ntotal})")

@@ -37,6 +37,7 @@ class Limits(BaseModel):
     max_k: int = Field(256, ge=1, description="largest k a request may ask for")
     max_evidence: int = Field(50, ge=0, description="most evidence items a request may ask for")
     max_body_bytes: int = Field(2_000_000, ge=1024, description="request body size")
+    body_timeout_s: float = Field(30.0, gt=0, description="seconds a client may take to send a request body; then 408")
 
 
 class Batching(BaseModel):

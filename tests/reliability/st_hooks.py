@@ -1,0 +1,56 @@
+"""Schemathesis hooks for tests/reliability/test_fuzz.py (loaded with SCHEMATHESIS_HOOKS).
+
+1. OpenAPI links, injected into the live document as it is loaded, so the stateful phase can chain
+   calls the way a client does (the service's own document carries no links; adding them would
+   change the committed openapi.json that clients/python is generated from):
+       POST /v1/infer 200  → GET  /v1/entries/{chunk_id}   chunk_id = results[0].evidence[0].chunk_id
+       GET  /v1/index 200  → POST /v1/admin/reload          bundle   = index.path (a real swap)
+       POST /v1/admin/reload 200 → GET /v1/index, POST /v1/infer
+2. A request log: every response's status, appended as one line to $SOFTKNN_FUZZ_LOG
+   ("METHOD PATH STATUS"), so the test counts requests and statuses from the client side too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import schemathesis
+
+LINKS = {
+    ("/v1/infer", "post"): {
+        "GetEvidenceEntry": {
+            "operationId": "entry_v1_entries__chunk_id__get",
+            "parameters": {"chunk_id": "$response.body#/results/0/evidence/0/chunk_id"},
+        },
+    },
+    ("/v1/index", "get"): {
+        "ReloadServedBundle": {
+            "operationId": "reload_v1_admin_reload_post",
+            "requestBody": {"bundle": "$response.body#/index/path"},
+        },
+    },
+    ("/v1/admin/reload", "post"): {
+        "IndexAfterReload": {"operationId": "index_v1_index_get"},
+        "EntryAfterReload": {"operationId": "entry_v1_entries__chunk_id__get",
+                             "parameters": {"chunk_id": "$response.body#/index/version_id"}},
+    },
+}
+
+
+@schemathesis.hook
+def before_load_schema(context, raw_schema: dict) -> None:
+    ops = {op.get("operationId") for item in raw_schema["paths"].values() for op in item.values()
+           if isinstance(op, dict)}
+    for (path, method), links in LINKS.items():
+        missing = {link["operationId"] for link in links.values()} - ops
+        if missing:
+            raise RuntimeError(f"st_hooks: no operation {sorted(missing)} in the document; update LINKS")
+        raw_schema["paths"][path][method]["responses"]["200"]["links"] = links
+
+
+@schemathesis.hook
+def after_call(context, case, response) -> None:
+    path = os.environ.get("SOFTKNN_FUZZ_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{case.method} {case.operation.path} {response.status_code}\n")
