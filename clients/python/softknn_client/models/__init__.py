@@ -1,0 +1,67 @@
+"""Contains all the data models used in inputs/outputs"""
+
+from .bundle_summary import BundleSummary
+from .bundle_summary_calibration import BundleSummaryCalibration
+from .bundle_summary_counts import BundleSummaryCounts
+from .bundle_summary_index import BundleSummaryIndex
+from .bundle_summary_model import BundleSummaryModel
+from .diagnostics import Diagnostics
+from .diagnostics_mixing import DiagnosticsMixing
+from .entry import Entry
+from .entry_metadata import EntryMetadata
+from .entry_response import EntryResponse
+from .error_detail import ErrorDetail
+from .error_response import ErrorResponse
+from .evidence_item import EvidenceItem
+from .evidence_item_metadata import EvidenceItemMetadata
+from .healthz_healthz_get_response_healthz_healthz_get import HealthzHealthzGetResponseHealthzHealthzGet
+from .http_validation_error import HTTPValidationError
+from .index_response import IndexResponse
+from .infer_request import InferRequest
+from .infer_request_kernel import InferRequestKernel
+from .infer_request_mixing import InferRequestMixing
+from .infer_response import InferResponse
+from .infer_result import InferResult
+from .infer_result_label_scores_type_0 import InferResultLabelScoresType0
+from .query_token import QueryToken
+from .readyz_readyz_get_response_readyz_readyz_get import ReadyzReadyzGetResponseReadyzReadyzGet
+from .reload_request import ReloadRequest
+from .reload_response import ReloadResponse
+from .span import Span
+from .token import Token
+from .validation_error import ValidationError
+from .validation_error_context import ValidationErrorContext
+
+__all__ = (
+    "BundleSummary",
+    "BundleSummaryCalibration",
+    "BundleSummaryCounts",
+    "BundleSummaryIndex",
+    "BundleSummaryModel",
+    "Diagnostics",
+    "DiagnosticsMixing",
+    "Entry",
+    "EntryMetadata",
+    "EntryResponse",
+    "ErrorDetail",
+    "ErrorResponse",
+    "EvidenceItem",
+    "EvidenceItemMetadata",
+    "HealthzHealthzGetResponseHealthzHealthzGet",
+    "HTTPValidationError",
+    "IndexResponse",
+    "InferRequest",
+    "InferRequestKernel",
+    "InferRequestMixing",
+    "InferResponse",
+    "InferResult",
+    "InferResultLabelScoresType0",
+    "QueryToken",
+    "ReadyzReadyzGetResponseReadyzReadyzGet",
+    "ReloadRequest",
+    "ReloadResponse",
+    "Span",
+    "Token",
+    "ValidationError",
+    "ValidationErrorContext",
+)

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from attrs import define as _attrs_define
+
+if TYPE_CHECKING:
+    from ..models.bundle_summary_calibration import BundleSummaryCalibration
+    from ..models.bundle_summary_counts import BundleSummaryCounts
+    from ..models.bundle_summary_index import BundleSummaryIndex
+    from ..models.bundle_summary_model import BundleSummaryModel
+
+
+T = TypeVar("T", bound="BundleSummary")
+
+
+@_attrs_define
+class BundleSummary:
+    """
+    Attributes:
+        bytes_ (int):
+        calibration (BundleSummaryCalibration):
+        counts (BundleSummaryCounts):
+        created_at (None | str):
+        index (BundleSummaryIndex):
+        kv_dtype (str):
+        labels (list[str]):
+        memory_layer (int):
+        model (BundleSummaryModel):
+        path (str):
+        version_id (str):
+    """
+
+    bytes_: int
+    calibration: BundleSummaryCalibration
+    counts: BundleSummaryCounts
+    created_at: None | str
+    index: BundleSummaryIndex
+    kv_dtype: str
+    labels: list[str]
+    memory_layer: int
+    model: BundleSummaryModel
+    path: str
+    version_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        bytes_ = self.bytes_
+
+        calibration = self.calibration.to_dict()
+
+        counts = self.counts.to_dict()
+
+        created_at: None | str
+        created_at = self.created_at
+
+        index = self.index.to_dict()
+
+        kv_dtype = self.kv_dtype
+
+        labels = self.labels
+
+        memory_layer = self.memory_layer
+
+        model = self.model.to_dict()
+
+        path = self.path
+
+        version_id = self.version_id
+
+        field_dict: dict[str, Any] = {}
+
+        field_dict.update(
+            {
+                "bytes": bytes_,
+                "calibration": calibration,
+                "counts": counts,
+                "created_at": created_at,
+                "index": index,
+                "kv_dtype": kv_dtype,
+                "labels": labels,
+                "memory_layer": memory_layer,
+                "model": model,
+                "path": path,
+                "version_id": version_id,
+            }
+        )
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.bundle_summary_calibration import BundleSummaryCalibration  # noqa: PLC0415
+        from ..models.bundle_summary_counts import BundleSummaryCounts  # noqa: PLC0415
+        from ..models.bundle_summary_index import BundleSummaryIndex  # noqa: PLC0415
+        from ..models.bundle_summary_model import BundleSummaryModel  # noqa: PLC0415
+
+        d = dict(src_dict)
+        bytes_ = d.pop("bytes")
+
+        calibration = BundleSummaryCalibration.from_dict(d.pop("calibration"))
+
+        counts = BundleSummaryCounts.from_dict(d.pop("counts"))
+
+        def _parse_created_at(data: object) -> None | str:
+            if data is None:
+                return data
+            return cast(None | str, data)
+
+        created_at = _parse_created_at(d.pop("created_at"))
+
+        index = BundleSummaryIndex.from_dict(d.pop("index"))
+
+        kv_dtype = d.pop("kv_dtype")
+
+        labels = cast(list[str], d.pop("labels"))
+
+        memory_layer = d.pop("memory_layer")
+
+        model = BundleSummaryModel.from_dict(d.pop("model"))
+
+        path = d.pop("path")
+
+        version_id = d.pop("version_id")
+
+        bundle_summary = cls(
+            bytes_=bytes_,
+            calibration=calibration,
+            counts=counts,
+            created_at=created_at,
+            index=index,
+            kv_dtype=kv_dtype,
+            labels=labels,
+            memory_layer=memory_layer,
+            model=model,
+            path=path,
+            version_id=version_id,
+        )
+
+        return bundle_summary

@@ -1,0 +1,193 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
+
+from attrs import define as _attrs_define
+
+from ..models.diagnostics_mixing import DiagnosticsMixing, check_diagnostics_mixing
+
+T = TypeVar("T", bound="Diagnostics")
+
+
+@_attrs_define
+class Diagnostics:
+    """
+    Attributes:
+        alpha (float | None): α used (null for joint mixing)
+        attention_effective_k (float):
+        attention_entropy (float): entropy of the fused attention distribution, mean over heads/tokens
+        attention_entropy_intra (float): entropy of the input's own attention alone
+        k (int):
+        kernel (str):
+        memory_layer (int):
+        memory_share (float): mean over heads and query tokens of the memory's gate mass
+        mixing (DiagnosticsMixing):
+        n_tokens (int):
+        retrieved (int): |R|, chunks the fused layer attended
+        search (str): 'exact' or the ANN index kind that answered
+        temperature (float):
+        threshold (float | None):
+        truncated (bool): true when the input was cut to the token or character limit
+        truncation_bound (float): upper bound on the kernel mass lost to top-k truncation
+        w_db_effective_k (float): exp(H(w_db))
+        w_db_entropy (float): entropy H of w_db (nats)
+    """
+
+    alpha: float | None
+    attention_effective_k: float
+    attention_entropy: float
+    attention_entropy_intra: float
+    k: int
+    kernel: str
+    memory_layer: int
+    memory_share: float
+    mixing: DiagnosticsMixing
+    n_tokens: int
+    retrieved: int
+    search: str
+    temperature: float
+    threshold: float | None
+    truncated: bool
+    truncation_bound: float
+    w_db_effective_k: float
+    w_db_entropy: float
+
+    def to_dict(self) -> dict[str, Any]:
+        alpha: float | None
+        alpha = self.alpha
+
+        attention_effective_k = self.attention_effective_k
+
+        attention_entropy = self.attention_entropy
+
+        attention_entropy_intra = self.attention_entropy_intra
+
+        k = self.k
+
+        kernel = self.kernel
+
+        memory_layer = self.memory_layer
+
+        memory_share = self.memory_share
+
+        mixing: str = self.mixing
+
+        n_tokens = self.n_tokens
+
+        retrieved = self.retrieved
+
+        search = self.search
+
+        temperature = self.temperature
+
+        threshold: float | None
+        threshold = self.threshold
+
+        truncated = self.truncated
+
+        truncation_bound = self.truncation_bound
+
+        w_db_effective_k = self.w_db_effective_k
+
+        w_db_entropy = self.w_db_entropy
+
+        field_dict: dict[str, Any] = {}
+
+        field_dict.update(
+            {
+                "alpha": alpha,
+                "attention_effective_k": attention_effective_k,
+                "attention_entropy": attention_entropy,
+                "attention_entropy_intra": attention_entropy_intra,
+                "k": k,
+                "kernel": kernel,
+                "memory_layer": memory_layer,
+                "memory_share": memory_share,
+                "mixing": mixing,
+                "n_tokens": n_tokens,
+                "retrieved": retrieved,
+                "search": search,
+                "temperature": temperature,
+                "threshold": threshold,
+                "truncated": truncated,
+                "truncation_bound": truncation_bound,
+                "w_db_effective_k": w_db_effective_k,
+                "w_db_entropy": w_db_entropy,
+            }
+        )
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        d = dict(src_dict)
+
+        def _parse_alpha(data: object) -> float | None:
+            if data is None:
+                return data
+            return cast(float | None, data)
+
+        alpha = _parse_alpha(d.pop("alpha"))
+
+        attention_effective_k = d.pop("attention_effective_k")
+
+        attention_entropy = d.pop("attention_entropy")
+
+        attention_entropy_intra = d.pop("attention_entropy_intra")
+
+        k = d.pop("k")
+
+        kernel = d.pop("kernel")
+
+        memory_layer = d.pop("memory_layer")
+
+        memory_share = d.pop("memory_share")
+
+        mixing = check_diagnostics_mixing(d.pop("mixing"))
+
+        n_tokens = d.pop("n_tokens")
+
+        retrieved = d.pop("retrieved")
+
+        search = d.pop("search")
+
+        temperature = d.pop("temperature")
+
+        def _parse_threshold(data: object) -> float | None:
+            if data is None:
+                return data
+            return cast(float | None, data)
+
+        threshold = _parse_threshold(d.pop("threshold"))
+
+        truncated = d.pop("truncated")
+
+        truncation_bound = d.pop("truncation_bound")
+
+        w_db_effective_k = d.pop("w_db_effective_k")
+
+        w_db_entropy = d.pop("w_db_entropy")
+
+        diagnostics = cls(
+            alpha=alpha,
+            attention_effective_k=attention_effective_k,
+            attention_entropy=attention_entropy,
+            attention_entropy_intra=attention_entropy_intra,
+            k=k,
+            kernel=kernel,
+            memory_layer=memory_layer,
+            memory_share=memory_share,
+            mixing=mixing,
+            n_tokens=n_tokens,
+            retrieved=retrieved,
+            search=search,
+            temperature=temperature,
+            threshold=threshold,
+            truncated=truncated,
+            truncation_bound=truncation_bound,
+            w_db_effective_k=w_db_effective_k,
+            w_db_entropy=w_db_entropy,
+        )
+
+        return diagnostics

@@ -1,0 +1,179 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from attrs import define as _attrs_define
+
+if TYPE_CHECKING:
+    from ..models.evidence_item_metadata import EvidenceItemMetadata
+    from ..models.query_token import QueryToken
+    from ..models.span import Span
+
+
+T = TypeVar("T", bound="EvidenceItem")
+
+
+@_attrs_define
+class EvidenceItem:
+    """
+    Attributes:
+        chunk_id (str):
+        doc_id (str):
+        end (int):
+        influence (float): ‖Δout‖/‖out‖ of the memory layer if this chunk were removed and the weights renormalised
+            (closed form)
+        label (None | str):
+        mass_share (float): share of the layer's attention mass on this chunk (fixed: (1−α)·w_db)
+        metadata (EvidenceItemMetadata):
+        query_tokens (list[QueryToken]): the input tokens that pulled this chunk most (≤ 5)
+        rank (int): 0 = largest memory-mass share
+        similarity (float): k-NN score s_c = e_q·e_c
+        spans (list[Span]):
+        start (int): char span [start, end) of the chunk in its document
+        text (str): the chunk's text
+        weight (float): Nadaraya–Watson weight w_db(c) over the retrieved set R
+    """
+
+    chunk_id: str
+    doc_id: str
+    end: int
+    influence: float
+    label: None | str
+    mass_share: float
+    metadata: EvidenceItemMetadata
+    query_tokens: list[QueryToken]
+    rank: int
+    similarity: float
+    spans: list[Span]
+    start: int
+    text: str
+    weight: float
+
+    def to_dict(self) -> dict[str, Any]:
+        chunk_id = self.chunk_id
+
+        doc_id = self.doc_id
+
+        end = self.end
+
+        influence = self.influence
+
+        label: None | str
+        label = self.label
+
+        mass_share = self.mass_share
+
+        metadata = self.metadata.to_dict()
+
+        query_tokens = []
+        for query_tokens_item_data in self.query_tokens:
+            query_tokens_item = query_tokens_item_data.to_dict()
+            query_tokens.append(query_tokens_item)
+
+        rank = self.rank
+
+        similarity = self.similarity
+
+        spans = []
+        for spans_item_data in self.spans:
+            spans_item = spans_item_data.to_dict()
+            spans.append(spans_item)
+
+        start = self.start
+
+        text = self.text
+
+        weight = self.weight
+
+        field_dict: dict[str, Any] = {}
+
+        field_dict.update(
+            {
+                "chunk_id": chunk_id,
+                "doc_id": doc_id,
+                "end": end,
+                "influence": influence,
+                "label": label,
+                "mass_share": mass_share,
+                "metadata": metadata,
+                "query_tokens": query_tokens,
+                "rank": rank,
+                "similarity": similarity,
+                "spans": spans,
+                "start": start,
+                "text": text,
+                "weight": weight,
+            }
+        )
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.evidence_item_metadata import EvidenceItemMetadata  # noqa: PLC0415
+        from ..models.query_token import QueryToken  # noqa: PLC0415
+        from ..models.span import Span  # noqa: PLC0415
+
+        d = dict(src_dict)
+        chunk_id = d.pop("chunk_id")
+
+        doc_id = d.pop("doc_id")
+
+        end = d.pop("end")
+
+        influence = d.pop("influence")
+
+        def _parse_label(data: object) -> None | str:
+            if data is None:
+                return data
+            return cast(None | str, data)
+
+        label = _parse_label(d.pop("label"))
+
+        mass_share = d.pop("mass_share")
+
+        metadata = EvidenceItemMetadata.from_dict(d.pop("metadata"))
+
+        query_tokens = []
+        _query_tokens = d.pop("query_tokens")
+        for query_tokens_item_data in _query_tokens:
+            query_tokens_item = QueryToken.from_dict(query_tokens_item_data)
+
+            query_tokens.append(query_tokens_item)
+
+        rank = d.pop("rank")
+
+        similarity = d.pop("similarity")
+
+        spans = []
+        _spans = d.pop("spans")
+        for spans_item_data in _spans:
+            spans_item = Span.from_dict(spans_item_data)
+
+            spans.append(spans_item)
+
+        start = d.pop("start")
+
+        text = d.pop("text")
+
+        weight = d.pop("weight")
+
+        evidence_item = cls(
+            chunk_id=chunk_id,
+            doc_id=doc_id,
+            end=end,
+            influence=influence,
+            label=label,
+            mass_share=mass_share,
+            metadata=metadata,
+            query_tokens=query_tokens,
+            rank=rank,
+            similarity=similarity,
+            spans=spans,
+            start=start,
+            text=text,
+            weight=weight,
+        )
+
+        return evidence_item

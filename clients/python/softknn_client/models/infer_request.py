@@ -1,0 +1,177 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
+
+from attrs import define as _attrs_define
+
+from ..models.infer_request_kernel import InferRequestKernel, check_infer_request_kernel
+from ..models.infer_request_mixing import InferRequestMixing, check_infer_request_mixing
+from ..types import UNSET, Unset
+
+T = TypeVar("T", bound="InferRequest")
+
+
+@_attrs_define
+class InferRequest:
+    """Knowledge-augmented inference over one or more texts; every field but `inputs` is optional.
+
+    Attributes:
+        inputs (list[str]): 1..64 non-empty texts, each ≤ 20000 characters (longer ones need `truncate`) and ≤ the
+            model's token limit (or `truncate`)
+        alpha (float | Unset): fixed mixing: weight of the input's own attention, out = α·attn_intra + (1−α)·attn_db
+            (seed 000 §4.3); ignored by joint mixing Default: 0.7.
+        evidence (int | Unset): evidence items returned per input Default: 5.
+        exact (bool | Unset): exact (brute-force) search instead of the ANN index Default: False.
+        k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
+        kernel (InferRequestKernel | Unset): k-NN kernel (seed 001) Default: 'softmax'.
+        mixing (InferRequestMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
+            (memory share is reported) Default: 'fixed'.
+        return_tokens (bool | Unset): also return per-token outputs: tokens, token_embeddings, head_memory_share
+            Default: False.
+        spans (int | Unset): highlighted word spans per evidence item Default: 5.
+        temperature (float | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel Default: 0.05.
+        threshold (float | None | Unset): hybrid retrieval: also keep chunks of the 64-candidate pool whose weight is ≥
+            threshold
+        truncate (bool | Unset): cut inputs over the character or token limit instead of refusing them (413) Default:
+            False.
+    """
+
+    inputs: list[str]
+    alpha: float | Unset = 0.7
+    evidence: int | Unset = 5
+    exact: bool | Unset = False
+    k: int | Unset = 8
+    kernel: InferRequestKernel | Unset = "softmax"
+    mixing: InferRequestMixing | Unset = "fixed"
+    return_tokens: bool | Unset = False
+    spans: int | Unset = 5
+    temperature: float | Unset = 0.05
+    threshold: float | None | Unset = UNSET
+    truncate: bool | Unset = False
+
+    def to_dict(self) -> dict[str, Any]:
+        inputs = self.inputs
+
+        alpha = self.alpha
+
+        evidence = self.evidence
+
+        exact = self.exact
+
+        k = self.k
+
+        kernel: str | Unset = UNSET
+        if not isinstance(self.kernel, Unset):
+            kernel = self.kernel
+
+        mixing: str | Unset = UNSET
+        if not isinstance(self.mixing, Unset):
+            mixing = self.mixing
+
+        return_tokens = self.return_tokens
+
+        spans = self.spans
+
+        temperature = self.temperature
+
+        threshold: float | None | Unset
+        if isinstance(self.threshold, Unset):
+            threshold = UNSET
+        else:
+            threshold = self.threshold
+
+        truncate = self.truncate
+
+        field_dict: dict[str, Any] = {}
+
+        field_dict.update(
+            {
+                "inputs": inputs,
+            }
+        )
+        if alpha is not UNSET:
+            field_dict["alpha"] = alpha
+        if evidence is not UNSET:
+            field_dict["evidence"] = evidence
+        if exact is not UNSET:
+            field_dict["exact"] = exact
+        if k is not UNSET:
+            field_dict["k"] = k
+        if kernel is not UNSET:
+            field_dict["kernel"] = kernel
+        if mixing is not UNSET:
+            field_dict["mixing"] = mixing
+        if return_tokens is not UNSET:
+            field_dict["return_tokens"] = return_tokens
+        if spans is not UNSET:
+            field_dict["spans"] = spans
+        if temperature is not UNSET:
+            field_dict["temperature"] = temperature
+        if threshold is not UNSET:
+            field_dict["threshold"] = threshold
+        if truncate is not UNSET:
+            field_dict["truncate"] = truncate
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        d = dict(src_dict)
+        inputs = cast(list[str], d.pop("inputs"))
+
+        alpha = d.pop("alpha", UNSET)
+
+        evidence = d.pop("evidence", UNSET)
+
+        exact = d.pop("exact", UNSET)
+
+        k = d.pop("k", UNSET)
+
+        _kernel = d.pop("kernel", UNSET)
+        kernel: InferRequestKernel | Unset
+        if isinstance(_kernel, Unset):
+            kernel = UNSET
+        else:
+            kernel = check_infer_request_kernel(_kernel)
+
+        _mixing = d.pop("mixing", UNSET)
+        mixing: InferRequestMixing | Unset
+        if isinstance(_mixing, Unset):
+            mixing = UNSET
+        else:
+            mixing = check_infer_request_mixing(_mixing)
+
+        return_tokens = d.pop("return_tokens", UNSET)
+
+        spans = d.pop("spans", UNSET)
+
+        temperature = d.pop("temperature", UNSET)
+
+        def _parse_threshold(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        threshold = _parse_threshold(d.pop("threshold", UNSET))
+
+        truncate = d.pop("truncate", UNSET)
+
+        infer_request = cls(
+            inputs=inputs,
+            alpha=alpha,
+            evidence=evidence,
+            exact=exact,
+            k=k,
+            kernel=kernel,
+            mixing=mixing,
+            return_tokens=return_tokens,
+            spans=spans,
+            temperature=temperature,
+            threshold=threshold,
+            truncate=truncate,
+        )
+
+        return infer_request

@@ -1,0 +1,136 @@
+"""Run the load test headless and fail on any unexpected error.
+
+    python -m loadtest.run --host http://127.0.0.1:8000 --users 8 --duration 30 [--out DIR]
+
+1. waits (through the generated client) until GET /readyz answers 200, up to --ready-timeout;
+2. runs locust headless on loadtest/locustfile.py: --users users started at --spawn-rate per second,
+   for --duration seconds (calls in flight at the end finish, up to --stop-timeout), in a
+   subprocess with a hard wall-clock cap;
+3. prints and writes the summary (summary.json, summary.csv, failures.csv; locust's own CSVs
+   locust_*.csv beside them) to --out (default $LOADTEST_OUT or build/loadtest);
+4. exits 0 only when locust exited 0, the summary exists, at least one call was made and no call
+   got an unexpected answer (an expected 4xx of the invalid requests is a success).
+
+Users and duration are bounded (≤ 256 users, ≤ 3600 s): this drives a service you run, on hosts
+you own. Env: SOFTKNN_AUTH__API_KEY (bearer key, when the service has one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MAX_USERS, MAX_DURATION_S = 256, 3600
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+
+
+def wait_ready(host: str, timeout_s: float) -> None:
+    """Poll GET /readyz with the generated client until 200; raises TimeoutError with the last answer."""
+    import httpx
+    from softknn_client import Client
+    from softknn_client.api.health import readyz_readyz_get
+
+    last, end = "no answer", time.monotonic() + timeout_s
+    with Client(base_url=host, timeout=httpx.Timeout(10.0)) as client:
+        while time.monotonic() < end:
+            try:
+                r = readyz_readyz_get.sync_detailed(client=client)
+                if r.status_code == 200:
+                    return
+                last = f"{int(r.status_code)} {r.content[:200]!r}"
+            except httpx.TransportError as e:
+                last = repr(e)
+            time.sleep(0.5)
+    raise TimeoutError(f"{host}/readyz not 200 after {timeout_s:.0f} s; last: {last}")
+
+
+def locust_command(args: argparse.Namespace, out: Path) -> list[str]:
+    return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", args.host,
+            "--users", str(args.users), "--spawn-rate", str(args.spawn_rate or args.users),
+            "--run-time", f"{args.duration}s", "--stop-timeout", str(args.stop_timeout),
+            "--csv", str(out / "locust"), "--only-summary", "--loglevel", "WARNING",
+            "--summary-dir", str(out), "--mix-seed", str(args.seed), "--wait-range", args.wait,
+            "--request-timeout", str(args.request_timeout)]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m loadtest.run", description=__doc__.splitlines()[0])
+    ap.add_argument("--host", required=True, help="service base URL, e.g. http://127.0.0.1:8000")
+    ap.add_argument("--users", type=int, default=8, help=f"concurrent users (1..{MAX_USERS}); default 8")
+    ap.add_argument("--duration", type=int, default=30, help=f"seconds of load (1..{MAX_DURATION_S}); default 30")
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("LOADTEST_OUT") or "build/loadtest"),
+                    help="summary directory (default $LOADTEST_OUT or build/loadtest)")
+    ap.add_argument("--spawn-rate", type=float, default=0, help="users started per second (default: all in 1 s)")
+    ap.add_argument("--seed", type=int, default=0, help="request-mix seed (default 0)")
+    ap.add_argument("--wait", default="0.1,0.5", help="think time between a user's calls, 'MIN,MAX' s")
+    ap.add_argument("--request-timeout", type=float, default=60.0, help="client timeout per call, s")
+    ap.add_argument("--stop-timeout", type=int, default=30, help="s for calls in flight at the end to finish")
+    ap.add_argument("--ready-timeout", type=float, default=180.0, help="s to wait for /readyz before starting")
+    args = ap.parse_args(argv)
+    if not 1 <= args.users <= MAX_USERS:
+        ap.error(f"--users {args.users}: must be 1..{MAX_USERS}")
+    if not 1 <= args.duration <= MAX_DURATION_S:
+        ap.error(f"--duration {args.duration}: must be 1..{MAX_DURATION_S}")
+    lo, _, hi = args.wait.partition(",")
+    try:
+        ok = 0 <= float(lo) <= float(hi)
+    except ValueError:
+        ok = False
+    if not ok:
+        ap.error(f"--wait {args.wait!r}: expected 'MIN,MAX' seconds with 0 <= MIN <= MAX")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").unlink(missing_ok=True)  # never report a previous run's figures
+    try:
+        wait_ready(args.host, args.ready_timeout)
+    except TimeoutError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(LOCUSTFILE.parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    cap = args.duration + args.stop_timeout + 120  # locust's own start/stop; past this it is hung
+    print(f"load test: {args.users} users for {args.duration} s against {args.host} → {out}", flush=True)
+    try:
+        rc = subprocess.run(locust_command(args, out), env=env, timeout=cap).returncode
+    except subprocess.TimeoutExpired:
+        print(f"error: locust still running after {cap} s: killed", file=sys.stderr)
+        return 3
+    return verdict(rc, out / "summary.json")
+
+
+def verdict(locust_rc: int, summary_path: Path) -> int:
+    """0 when locust exited 0 and the summary shows calls and no unexpected failure; else 1."""
+    if not summary_path.is_file():
+        print(f"error: no summary at {summary_path} (locust exit {locust_rc})", file=sys.stderr)
+        return 1
+    s = json.loads(summary_path.read_text())
+    problems = []
+    if s["requests"] == 0:
+        problems.append("no call was made")
+    if s["unexpected_failures"]:
+        problems.append(f"{s['unexpected_failures']} unexpected failures {s['failures_by_type']}; "
+                        f"first of each: {json.dumps(s['failure_examples'], ensure_ascii=False)[:2000]}")
+    if locust_rc != 0 and not problems:
+        problems.append(f"locust exited {locust_rc}")
+    if problems:
+        print("FAILED: " + "; ".join(problems), file=sys.stderr)
+        return 1
+    lat = s["latency_ms"]
+    print(f"OK: {s['requests']} calls, {s['requests_per_s']:.2f} req/s, {s['infer_texts_per_s']:.2f} texts/s, "
+          f"p50 {lat['p50_ms']:.0f} ms, p95 {lat['p95_ms']:.0f} ms, p99 {lat['p99_ms']:.0f} ms, "
+          f"0 unexpected failures, {sum(s['expected_refusals_by_type'].values())} expected refusals", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
