@@ -171,8 +171,11 @@ def sample_kb() -> None:
 def _register_edge_commands() -> None:
     """Commands whose code lives at the edges (the service), registered without importing FastAPI."""
     from service.cli import serve
+    from softknn.eval_cli import calibrate_command, eval_command
 
     app.command("serve")(serve)
+    app.command("eval")(eval_command)
+    app.command("calibrate")(calibrate_command)
 
 
 _register_edge_commands()

@@ -181,7 +181,7 @@ class Engine:
         if self.bundle.labels:
             scores = label_scores(labels, w)
             result["label_scores"] = scores
-            result.update(self._predict(scores, p))
+            result.update(self._predict(scores, p, max(retr.scores[b], default=-1.0)))
         if p.return_tokens:
             n = int(batch.n_tokens[b])
             result["tokens"] = [
@@ -193,12 +193,29 @@ class Engine:
             result["head_memory_share"] = mem_share_tok[:, :n].float().cpu().tolist()  # (nh, n)
         return result
 
-    def _predict(self, scores: dict[str, float], p: InferParams) -> dict:
+    def _predict(self, scores: dict[str, float], p: InferParams, s_1: float) -> dict:
+        """The top label, or an explicit abstain.
+
+        With the bundle's calibration (softknn calibrate): abstain when the nearest chunk's
+        similarity s_1 is below `min_similarity` (out of domain: w_db is normalised over R, so a
+        far-away neighbourhood can still vote confidently) or the top label score is below the
+        threshold. docs/quality.md: this gated rule rejects 99.9% of out-of-domain Banking77
+        queries at a 0.97% in-scope loss, the score-only rule 42.7%. A request's own
+        abstain_threshold keeps the score-only rule.
+        """
+        cal = self.bundle.manifest.get("calibration", {}) or {}
         thr = p.abstain_threshold
+        s_min = None
         if thr is None:
-            thr = self.bundle.manifest.get("calibration", {}).get("abstain_threshold")
+            thr = cal.get("abstain_threshold")
+            s_min = cal.get("min_similarity")
+            if s_min is not None:
+                thr = cal.get("abstain_threshold_gated", thr)
         if not scores:
             return {"prediction": None, "abstained": True, "abstain_reason": "no labelled chunk in R"}
+        if s_min is not None and s_1 < s_min:
+            return {"prediction": None, "abstained": True,
+                    "abstain_reason": f"nearest KB chunk similarity {s_1:.3f} < {s_min:.3f} (out of domain)"}
         label, top = next(iter(scores.items()))
         if thr is not None and top < thr:
             return {"prediction": None, "abstained": True,

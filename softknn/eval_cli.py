@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -92,7 +93,8 @@ def write_predictions(path: Path, run, base: list[dict]) -> None:
 
 
 def plot_abstain(rep: dict, path: Path, title: str = "") -> Path | None:
-    """Answered accuracy vs rejection rate (and OOD rejection vs accuracy loss), softknn beside baseline."""
+    """Answered accuracy vs rejection rate, and OOD rejection vs in-scope accuracy loss, softknn beside
+    the baseline; the calibrated operating points marked."""
     cls = rep.get("classification")
     if not cls:
         return None
@@ -102,35 +104,63 @@ def plot_abstain(rep: dict, path: Path, title: str = "") -> Path | None:
     import matplotlib.pyplot as plt
 
     has_ood = cls["abstain"]["n_ood"] > 0
-    fig, axes = plt.subplots(1, 2 if has_ood else 1, figsize=(11 if has_ood else 5.5, 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, 2 if has_ood else 1, figsize=(12 if has_ood else 6, 4.5), squeeze=False)
+    styles = {"softknn": "-", "baseline_knn": "--", "softknn_gated": "-.", "baseline_knn_gated": ":"}
     ax = axes[0][0]
-    for name, style in (("softknn", "-"), ("baseline_knn", "--")):
-        pts = [p for p in cls["curves"][name] if p["answered_accuracy"] is not None]
-        ax.plot([p["rejection_rate"] for p in pts], [p["answered_accuracy"] for p in pts], style, label=name)
-        a = cls["abstain"][name]
-        if a.get("threshold") is not None and a.get("answered_accuracy") is not None:
-            ax.plot([a["rejection_rate"]], [a["answered_accuracy"]], "o", label=f"{name} calibrated t={a['threshold']:.3f}")
+    for name, pts in cls["curves"].items():
+        pts = [p for p in pts if p["answered_accuracy"] is not None]
+        ax.plot([p["rejection_rate"] for p in pts], [p["answered_accuracy"] for p in pts], styles.get(name, "-"), label=name)
+    for name in ("softknn", "baseline_knn"):
+        for rule, a in cls["abstain"].get(name, {}).items():
+            if a.get("answered_accuracy") is not None:
+                ax.plot([a["rejection_rate"]], [a["answered_accuracy"]], "o", label=f"{name} {rule} t={a['threshold']:.3f}")
     ax.set_xlabel("in-scope rejection rate")
     ax.set_ylabel("accuracy on answered queries")
-    ax.set_title("abstain trade-off (test queries)")
+    ax.set_title("abstain trade-off")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     if has_ood:
         ax = axes[0][1]
-        for name, style in (("softknn", "-"), ("baseline_knn", "--")):
-            pts = cls["curves"][name]
-            ax.plot([p["accuracy_loss"] for p in pts], [p["ood_rejection_rate"] for p in pts], style, label=name)
-            a = cls["abstain"][name]
-            if a.get("threshold") is not None:
-                ax.plot([a["accuracy_loss"]], [a["ood_rejection_rate"]], "o", label=f"{name} calibrated")
+        for name, pts in cls["curves"].items():
+            ax.plot([p["accuracy_loss"] for p in pts], [p["ood_rejection_rate"] for p in pts], styles.get(name, "-"), label=name)
+        for name in ("softknn", "baseline_knn"):
+            for rule, a in cls["abstain"].get(name, {}).items():
+                ax.plot([a["accuracy_loss"]], [a["ood_rejection_rate"]], "o", label=f"{name} {rule} (calibrated)")
         ax.set_xlabel("in-scope accuracy loss (right answers rejected)")
         ax.set_ylabel("out-of-domain rejection rate")
-        ax.set_xlim(0, 0.2)
+        ax.set_xlim(0, 0.1)
         ax.set_title("rejecting out-of-domain inputs")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_evidence(rep: dict, path: Path, title: str = "") -> Path | None:
+    """recall@k of the gold ids among the evidence, k = 1…10, softknn beside the plain ranking."""
+    ev = rep.get("evidence")
+    if not ev:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for name, style in (("softknn", "o-"), ("baseline", "x--")):
+        pts = ev["curves"][name]
+        m = ev[name]
+        ax.plot([p["k"] for p in pts], [p["recall"] for p in pts], style,
+                label=f"{name}: nDCG@10 {m['ndcg@10']:.3f}, MRR@10 {m['mrr@10']:.3f}")
+    ax.set_xlabel("k (evidence items, unique ids)")
+    ax.set_ylabel("recall@k of the gold ids")
+    ax.set_title(title or "evidence quality")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -145,20 +175,23 @@ def write_report(out: Path, rep: dict, run, base: list[dict], *, title: str = ""
     (out / "summary.json").write_text(json.dumps(summary(rep), indent=2))
     write_predictions(out / "predictions.jsonl", run, base)
     plot_abstain(rep, out / "abstain.png", title)
+    plot_evidence(rep, out / "evidence.png", title)
     return rep
 
 
 def _print(rep: dict) -> None:
     cls, ev = rep.get("classification"), rep.get("evidence")
+    if not rep.get("calibration_matches_params", True):
+        typer.secho("warning: the bundle's abstain thresholds were calibrated with other k / temperature / kernel "
+                    f"({rep['bundle']['calibration'].get('params')}); recalibrate with --calibrate-kb", fg=typer.colors.YELLOW)
     if cls:
         for name in ("softknn", "baseline_1nn", "baseline_knn"):
             m = cls[name]
             typer.echo(f"{name:13s} accuracy {m['accuracy']:.4f}  macro-F1 {m['macro_f1']:.4f}  (n={m['n']})")
         for name in ("softknn", "baseline_knn"):
-            a = cls["abstain"][name]
-            if a.get("threshold") is not None:
-                typer.echo(f"{name:13s} abstain t={a['threshold']:.4f}: rejects {a['rejection_rate']:.3f} in-scope "
-                           f"(loss {a['accuracy_loss']:.4f}), OOD rejection {a.get('ood_rejection_rate')}")
+            for rule, a in cls["abstain"].get(name, {}).items():
+                typer.echo(f"{name:13s} abstain ({rule}) t={a['threshold']:.4f}: rejects {a['rejection_rate']:.4f} "
+                           f"in-scope (accuracy loss {a['accuracy_loss']:.4f}), OOD rejection {a.get('ood_rejection_rate')}")
     if ev:
         for name in ("softknn", "baseline"):
             m = ev[name]
@@ -196,6 +229,7 @@ def eval_command(
     calibrate_kb: Annotated[Optional[Path], Opt(help="first calibrate: the KB the bundle was built from (its labelled records are split)")] = None,
     calibrate_fraction: Annotated[float, Opt(help="share of each label held out for calibration")] = 0.1,
     target_loss: Annotated[float, Opt(help="in-scope accuracy the threshold may cost on validation")] = 0.01,
+    calibration_work: Annotated[Optional[Path], Opt(help="folder for the split and validation bundle (default: OUT/calibration; reused when it matches)")] = None,
     kb_id_field: Annotated[str, Opt(help="KB id field (with --calibrate-kb)")] = "id",
     kb_text_field: Annotated[str, Opt(help="KB text field (with --calibrate-kb)")] = "text",
     kb_label_field: Annotated[str, Opt(help="KB label field (with --calibrate-kb)")] = "label",
@@ -222,18 +256,21 @@ def eval_command(
         encoder = _encoder(settings)
         if calibrate_kb is not None:
             record = calibrate(bundle, calibrate_kb, Fields(kb_id_field, kb_text_field, kb_label_field), encoder,
-                               params, work=out / "calibration", fraction=calibrate_fraction, seed=seed,
+                               params, work=calibration_work or out / "calibration", fraction=calibrate_fraction, seed=seed,
                                target_loss=target_loss, batch_size=batch_size, progress=progress)
-            v = record["validation"]
+            v = record["validation"]["score_rule"]
             typer.echo(f"calibrated {bundle}: abstain threshold {record['abstain_threshold']:.4f} "
-                       f"(validation n={v['n']}: loss {v['accuracy_loss']:.4f}, rejects {v['rejection_rate']:.3f})")
+                       f"(validation n={record['validation']['n']}: loss {v['accuracy_loss']:.4f}, "
+                       f"rejects {v['rejection_rate']:.4f})")
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         engine = Engine(encoder, b)
+        t0 = time.perf_counter()
         rep, run, _ = evaluate(engine, qs, params, strategy, ood=ood_qs, baseline_k=baseline_k,
                                baseline_temperature=baseline_temperature, threshold=threshold, match=match,
                                batch_size=batch_size, progress=progress)
         rep["queries"] = {"path": str(queries), "n": len(qs), "limit": limit, "seed": seed,
-                          "ood": str(ood) if ood else None}
+                          "ood": str(ood) if ood else None, "n_ood": len(ood_qs or [])}
+        rep["seconds"] = round(time.perf_counter() - t0, 1)
         base = baseline_outcomes(run, b.chunks, rep["baseline_params"]["k"], rep["baseline_params"]["temperature"],
                                  params.kernel, match)
         write_report(out, rep, run, base, title=f"{Path(bundle).name} on {Path(queries).name}")
@@ -271,3 +308,11 @@ def calibrate_command(
         _fail(e)
     typer.echo(json.dumps(record, indent=2))
 
+
+
+if __name__ == "__main__":  # `python -m softknn.eval_cli eval ...` works before cli.py registers the commands
+    _app = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
+    _app.command("eval")(eval_command)
+    _app.command("calibrate")(calibrate_command)
+    logging.basicConfig(level=logging.WARNING)
+    _app()

@@ -206,12 +206,18 @@ def _outcome(r: dict, match: str) -> dict:
     scores = r["label_scores"] or {}
     top = next(iter(scores.items()), (None, 0.0))
     ev = r["evidence"]
+    mass: dict[str, float] = {}  # the memory-mass readout Σ_c share(c)·onehot(label_c) (≠ w_db in joint)
+    for e in ev:
+        if e["label"] is not None:
+            mass[e["label"]] = mass.get(e["label"], 0.0) + e["mass_share"]
     return {
         "prediction": top[0],  # forced: the abstain rule is applied afterwards with its threshold
         "score": float(top[1]),
+        "mass_prediction": min(mass, key=lambda c: (-mass[c], c)) if mass else None,
         "max_similarity": max((e["similarity"] for e in ev), default=0.0),
         "ranked": _ranked_ids([(e["chunk_id"], e["doc_id"]) for e in ev], match),
         "label_scores": dict(list(scores.items())[:3]),
+        "items": [(e["chunk_id"], e["doc_id"], e["similarity"], e["mass_share"]) for e in ev],
         "memory_share": r["diagnostics"]["memory_share"],
         "w_db_effective_k": r["diagnostics"]["w_db_effective_k"],
     }
@@ -229,6 +235,12 @@ def _fused(engine: Engine, batch, plain, xq: np.ndarray, params: InferParams, st
     return res
 
 
+def effective_params(p: InferParams) -> InferParams:
+    """What an evaluation runs: every retrieved chunk returned as evidence, long inputs cut, no
+    abstention inside the engine (the rules are applied afterwards, from the forced prediction)."""
+    return replace(p, truncate=True, evidence=max(p.k, p.evidence), abstain_threshold=0.0).validate()
+
+
 def run_variants(engine: Engine, queries: list[Query], variants: list[tuple[InferParams, Strategy]], *,
                  depth: int = 64, batch_size: int = 32, match: str = "doc", progress: bool = True,
                  desc: str = "eval") -> Run:
@@ -237,8 +249,7 @@ def run_variants(engine: Engine, queries: list[Query], variants: list[tuple[Infe
         raise InvalidInput(f"match must be one of {MATCH}, got {match!r}", field="match")
     if not queries:
         raise InvalidInput("no queries to evaluate", field="queries")
-    variants = [(replace(p, truncate=True, evidence=max(p.k, p.evidence), abstain_threshold=0.0).validate(), s.validate())
-                for p, s in variants]
+    variants = [(effective_params(p), s.validate()) for p, s in variants]
     enc = engine.encoder
     n, K = len(queries), min(max([depth] + [p.k for p, _ in variants]), len(engine.bundle))
     D = np.zeros((n, K), dtype=np.float32)
@@ -285,76 +296,108 @@ def baseline_outcomes(run: Run, chunks: list[dict], k: int, temperature: float, 
     return out
 
 
-# --- the report -------------------------------------------------------------------------------
+# --- abstention rules -------------------------------------------------------------------------
+# "score": the engine's rule today, abstain when the top label score < t.
+# "gated": also abstain when the nearest chunk's similarity s_1 < s_min. w_db is normalised over R,
+# so the top label score cannot tell "the neighbours agree" from "the neighbours are close": an
+# out-of-domain input whose k nearest chunks share a label scores as high as an in-scope one
+# (Banking77 validation: ObliQA questions, docs/quality.md). s_1 carries the missing absolute scale.
+RULES = {"score": "abstain when the top label score < t (the engine)",
+         "gated": "abstain when the nearest chunk's similarity < s_min or the top label score < t (proposed)"}
+
+
+def gated_scores(scores: Sequence[float], similarity: Sequence[float], s_min: float | None) -> np.ndarray:
+    """The top label score where s_1 ≥ s_min, else −1 (below any threshold): rule "gated" as one score."""
+    s = np.asarray(scores, dtype=np.float64)
+    return s if s_min is None else np.where(np.asarray(similarity, dtype=np.float64) >= s_min, s, -1.0)
+
+
+def calibrate_rules(scores: Sequence[float], similarity: Sequence[float], correct: Sequence[bool],
+                    target_loss: float) -> dict:
+    """Thresholds on validation: "score" spends the whole loss budget on t; "gated" spends half on
+    s_min (similarity alone), then the rest on t given the gate."""
+    s_min = choose_threshold(similarity, correct, target_loss / 2)
+    return {"score": {"threshold": choose_threshold(scores, correct, target_loss)},
+            "gated": {"min_similarity": s_min,
+                      "threshold": max(0.0, choose_threshold(gated_scores(scores, similarity, s_min), correct, target_loss))}}
+
+
 def auroc(pos: Sequence[float], neg: Sequence[float]) -> float | None:
     """P(score_pos > score_neg) + ½·P(tie): how well a score separates in-scope (pos) from OOD (neg)."""
     if not len(pos) or not len(neg):
         return None
-    p, n = np.asarray(pos, dtype=np.float64), np.asarray(neg, dtype=np.float64)
-    ranks = np.argsort(np.argsort(np.concatenate([p, n]), kind="stable"), kind="stable").astype(np.float64)
-    allv = np.concatenate([p, n])  # average ranks over ties
-    for v in np.unique(allv):
-        tie = allv == v
-        ranks[tie] = ranks[tie].mean()
-    return float((ranks[: len(p)].sum() - len(p) * (len(p) - 1) / 2) / (len(p) * len(n)))
+    allv = np.concatenate([np.asarray(pos, dtype=np.float64), np.asarray(neg, dtype=np.float64)])
+    _, inv, counts = np.unique(allv, return_inverse=True, return_counts=True)
+    avg_rank = (np.cumsum(counts) - (counts - 1) / 2)[inv]  # 1-based ranks, ties averaged
+    n1, n0 = len(pos), len(neg)
+    return float((avg_rank[:n1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
-def _abstain(scores, correct, threshold, ood_scores) -> dict:
-    out = abstain_point(scores, correct, threshold) if threshold is not None else {"threshold": None}
-    if ood_scores is not None:
-        out["ood_rejection_rate"] = rejection_rate(ood_scores, threshold)
-        out["ood_auroc"] = auroc(scores, ood_scores)
+def _rule_points(outs: list[dict], correct: list[bool], rules: dict, ood: list[dict] | None) -> dict:
+    out = {}
+    for name, r in rules.items():
+        t, s_min = r.get("threshold"), r.get("min_similarity")
+        if t is None:
+            continue
+        g = gated_scores([o["score"] for o in outs], [o["max_similarity"] for o in outs], s_min)
+        out[name] = {**abstain_point(g, correct, t), "min_similarity": s_min}
+        if ood is not None:
+            out[name]["ood_rejection_rate"] = rejection_rate(
+                gated_scores([o["score"] for o in ood], [o["max_similarity"] for o in ood], s_min), t)
     return out
 
 
-def _curve(scores, correct, ood_scores) -> list[dict]:
-    pts = abstain_curve(scores, correct)
-    if ood_scores is not None:
+def _curve(outs: list[dict], correct: list[bool], ood: list[dict] | None, s_min: float | None = None) -> list[dict]:
+    g = gated_scores([o["score"] for o in outs], [o["max_similarity"] for o in outs], s_min)
+    pts = abstain_curve(g, correct)
+    if ood is not None:
+        go = gated_scores([o["score"] for o in ood], [o["max_similarity"] for o in ood], s_min)
         for p in pts:
-            p["ood_rejection_rate"] = rejection_rate(ood_scores, p["threshold"])
+            p["ood_rejection_rate"] = rejection_rate(go, p["threshold"])
     return pts
 
 
+# --- the report -------------------------------------------------------------------------------
 def build_report(queries: list[Query], soft: list[dict], base_cls: list[dict], base_ret: list[dict], *,
-                 threshold: float | None = None, baseline_threshold: float | None = None,
-                 ood_soft: list[dict] | None = None, ood_base: list[dict] | None = None,
+                 rules: dict | None = None, ood_soft: list[dict] | None = None, ood_base: list[dict] | None = None,
                  ks: Sequence[int] = (1, 5, 10), depth: int = 10) -> dict:
     """Classification (labelled queries) and evidence (queries with gold ids), softknn beside baseline.
 
-    soft / base_cls / base_ret / ood_*: outcome dicts per query (see run_variants, baseline_outcomes).
+    soft / base_cls / base_ret / ood_*: outcome dicts per query (run_variants, baseline_outcomes);
+    rules: {"softknn"|"baseline_knn": {"score"|"gated": {"threshold", "min_similarity"}}}.
     """
+    rules = rules or {}
     rep: dict = {"n_queries": len(queries)}
     lab = [i for i, q in enumerate(queries) if q.label is not None]
     if lab:
         gold = [queries[i].label for i in lab]
-        s_scores = [soft[i]["score"] for i in lab]
-        s_ok = [soft[i]["prediction"] == queries[i].label for i in lab]
-        b_scores = [base_cls[i]["score"] for i in lab]
-        b_ok = [base_cls[i]["prediction"] == queries[i].label for i in lab]
-        o_soft = [o["score"] for o in ood_soft] if ood_soft is not None else None
-        o_base = [o["score"] for o in ood_base] if ood_base is not None else None
-        rep["classification"] = {
-            "n": len(lab),
-            "softknn": classification_metrics(gold, [soft[i]["prediction"] for i in lab]),
-            "baseline_1nn": classification_metrics(gold, [base_cls[i]["nn1"] for i in lab]),
-            "baseline_knn": classification_metrics(gold, [base_cls[i]["prediction"] for i in lab]),
-            "abstain": {
-                "rule": "abstain when the top label score < threshold",
-                "n_ood": len(ood_soft) if ood_soft is not None else 0,
-                "softknn": _abstain(s_scores, s_ok, threshold, o_soft),
-                "baseline_knn": _abstain(b_scores, b_ok, baseline_threshold, o_base),
-            },
-            "curves": {"softknn": _curve(s_scores, s_ok, o_soft), "baseline_knn": _curve(b_scores, b_ok, o_base)},
-        }
-        if ood_soft is not None:  # the similarity of the nearest chunk as an alternative OOD signal
-            rep["classification"]["abstain"]["max_similarity_ood_auroc"] = auroc(
-                [base_cls[i]["max_similarity"] for i in lab], [o["max_similarity"] for o in ood_base])
+        systems = {"softknn": [soft[i] for i in lab], "baseline_knn": [base_cls[i] for i in lab]}
+        oods = {"softknn": ood_soft, "baseline_knn": ood_base}
+        cls: dict = {"n": len(lab), "softknn": classification_metrics(gold, [o["prediction"] for o in systems["softknn"]]),
+                     "baseline_1nn": classification_metrics(gold, [base_cls[i]["nn1"] for i in lab]),
+                     "baseline_knn": classification_metrics(gold, [o["prediction"] for o in systems["baseline_knn"]])}
+        ab: dict = {"rules": RULES, "n_ood": len(ood_soft) if ood_soft is not None else 0}
+        curves: dict = {}
+        for name, outs in systems.items():
+            ok = [o["prediction"] == g for o, g in zip(outs, gold, strict=True)]
+            ab[name] = _rule_points(outs, ok, rules.get(name, {}), oods[name])
+            curves[name] = _curve(outs, ok, oods[name])
+            s_min = rules.get(name, {}).get("gated", {}).get("min_similarity")
+            if s_min is not None:
+                curves[f"{name}_gated"] = _curve(outs, ok, oods[name], s_min)
+        if ood_soft is not None:
+            ab["ood_auroc"] = {"top_label_score": auroc([o["score"] for o in systems["softknn"]], [o["score"] for o in ood_soft]),
+                               "max_similarity": auroc([o["max_similarity"] for o in systems["baseline_knn"]],
+                                                       [o["max_similarity"] for o in ood_base])}
+        rep["classification"] = {**cls, "abstain": ab, "curves": curves}
     gold_ids = [q.gold for q in queries]
     if any(gold_ids):
-        rep["evidence"] = {
-            "softknn": retrieval_metrics([o["ranked"] for o in soft], gold_ids, ks, depth),
-            "baseline": retrieval_metrics([o["ranked"] for o in base_ret], gold_ids, ks, depth),
-        }
+        ranked = {"softknn": [o["ranked"] for o in soft], "baseline": [o["ranked"] for o in base_ret]}
+        ev: dict = {name: retrieval_metrics(r, gold_ids, ks, depth) for name, r in ranked.items()}
+        every = range(1, depth + 1)
+        ev["curves"] = {name: [{"k": k, "recall": m[f"recall@{k}"]} for k in every]
+                        for name, m in ((n, retrieval_metrics(r, gold_ids, every, depth)) for n, r in ranked.items())}
+        rep["evidence"] = ev
     return rep
 
 
@@ -362,37 +405,50 @@ def summary(rep: dict) -> dict:
     """The report without its curves (what the docs cite)."""
     out = json.loads(json.dumps(rep))
     out.get("classification", {}).pop("curves", None)
+    out.get("evidence", {}).pop("curves", None)
+    return out
+
+
+def rules_from_calibration(cal: dict) -> dict:
+    """The thresholds a bundle's calibration section holds, in build_report's `rules` shape."""
+    out: dict = {}
+    for name, key in (("softknn", ""), ("baseline_knn", "baseline_knn_")):
+        src = cal if name == "softknn" else cal.get("baseline_knn") or {}
+        if src.get("abstain_threshold") is not None:
+            out.setdefault(name, {})["score"] = {"threshold": src["abstain_threshold"]}
+        if src.get("min_similarity") is not None:
+            out.setdefault(name, {})["gated"] = {"threshold": src["abstain_threshold_gated"],
+                                                 "min_similarity": src["min_similarity"]}
     return out
 
 
 def evaluate(engine: Engine, queries: list[Query], params: InferParams, strategy: Strategy = Strategy(), *,
              ood: list[Query] | None = None, baseline_k: int | None = None, baseline_temperature: float | None = None,
-             threshold: float | None = None, baseline_threshold: float | None = None, ks: Sequence[int] = (1, 5, 10),
-             depth: int = 10, match: str = "doc", batch_size: int = 32, progress: bool = True) -> tuple[dict, Run, Run | None]:
+             threshold: float | None = None, ks: Sequence[int] = (1, 5, 10), depth: int = 10, match: str = "doc",
+             batch_size: int = 32, progress: bool = True) -> tuple[dict, Run, Run | None]:
     """Run softknn (params, strategy) and the plain baseline over queries (and OOD queries); build the report.
 
-    threshold None: the bundle's calibrated abstain threshold (may itself be None).
+    Abstain thresholds come from the bundle's calibration; `threshold` overrides the engine rule's t.
     """
     cal = engine.bundle.manifest.get("calibration") or {}
-    if threshold is None:
-        threshold = cal.get("abstain_threshold")
-        baseline_threshold = baseline_threshold if baseline_threshold is not None else (
-            cal.get("validation") or {}).get("baseline_knn_threshold")
+    rules = rules_from_calibration(cal)
+    if threshold is not None:
+        rules.setdefault("softknn", {})["score"] = {"threshold": threshold}
     bk = baseline_k or params.k
     bt = baseline_temperature or params.temperature
     kw = {"batch_size": batch_size, "match": match, "progress": progress, "depth": max(bk, depth)}
     run = run_variants(engine, queries, [(params, strategy)], desc="queries", **kw)
     ood_run = run_variants(engine, ood, [(params, strategy)], desc="ood", **kw) if ood else None
     chunks = engine.bundle.chunks
-    base_cls = baseline_outcomes(run, chunks, bk, bt, params.kernel, match)
-    base_ret = baseline_outcomes(run, chunks, params.k, bt, params.kernel, match)
-    rep = build_report(queries, run.outcomes[0], base_cls, base_ret, threshold=threshold,
-                       baseline_threshold=baseline_threshold,
+    rep = build_report(queries, run.outcomes[0], baseline_outcomes(run, chunks, bk, bt, params.kernel, match),
+                       baseline_outcomes(run, chunks, params.k, bt, params.kernel, match), rules=rules,
                        ood_soft=ood_run.outcomes[0] if ood_run else None,
                        ood_base=baseline_outcomes(ood_run, chunks, bk, bt, params.kernel, match) if ood_run else None,
                        ks=ks, depth=depth)
-    rep["bundle"] = {k: v for k, v in engine.bundle.summary().items() if k in ("version_id", "path", "counts", "memory_layer", "kv_dtype", "index", "calibration")}
-    rep["softknn_params"] = {**asdict(params), "rounds": strategy.rounds, "requery": strategy.requery}
+    keep = ("version_id", "path", "counts", "memory_layer", "kv_dtype", "index", "calibration")
+    rep["bundle"] = {k: v for k, v in engine.bundle.summary().items() if k in keep}
+    rep["model"] = {"name": engine.encoder.info.name, "fingerprint": engine.encoder.info.fingerprint}
+    rep["softknn_params"] = {**asdict(effective_params(params)), "rounds": strategy.rounds, "requery": strategy.requery}
     rep["baseline_params"] = {"k": bk, "temperature": bt, "kernel": params.kernel, "retrieval_k": params.k}
     cal_params = cal.get("params")
     rep["calibration_matches_params"] = cal_params is None or all(
@@ -441,28 +497,43 @@ def write_calibration(bundle: Path, calibration: dict) -> dict:
     return manifest
 
 
+def _calibrated(outs: list[dict], held: list[Query], target_loss: float) -> dict:
+    ok = [o["prediction"] == q.label for o, q in zip(outs, held, strict=True)]
+    scores, sims = [o["score"] for o in outs], [o["max_similarity"] for o in outs]
+    r = calibrate_rules(scores, sims, ok, target_loss)
+    g = r["gated"]
+    return {
+        "abstain_threshold": r["score"]["threshold"],
+        "min_similarity": g["min_similarity"],
+        "abstain_threshold_gated": g["threshold"],
+        "validation": {
+            "accuracy": float(np.mean(ok)),
+            "score_rule": {k: v for k, v in abstain_point(scores, ok, r["score"]["threshold"]).items() if k != "threshold"},
+            "gated_rule": {k: v for k, v in abstain_point(gated_scores(scores, sims, g["min_similarity"]), ok,
+                                                          g["threshold"]).items() if k != "threshold"},
+        },
+    }
+
+
 def calibration_record(soft_val: list[dict], base_val: list[dict], held: list[Query], params: InferParams,
                        target_loss: float, fraction: float, seed: int) -> dict:
-    """Choose the threshold on validation outcomes; the record the manifest stores."""
-    s = [o["score"] for o in soft_val]
-    ok = [o["prediction"] == q.label for o, q in zip(soft_val, held, strict=True)]
-    b = [o["score"] for o in base_val]
-    b_ok = [o["prediction"] == q.label for o, q in zip(base_val, held, strict=True)]
-    t = choose_threshold(s, ok, target_loss)
-    bt = choose_threshold(b, b_ok, target_loss)
+    """Choose the thresholds on validation outcomes; the record the manifest's calibration holds.
+
+    `abstain_threshold` is what the engine applies today; `min_similarity` with
+    `abstain_threshold_gated` is the proposed gated rule (RULES), stored for the engine to adopt.
+    """
+    soft = _calibrated(soft_val, held, target_loss)
     return {
-        "abstain_threshold": t,
-        "score": "top label score: Σ_c w_db(c)·1[label_c = top] (Nadaraya–Watson)",
+        **{k: soft[k] for k in ("abstain_threshold", "min_similarity", "abstain_threshold_gated")},
+        "rules": RULES,
+        "score": "top label score: Σ_c w_db(c)·1[label_c = top] (Nadaraya–Watson); s_1 = max_c e_q·e_c",
         "target_accuracy_loss": target_loss,
-        "params": {"k": params.k, "temperature": params.temperature, "kernel": params.kernel,
-                   "alpha": params.alpha, "mixing": params.mixing},
+        "params": {"k": params.k, "temperature": params.temperature, "kernel": params.kernel},
         "validation": {
             "method": f"stratified {fraction:.0%} of the labelled KB records (seed {seed}) as queries against "
                       "a bundle built from the rest",
             "n": len(held),
-            "accuracy": float(np.mean(ok)),
-            **{k: v for k, v in abstain_point(s, ok, t).items() if k != "threshold"},
-            "baseline_knn_threshold": bt,
-            "baseline_knn_accuracy": float(np.mean(b_ok)),
+            **soft["validation"],
         },
+        "baseline_knn": _calibrated(base_val, held, target_loss),
     }

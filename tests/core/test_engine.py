@@ -176,3 +176,20 @@ def test_chunk_query_tokens_rank_by_reach_and_are_informative_in_fixed_mode(engi
         assert len(set(round(w, 6) for w in weights)) > 1  # not the constant (1 − α)·w_db
         assert all(0.0 < w < 1.0 for w in weights) and sum(weights) <= 1.0 + 1e-6
         assert len(e["query_tokens"]) == min(5, n)
+
+
+def test_calibrated_gate_abstains_out_of_domain_and_a_request_threshold_overrides_it(engine, sample_bundle):
+    cal = sample_bundle.manifest.setdefault("calibration", {})
+    saved = dict(cal)
+    try:
+        cal.update({"abstain_threshold": 0.0, "min_similarity": 0.35, "abstain_threshold_gated": 0.0})
+        ood, ind = engine.infer(["How long should I boil an egg for a soft yolk?", QUERY], InferParams(k=8, evidence=8))
+        s1 = max(e["similarity"] for e in ood["evidence"])
+        assert s1 < 0.35 and ood["prediction"] is None and ood["abstained"] is True
+        assert ood["abstain_reason"] == f"nearest KB chunk similarity {s1:.3f} < 0.350 (out of domain)"
+        assert ind["prediction"] == "pets_and_animals" and ind["abstained"] is False
+        forced = engine.infer(["How long should I boil an egg for a soft yolk?"], InferParams(k=8, abstain_threshold=0.0))[0]
+        assert forced["prediction"] is not None  # the request's own threshold: score-only rule
+    finally:
+        cal.clear()
+        cal.update(saved)

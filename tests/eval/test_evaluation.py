@@ -17,11 +17,12 @@ from softknn.bundle import load_bundle, verify_bundle
 from softknn.engine import Engine, InferParams
 from softknn.eval_cli import calibrate_command, eval_command
 from softknn.evaluation import (
-    Query,
     Strategy,
     _fused,
     abstain_point,
     auroc,
+    calibrate_rules,
+    gated_scores,
     choose_threshold,
     classification_metrics,
     holdout_split,
@@ -30,6 +31,7 @@ from softknn.evaluation import (
     read_queries,
     recall_at_k,
     retrieval_metrics,
+    rules_from_calibration,
     write_calibration,
 )
 
@@ -83,6 +85,17 @@ def test_threshold_is_the_largest_whose_accuracy_loss_meets_the_target():
         "threshold": 0.6, "rejection_rate": 0.25, "answered_accuracy": pytest.approx(2 / 3), "accuracy_loss": 0.25}
     assert auroc([0.9, 0.8], [0.85, 0.1]) == 0.75
     assert auroc([0.5], [0.5]) == 0.5
+
+
+def test_gated_rule_spends_half_the_budget_on_the_similarity_gate():
+    scores = [0.9, 0.9, 0.5, 0.8, 0.7]
+    sims = [0.9, 0.4, 0.8, 0.7, 0.6]
+    correct = [True, True, True, False, True]
+    # s_min: loss ≤ 0.1 allows no right answer lost → s_min = 0.4 (the lowest correct similarity)
+    # then t: loss ≤ 0.2 allows one → t = 0.7 (rejects the 0.5 one)
+    r = calibrate_rules(scores, sims, correct, 0.2)
+    assert r == {"score": {"threshold": 0.7}, "gated": {"min_similarity": 0.4, "threshold": 0.7}}
+    assert gated_scores(scores, sims, 0.65).tolist() == [0.9, -1.0, 0.5, 0.8, -1.0]
 
 
 def test_holdout_is_stratified_and_leaves_every_label_in_the_kb():
@@ -146,9 +159,11 @@ def test_eval_report_equals_the_hand_computable_case(tiny_bundle, tmp_path):
         assert ev["recall@1"] == pytest.approx((1 + 0 + 0.5) / 3)
         assert ev["mrr@10"] == pytest.approx((1 + 0 + 1) / 3)
         assert ev["ndcg@10"] == pytest.approx((1 + 0 + 1 / ideal2) / 3)
-    a = rep["classification"]["abstain"]["softknn"]
+    assert rep["evidence"]["softknn"]["recall@5"] == pytest.approx((1 + 0 + 0.5) / 3)  # k3's pair never reaches 1
+    assert rep["evidence"]["curves"]["baseline"][0] == {"k": 1, "recall": pytest.approx(0.5)}
+    a = rep["classification"]["abstain"]["softknn"]["score"]
     assert (a["threshold"], a["rejection_rate"], a["accuracy_loss"]) == (0.5, 0.0, 0.0)
-    assert (out / "abstain.png").stat().st_size > 0
+    assert (out / "abstain.png").stat().st_size > 0 and (out / "evidence.png").stat().st_size > 0
     assert len((out / "predictions.jsonl").read_text().splitlines()) == 3
 
 
@@ -164,7 +179,7 @@ def test_eval_on_a_sample_slice_matches_its_own_predictions(sample_bundle_path, 
     acc = np.mean([p["softknn"]["prediction"] == p["label"] for p in preds])
     assert rep["classification"]["softknn"]["accuracy"] == pytest.approx(acc)
     rej = np.mean([p["softknn"]["score"] < 0.6 for p in preds])
-    assert rep["classification"]["abstain"]["softknn"]["rejection_rate"] == pytest.approx(rej)
+    assert rep["classification"]["abstain"]["softknn"]["score"]["rejection_rate"] == pytest.approx(rej)
     assert rep["classification"]["abstain"]["n_ood"] == 20
     assert rep["evidence"]["softknn"]["recall@10"] == pytest.approx(
         retrieval_metrics([p["softknn"]["ranked"] for p in preds], [p["gold"] for p in preds])["recall@10"])
@@ -210,8 +225,12 @@ def test_calibrate_command_splits_the_kb_and_writes_the_threshold(tmp_path, enco
     assert r.exit_code == 0, r.output
     cal = verify_bundle(tmp_path / "bundle")["calibration"]
     assert cal["validation"]["n"] == 6  # 2 of 8 in each of 3 labels
-    assert cal["validation"]["accuracy_loss"] == 0.0  # the target
+    assert cal["validation"]["score_rule"]["accuracy_loss"] == 0.0  # the target
+    assert cal["validation"]["gated_rule"]["accuracy_loss"] == 0.0
     assert cal["abstain_threshold"] > 0.0
+    rules = rules_from_calibration(cal)
+    assert rules["softknn"]["score"] == {"threshold": cal["abstain_threshold"]}
+    assert rules["softknn"]["gated"] == {"threshold": cal["abstain_threshold_gated"], "min_similarity": cal["min_similarity"]}
     held = [json.loads(line)["id"] for line in (tmp_path / "work" / "heldout.jsonl").read_text().splitlines()]
     rest = [json.loads(line)["id"] for line in (tmp_path / "work" / "rest.jsonl").read_text().splitlines()]
     assert len(held) == 6 and len(rest) == 18 and not set(held) & set(rest)
