@@ -23,6 +23,7 @@ def machine() -> dict:
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.is_available(),
         "platform": platform.platform(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],  # the box is shared: read figures with it
     }
 
 
@@ -37,15 +38,25 @@ def timed(fn, repeats: int = 3) -> dict:
 
 
 def timed_pair(fa, fb, repeats: int = 3) -> tuple[dict, dict]:
-    """Time two alternatives interleaved (a, b, a, b, …) so drifting load hits both alike."""
-    ta, tb = [], []
+    """Time two alternatives interleaved (a, b, a, b, …) so drifting load hits both alike.
+
+    Besides wall seconds, each side gets the process CPU seconds of its runs (`cpu_*`): on this
+    shared box wall time includes time spent descheduled, CPU time does not (with one torch
+    thread it is the work itself; with more it also counts threads spinning at barriers).
+    """
+    ta, tb, ca, cb = [], [], [], []
     for _ in range(repeats):
-        for fn, acc in ((fa, ta), (fb, tb)):
-            t0 = time.perf_counter()
+        for fn, acc, cacc in ((fa, ta, ca), (fb, tb, cb)):
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             acc.append(time.perf_counter() - t0)
-    summary = lambda t: {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "runs": t}  # noqa: E731
-    return summary(ta), summary(tb)
+            cacc.append(time.process_time() - c0)
+
+    def summary(t, c):
+        return {"median_s": statistics.median(t), "min_s": min(t), "max_s": max(t), "runs": t,
+                "cpu_median_s": statistics.median(c), "cpu_min_s": min(c), "cpu_max_s": max(c)}
+
+    return summary(ta, ca), summary(tb, cb)
 
 
 def write(name: str, payload: dict) -> Path:

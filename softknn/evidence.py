@@ -69,7 +69,7 @@ def evidence_items(
     n_spans: int,
 ) -> list[dict]:
     """Evidence for input b, ranked by memory-mass share, each with its spans and influence."""
-    if not rows:
+    if not rows or n_items <= 0:  # nothing asked for: skip the per-token work (~1.5 ms, bench/fused_forward.py)
         return []
     valid = batch.mask[b].cpu()  # (T,)
     g = fr.gate_mem[b][:, valid].cpu()  # (nh, n, S)
@@ -83,7 +83,8 @@ def evidence_items(
     q_spans = batch.offsets[b, q_idx].tolist()
     q_special = batch.special[b, q_idx].tolist()
     text = batch.texts[b]
-    order = sorted(range(len(rows)), key=lambda s: (-float(shares[s]), s))[:n_items]
+    share_list = shares.tolist()  # (S,)
+    order = sorted(range(len(rows)), key=lambda s: (-share_list[s], s))[:n_items]
     items = []
     for rank, s in enumerate(order):
         c = bundle.chunks[rows[s]]
@@ -93,17 +94,18 @@ def evidence_items(
         words.sort(key=lambda w: -w[2])
         spans = []
         for ws, we, m, toks in words[:n_spans]:
-            pulls = pull[:, s, toks].sum(-1)  # (n,)
-            top = sorted(range(len(pulls)), key=lambda i: (-round(float(pulls[i]), 9), i))[:3]
+            pulls = pull[:, s, toks].sum(-1).tolist()  # (n,) as floats: per-element tensor indexing is slow
+            top = sorted(range(len(pulls)), key=lambda i: (-round(pulls[i], 9), i))[:3]
             spans.append({
                 "start": ws,
                 "end": we,
                 "text": c["text"][ws - c["start"] : we - c["start"]],
                 "weight": float(m),
-                "share": float(m / max(float(shares[s]), 1e-12)),
-                "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, float(pulls[i])) for i in top],
+                "share": float(m / max(share_list[s], 1e-12)),
+                "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, pulls[i]) for i in top],
             })
-        top_q = sorted(range(len(q_idx)), key=lambda i: (-round(float(reach[i, s]), 6), i))[:5]
+        reach_s = reach[:, s].tolist()  # (n,)
+        top_q = sorted(range(len(q_idx)), key=lambda i: (-round(reach_s[i], 6), i))[:5]
         items.append({
             "rank": rank,
             "chunk_id": c["chunk_id"],
@@ -115,10 +117,10 @@ def evidence_items(
             "metadata": c.get("metadata") or {},
             "similarity": float(scores[s]),
             "weight": float(weights[s]),
-            "mass_share": float(shares[s]),
+            "mass_share": share_list[s],
             "influence": float(infl[s]),
             "spans": spans,
-            "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, float(reach[i, s])) for i in top_q],
+            "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, reach_s[i]) for i in top_q],
         })
     return items
 

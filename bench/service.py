@@ -1,0 +1,353 @@
+"""The service side by side: softknn over HTTP vs in-process, a naive service, infinity-emb and txtai.
+
+    python -m bench.service [--clients 1,4,16,64] [--duration 8] [--sequential 60] [--peers /work/peers]
+
+Every server runs on 127.0.0.1 only, on the same real KB (the 10k real bundle of bench/kb.py; txtai
+indexes the same texts itself) and the same real short queries (Banking77 test texts):
+    softknn    POST /v1/infer {"inputs": [q], "k": 8, "evidence": 5}: encode, k-NN, fused pass, evidence
+    softknn-nowait  the same server with SOFTKNN_BATCHING__MAX_WAIT_MS=0 (the batcher takes what is
+               queued when it is free instead of waiting up to 2 ms for a batch to fill)
+    naive      bench/naive_service.py, POST /search: encode + FAISS flat search, no batching
+    infinity   infinity-emb (its venv under --peers), POST /embeddings: embedding only, no search
+    txtai      txtai API (its venv under --peers), GET /search?query=q&limit=8: embed + search
+softknn does more work per request than any of them (a second, fused pass over the last layer,
+evidence with spans and influence, diagnostics, a 384-float embedding in the response).
+
+Phase 1 (latency): one request at a time, the alternatives interleaved per query, plus the
+in-process Engine.infer (the fused forward the service wraps) and the in-process plain forward.
+Phase 2 (throughput): for each client count c, each server in turn for --duration s under c
+asyncio+httpx clients sending back to back (the load client shares the 2 cores; indicative).
+Peers missing from --peers are skipped and reported as missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.common import RESULTS, write
+from bench.kb import set_threads
+
+REPO = Path(__file__).resolve().parents[1]
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None:
+            break
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not get ready; see {log}")
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], ready: str, env: dict | None = None, cwd: Path = REPO):
+        self.name, self.port = name, free_port()
+        self.url = f"http://{HOST}:{self.port}"
+        self.log = Path(tempfile.gettempdir()) / f"bench_service_{name}.log"
+        cmd = [c.replace("{port}", str(self.port)) for c in cmd]
+        with open(self.log, "wb") as f:
+            self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
+                                         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
+        self.ready_path = ready
+
+    def wait(self) -> Server:
+        wait_ready(self.url + self.ready_path, self.proc, self.log)
+        return self
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str],
+                  only: set[str] | None = None) -> tuple[dict, dict, list[str]]:
+    """Start the servers (all, or those in `only`); returns ({name: Server}, info, missing peers)."""
+    from bench.kb import device
+
+    want = lambda name: not only or name in only  # noqa: E731
+    servers, missing = {}, []
+    if want("softknn"):
+        servers["softknn"] = Server("softknn", [sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port",
+                                                "{port}", "--log-level", "warning"], "/readyz")
+    if want("softknn-nowait"):  # the same server with the batcher's fill wait off (see docs/benchmarks.md)
+        servers["softknn-nowait"] = Server("softknn-nowait", [sys.executable, "-m", "service.cli", "--bundle", str(bundle),
+                                                              "--port", "{port}", "--log-level", "warning"], "/readyz",
+                                           env={"SOFTKNN_BATCHING__MAX_WAIT_MS": "0"})
+    if want("naive"):
+        servers["naive"] = Server("naive", [sys.executable, "-m", "bench.naive_service", "--bundle", str(bundle), "--port",
+                                            "{port}"], "/healthz")
+    inf = peers / "infinity" / "bin" / "infinity_emb"
+    if want("infinity") and inf.is_file():
+        servers["infinity"] = Server("infinity", [str(inf), "v2", "--model-id", model_dir, "--engine", "torch", "--device",
+                                                  device(), "--host", HOST, "--port", "{port}"], "/models",
+                                     env={"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
+    elif want("infinity"):
+        missing.append(f"infinity ({inf} not found)")
+    txt = peers / "txtai" / "bin" / "uvicorn"
+    if want("txtai") and txt.is_file():
+        cfg = Path(tempfile.mkdtemp(prefix="txtai-")) / "config.yml"
+        cfg.write_text(f"writable: true\nembeddings:\n  path: {model_dir}\n  content: true\n")
+        servers["txtai"] = Server("txtai", [str(txt), "txtai.api:app", "--host", HOST, "--port", "{port}"], "/count",
+                                  env={"CONFIG": str(cfg)}, cwd=cfg.parent)
+    elif want("txtai"):
+        missing.append(f"txtai ({txt} not found)")
+    for s in servers.values():
+        s.wait()
+    info = {}
+    if "txtai" in servers:
+        t0 = time.perf_counter()
+        url = servers["txtai"].url
+        for i in range(0, len(kb_texts), 1000):
+            docs = [{"id": str(j), "text": t} for j, t in enumerate(kb_texts[i:i + 1000], start=i)]
+            httpx.post(f"{url}/add", json=docs, timeout=600).raise_for_status()
+        httpx.get(f"{url}/index", timeout=1800).raise_for_status()
+        info["txtai_index_s"] = time.perf_counter() - t0
+        info["txtai_count"] = int(httpx.get(f"{url}/count").text)
+    if "infinity" in servers:
+        info["infinity_model"] = httpx.get(servers["infinity"].url + "/models").json()["data"][0]["id"]
+    return servers, info, missing
+
+
+def request_for(name: str, info: dict):
+    """(method, path, kwargs(q)) for one short-input request to `name`."""
+    if name.startswith("softknn"):
+        return "POST", "/v1/infer", lambda q: {"json": {"inputs": [q], "k": 8, "evidence": 5}}
+    if name == "naive":
+        return "POST", "/search", lambda q: {"json": {"inputs": [q], "k": 8}}
+    if name == "infinity":
+        return "POST", "/embeddings", lambda q: {"json": {"model": info["infinity_model"], "input": [q]}}
+    return "GET", "/search", lambda q: {"params": {"query": q, "limit": 8}}
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and all its descendants (threads included), from /proc."""
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    rest = f.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            procs[int(d)] = (int(rest[1]), int(rest[11]) + int(rest[12]))  # ppid, utime + stime (ticks)
+    tree, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        tree.add(p)
+        todo += [c for c, (pp, _) in procs.items() if pp == p and c not in tree]
+    return sum(procs[p][1] for p in tree if p in procs) / os.sysconf("SC_CLK_TCK")
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
+
+
+def lat_summary(t: list[float]) -> dict:
+    return {"p50_ms": pct(t, 50) * 1e3, "p99_ms": pct(t, 99) * 1e3, "min_ms": min(t) * 1e3, "max_ms": max(t) * 1e3,
+            "n": len(t)}
+
+
+def sequential(servers: dict, info: dict, engine, queries: list[str], n: int) -> dict:
+    """One request at a time; per query every alternative once, in turn (load drift hits all alike)."""
+    from bench.fused_forward import plain_forward
+    from softknn.engine import InferParams
+
+    p = InferParams(k=8, evidence=5)
+    clients = {name: httpx.Client(base_url=s.url, timeout=60) for name, s in servers.items()}
+    reqs = {name: request_for(name, info) for name in servers}
+    times: dict[str, list[float]] = {name: [] for name in ["in_process_fused", "in_process_plain", *servers]}
+    for i in range(n + 5):
+        q = queries[i % len(queries)]
+        for name in times:
+            t0 = time.perf_counter()
+            if name == "in_process_fused":
+                engine.infer([q], p)
+            elif name == "in_process_plain":
+                plain_forward(engine.encoder, q)
+            else:
+                method, path, kw = reqs[name]
+                clients[name].request(method, path, **kw(q)).raise_for_status()
+            if i >= 5:  # the first five are warm-up
+                times[name].append(time.perf_counter() - t0)
+    for c in clients.values():
+        c.close()
+    return {name: lat_summary(t) for name, t in times.items()}
+
+
+async def load(url: str, method: str, path: str, kw, queries: list[str], clients: int, duration: float) -> dict:
+    """`clients` tasks sending back to back until `duration` s have passed (in-flight ones finish)."""
+    lat, errors = [], 0
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        start = time.perf_counter()
+        stop = start + duration
+
+        async def one(i: int) -> None:
+            nonlocal errors
+            n = i
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                try:
+                    r = await http.request(method, path, **kw(queries[n % len(queries)]))
+                    ok = r.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok:
+                    lat.append(time.perf_counter() - t0)
+                else:
+                    errors += 1
+                n += clients
+
+        await asyncio.gather(*(one(i) for i in range(clients)))
+        wall = time.perf_counter() - start
+    return {"clients": clients, "requests": len(lat), "errors": errors, "wall_s": wall, "req_per_s": len(lat) / wall,
+            **(lat_summary(lat) if lat else {})}
+
+
+def batches_run(url: str) -> int:
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("softknn_batch_size_count "):
+            return int(float(line.split()[1]))
+    return 0
+
+
+def plot(name: str, seq: dict, levels: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(17, 4.5))
+    names = list(seq)
+    v = [seq[n]["p50_ms"] for n in names]
+    a.bar(names, v, yerr=[[0] * len(v), [seq[n]["p99_ms"] - seq[n]["p50_ms"] for n in names]], capsize=3,
+          color="#4C72B0")
+    for i, x in enumerate(v):
+        a.text(i, x, f"{x:.1f}", ha="center", va="bottom", fontsize=8)
+    a.set_ylabel("ms, one request at a time (p50; bar to p99)")
+    a.set_title("Latency of one short input")
+    a.tick_params(axis="x", labelsize=7, rotation=20)
+    for srv in sorted({lv["server"] for lv in levels}):
+        rs = [lv for lv in levels if lv["server"] == srv]
+        b.plot([r["clients"] for r in rs], [r["req_per_s"] for r in rs], "o-", label=srv)
+    b.set_xscale("log", base=2)
+    b.set_xlabel("concurrent clients")
+    b.set_ylabel("requests / s")
+    b.set_title("Throughput (load client on the same cores)")
+    b.legend()
+    for srv in sorted({lv["server"] for lv in levels}):
+        rs = [lv for lv in levels if lv["server"] == srv and lv.get("requests_per_server_cpu_s")]
+        c.plot([r["clients"] for r in rs], [r["requests_per_server_cpu_s"] for r in rs], "o-", label=srv)
+    c.set_xscale("log", base=2)
+    c.set_xlabel("concurrent clients")
+    c.set_ylabel("requests per second of server CPU")
+    c.set_title("Efficiency (robust to the shared box)")
+    c.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", default="1,4,16,64")
+    ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--sequential", type=int, default=60, help="queries in the one-at-a-time phase")
+    ap.add_argument("--peers", type=Path, default=Path("/work/peers"))
+    ap.add_argument("--only", default="", help="comma-separated servers to run (default all)")
+    ap.add_argument("--name", default="service")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
+    args = ap.parse_args()
+    set_threads(args.threads)
+    if args.threads:  # the same for every server started below
+        os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
+                          SOFTKNN_MODEL__THREADS=str(args.threads))
+
+    import csv
+
+    from bench.kb import SHARED, bundle_path, device
+    from softknn.bundle import load_bundle
+    from softknn.encoder import Encoder, resolve_model_path
+    from softknn.engine import Engine
+
+    bundle = bundle_path(10_000)
+    with open(SHARED / "banking77" / "test.csv", newline="", encoding="utf-8") as f:
+        queries = [r["text"] for r in csv.DictReader(f)][:500]
+    kb_texts = [json.loads(line)["text"] for line in (bundle.parent / "kb-10000.jsonl").read_text().splitlines()]
+    engine = Engine(Encoder(device=device()), load_bundle(bundle, use_gpu=device() == "cuda"))
+    only = set(args.only.split(",")) if args.only else None
+    servers, info, missing = start_servers(bundle, args.peers, resolve_model_path(None), kb_texts, only)
+    try:
+        seq = sequential(servers, info, engine, queries, args.sequential)
+        print(json.dumps({n: round(s["p50_ms"], 2) for n, s in seq.items()}), flush=True)
+        levels = []
+        for c in [int(x) for x in args.clients.split(",")]:
+            for name, s in servers.items():
+                method, path, kw = request_for(name, info)
+                before = batches_run(s.url) if name.startswith("softknn") else 0
+                cpu0 = tree_cpu_s(s.proc.pid)
+                r = asyncio.run(load(s.url, method, path, kw, queries, c, args.duration))
+                cpu = tree_cpu_s(s.proc.pid) - cpu0
+                # robust to the shared box: CPU the server spent per answered request, and the
+                # requests/s that makes per core it gets (a multi-threaded server also gets more
+                # of a contended box's CPU, which raw requests/s rewards)
+                r["server_cpu_s"] = cpu
+                r["server_cpu_ms_per_request"] = 1e3 * cpu / max(1, r["requests"])
+                r["requests_per_server_cpu_s"] = r["requests"] / cpu if cpu > 0 else None
+                if name.startswith("softknn"):
+                    nb = batches_run(s.url) - before
+                    r["mean_batch_size"] = r["requests"] / nb if nb else None
+                r["server"] = name
+                levels.append(r)
+                print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
+    finally:
+        for s in servers.values():
+            s.stop()
+    by = {(lv["server"], lv["clients"]): lv for lv in levels}
+    ratios = {"in_process_fused_over_plain_p50": seq["in_process_fused"]["p50_ms"] / seq["in_process_plain"]["p50_ms"]}
+    for sk in [n for n in servers if n.startswith("softknn")]:
+        ratios[f"{sk}_p50_over_in_process_fused_p50"] = seq[sk]["p50_ms"] / seq["in_process_fused"]["p50_ms"]
+        for peer in ("naive", "infinity", "txtai"):
+            if (peer, 16) in by and (sk, 16) in by:
+                ratios[f"{sk}_rps_over_{peer}_rps_at_16"] = by[(sk, 16)]["req_per_s"] / by[(peer, 16)]["req_per_s"]
+                a, b = by[(sk, 16)]["requests_per_server_cpu_s"], by[(peer, 16)]["requests_per_server_cpu_s"]
+                if a and b:
+                    ratios[f"{sk}_rps_per_cpu_over_{peer}_at_16"] = a / b
+    cmd = (f"python -m bench.service --clients {args.clients} --duration {args.duration} --sequential {args.sequential} "
+           f"--threads {args.threads} --name {args.name}" + (f" --only {args.only}" if args.only else ""))
+    write(args.name, {"command": cmd, "kb_chunks": len(kb_texts), "missing_peers": missing, "info": info,
+                      "loadavg_at_end": os.getloadavg(), "sequential": seq, "load": levels, "ratios": ratios})
+    plot(args.name, seq, levels)
+    print(json.dumps(ratios, indent=2))
+
+
+if __name__ == "__main__":
+    main()
