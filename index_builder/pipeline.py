@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from index_builder.chunker import Chunk, chunk_documents
 from index_builder.reader import Fields, read_kb
-from softknn.bundle import atomic_save_npy, atomic_write_bytes, finalize
+from softknn.bundle import atomic_write_bytes, finalize
 from softknn.encoder import Encoder
 from softknn.errors import BundleError, KBFormatError
 from softknn.memory import build_index, choose_index

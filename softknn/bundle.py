@@ -59,15 +59,6 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def atomic_save_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, array, allow_pickle=False)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def version_id(manifest: dict) -> str:
     """Content address: sha256 of the manifest without its own id and creation time."""
     body = {k: v for k, v in manifest.items() if k not in ("version_id", "created_at")}
