@@ -22,17 +22,17 @@ from typing import Any
 # Every use of the generated client's modules is in this file: the operation names come from the
 # app's OpenAPI operation ids, so a rename there changes these imports only.
 from softknn_client import AuthenticatedClient
-from softknn_client.api.health import readyz_readyz_get as readyz_api
-from softknn_client.api.index import entry_v1_entries_chunk_id_get as entry_api
-from softknn_client.api.index import index_v1_index_get as index_api
-from softknn_client.api.inference import infer_v1_infer_post as infer_api
+from softknn_client.api.health import readyz as readyz_api
+from softknn_client.api.index import entry as entry_api
+from softknn_client.api.index import index as index_api
+from softknn_client.api.inference import infer as infer_api
 from softknn_client.models import (
     EntryResponse,
     ErrorResponse,
     IndexResponse,
     InferRequest,
     InferResponse,
-    ReadyzReadyzGetResponseReadyzReadyzGet,
+    ReadyzResponseReadyz,
 )
 from softknn_client.types import Response
 
@@ -215,7 +215,7 @@ class Mix:
 
     def _readyz(self) -> Call:
         def check(body: Any) -> str | None:
-            ok = isinstance(body, ReadyzReadyzGetResponseReadyzReadyzGet)
+            ok = isinstance(body, ReadyzResponseReadyz)
             return None if ok else f"parsed as {type(body).__name__}"
 
         return Call("readyz", "GET", "/readyz", lambda c: readyz_api.sync_detailed(client=c), check=check)

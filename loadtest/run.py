@@ -33,13 +33,13 @@ def wait_ready(host: str, timeout_s: float) -> None:
     """Poll GET /readyz with the generated client until 200; raises TimeoutError with the last answer."""
     import httpx
     from softknn_client import Client
-    from softknn_client.api.health import readyz_readyz_get
+    from softknn_client.api.health import readyz
 
     last, end = "no answer", time.monotonic() + timeout_s
     with Client(base_url=host, timeout=httpx.Timeout(10.0)) as client:
         while time.monotonic() < end:
             try:
-                r = readyz_readyz_get.sync_detailed(client=client)
+                r = readyz.sync_detailed(client=client)
                 if r.status_code == 200:
                     return
                 last = f"{int(r.status_code)} {r.content[:200]!r}"

@@ -12,7 +12,7 @@
 # The generator runs from its own venv (it pins typer/pydantic versions of its own): created on first
 # use from PyPI, then reused offline. Env: OPENAPI_CLIENT_VENV (default
 # ${XDG_CACHE_HOME:-~/.cache}/softknn/openapi-client-venv), PYTHON (the project's interpreter, default
-# .venv/bin/python, else python3). tests/deploy/test_client_drift.py runs --check.
+# .venv/bin/python, else python3). tests/deploy/test_openapi_drift.py runs --check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 
 from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 
 import softknn
@@ -62,10 +63,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("stopped")
 
 
+def operation_id(route: APIRoute) -> str:
+    """A route's OpenAPI operationId: its name (`infer`, `healthz`, ...), not FastAPI's default
+    `infer_v1_infer_post`. The generated client (clients/python) names its modules after these, so
+    route names must be unique (tests/deploy/test_openapi_drift.py checks) and renaming one is an API change."""
+    return route.name
+
+
 def create_app(settings: Settings, *, encoder: Encoder | None = None) -> FastAPI:
     """The service app. Pass `encoder` to share an already loaded model (tests, several apps)."""
     check_settings(settings)
-    app = FastAPI(title="softknn", version=softknn.__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = FastAPI(title="softknn", version=softknn.__version__, description=DESCRIPTION, lifespan=lifespan,
+                  generate_unique_id_function=operation_id)
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.runtime = Runtime(settings, app.state.metrics, encoder=encoder)

@@ -15,12 +15,12 @@ SNIPPET_URL = "http://127.0.0.1:8000"
 
 
 def test_client_infers_with_typed_models(inproc_client):
-    from softknn_client.api.index import index_v1_index_get
-    from softknn_client.api.inference import infer_v1_infer_post
+    from softknn_client.api.index import index
+    from softknn_client.api.inference import infer
     from softknn_client.models import IndexResponse, InferRequest, InferResponse
 
     body = InferRequest(inputs=["Can I bring my bicycle on the ferry?", "Is the cafe open?"], evidence=2, k=4)
-    r = infer_v1_infer_post.sync_detailed(client=inproc_client, body=body)
+    r = infer.sync_detailed(client=inproc_client, body=body)
     assert r.status_code == 200
     assert isinstance(r.parsed, InferResponse)
     assert len(r.parsed.results) == 2
@@ -29,21 +29,21 @@ def test_client_infers_with_typed_models(inproc_client):
     assert len(first.evidence) == 2 and first.evidence[0].rank == 0
     assert first.diagnostics.k == 4 and first.diagnostics.mixing == "fixed"
     assert first.prediction == "vehicles_on_board"
-    index = index_v1_index_get.sync(client=inproc_client)
-    assert isinstance(index, IndexResponse)
-    assert index.index.version_id == r.parsed.bundle_version
+    summary = index.sync(client=inproc_client)
+    assert isinstance(summary, IndexResponse)
+    assert summary.index.version_id == r.parsed.bundle_version
 
 
 def test_client_parses_the_error_shape(inproc_client):
-    from softknn_client.api.index import entry_v1_entries_chunk_id_get
-    from softknn_client.api.inference import infer_v1_infer_post
+    from softknn_client.api.index import entry
+    from softknn_client.api.inference import infer
     from softknn_client.models import ErrorResponse, InferRequest
 
-    r = infer_v1_infer_post.sync_detailed(client=inproc_client, body=InferRequest(inputs=["hi"], k=0))
+    r = infer.sync_detailed(client=inproc_client, body=InferRequest(inputs=["hi"], k=0))
     assert r.status_code == 422
     assert isinstance(r.parsed, ErrorResponse)
     assert (r.parsed.error.type_, r.parsed.error.field) == ("validation_error", "k")
-    r = entry_v1_entries_chunk_id_get.sync_detailed("handbook/no such.md#0", client=inproc_client)
+    r = entry.sync_detailed("handbook/no such.md#0", client=inproc_client)
     assert r.status_code == 404
     assert isinstance(r.parsed, ErrorResponse) and r.parsed.error.type_ == "not_found"
 

@@ -29,6 +29,14 @@ def test_export_ignores_the_environment_and_is_canonical(monkeypatch):
     assert (body["k"]["maximum"], body["alpha"]["default"]) == (256, 0.7)  # the defaults, not the env
 
 
+def test_operation_ids_are_the_route_names():
+    """The client's module names (softknn_client.api.<tag>.<operationId>): unique, and changed only on purpose."""
+    spec = json.loads(export_openapi.spec_text())
+    ids = [op["operationId"] for item in spec["paths"].values() for op in item.values()]
+    assert len(ids) == len(set(ids)), f"duplicate operation ids (route names): {sorted(ids)}"
+    assert sorted(ids) == ["entry", "healthz", "index", "infer", "metrics", "readyz", "reload"]
+
+
 def test_app_serves_the_exported_document(inproc_app):
     assert inproc_app.get("/openapi.json").json() == json.loads(export_openapi.spec_text())
 

@@ -19,19 +19,19 @@ import schemathesis
 LINKS = {
     ("/v1/infer", "post"): {
         "GetEvidenceEntry": {
-            "operationId": "entry_v1_entries__chunk_id__get",
+            "operationId": "entry",
             "parameters": {"chunk_id": "$response.body#/results/0/evidence/0/chunk_id"},
         },
     },
     ("/v1/index", "get"): {
         "ReloadServedBundle": {
-            "operationId": "reload_v1_admin_reload_post",
+            "operationId": "reload",
             "requestBody": {"bundle": "$response.body#/index/path"},
         },
     },
     ("/v1/admin/reload", "post"): {
-        "IndexAfterReload": {"operationId": "index_v1_index_get"},
-        "EntryAfterReload": {"operationId": "entry_v1_entries__chunk_id__get",
+        "IndexAfterReload": {"operationId": "index"},
+        "EntryAfterReload": {"operationId": "entry",
                              "parameters": {"chunk_id": "$response.body#/index/version_id"}},
     },
 }

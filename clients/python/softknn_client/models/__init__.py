@@ -14,7 +14,7 @@ from .error_detail import ErrorDetail
 from .error_response import ErrorResponse
 from .evidence_item import EvidenceItem
 from .evidence_item_metadata import EvidenceItemMetadata
-from .healthz_healthz_get_response_healthz_healthz_get import HealthzHealthzGetResponseHealthzHealthzGet
+from .healthz_response_healthz import HealthzResponseHealthz
 from .http_validation_error import HTTPValidationError
 from .index_response import IndexResponse
 from .infer_request import InferRequest
@@ -24,7 +24,7 @@ from .infer_response import InferResponse
 from .infer_result import InferResult
 from .infer_result_label_scores_type_0 import InferResultLabelScoresType0
 from .query_token import QueryToken
-from .readyz_readyz_get_response_readyz_readyz_get import ReadyzReadyzGetResponseReadyzReadyzGet
+from .readyz_response_readyz import ReadyzResponseReadyz
 from .reload_request import ReloadRequest
 from .reload_response import ReloadResponse
 from .span import Span
@@ -47,7 +47,7 @@ __all__ = (
     "ErrorResponse",
     "EvidenceItem",
     "EvidenceItemMetadata",
-    "HealthzHealthzGetResponseHealthzHealthzGet",
+    "HealthzResponseHealthz",
     "HTTPValidationError",
     "IndexResponse",
     "InferRequest",
@@ -57,7 +57,7 @@ __all__ = (
     "InferResult",
     "InferResultLabelScoresType0",
     "QueryToken",
-    "ReadyzReadyzGetResponseReadyzReadyzGet",
+    "ReadyzResponseReadyz",
     "ReloadRequest",
     "ReloadResponse",
     "Span",

@@ -6,11 +6,11 @@ from typing import Any, TypeVar
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
-T = TypeVar("T", bound="ReadyzReadyzGetResponseReadyzReadyzGet")
+T = TypeVar("T", bound="HealthzResponseHealthz")
 
 
 @_attrs_define
-class ReadyzReadyzGetResponseReadyzReadyzGet:
+class HealthzResponseHealthz:
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -23,10 +23,10 @@ class ReadyzReadyzGetResponseReadyzReadyzGet:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
-        readyz_readyz_get_response_readyz_readyz_get = cls()
+        healthz_response_healthz = cls()
 
-        readyz_readyz_get_response_readyz_readyz_get.additional_properties = d
-        return readyz_readyz_get_response_readyz_readyz_get
+        healthz_response_healthz.additional_properties = d
+        return healthz_response_healthz
 
     @property
     def additional_keys(self) -> list[str]:

@@ -6,11 +6,11 @@ from typing import Any, TypeVar
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
-T = TypeVar("T", bound="HealthzHealthzGetResponseHealthzHealthzGet")
+T = TypeVar("T", bound="ReadyzResponseReadyz")
 
 
 @_attrs_define
-class HealthzHealthzGetResponseHealthzHealthzGet:
+class ReadyzResponseReadyz:
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -23,10 +23,10 @@ class HealthzHealthzGetResponseHealthzHealthzGet:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
-        healthz_healthz_get_response_healthz_healthz_get = cls()
+        readyz_response_readyz = cls()
 
-        healthz_healthz_get_response_healthz_healthz_get.additional_properties = d
-        return healthz_healthz_get_response_healthz_healthz_get
+        readyz_response_readyz.additional_properties = d
+        return readyz_response_readyz
 
     @property
     def additional_keys(self) -> list[str]:

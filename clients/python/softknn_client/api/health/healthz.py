@@ -6,7 +6,7 @@ import httpx
 from ... import errors
 from ...client import AuthenticatedClient, Client
 from ...models.error_response import ErrorResponse
-from ...models.healthz_healthz_get_response_healthz_healthz_get import HealthzHealthzGetResponseHealthzHealthzGet
+from ...models.healthz_response_healthz import HealthzResponseHealthz
 from ...types import Response
 
 
@@ -22,9 +22,9 @@ def _get_kwargs() -> dict[str, Any]:
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet | None:
+) -> ErrorResponse | HealthzResponseHealthz | None:
     if response.status_code == 200:
-        response_200 = HealthzHealthzGetResponseHealthzHealthzGet.from_dict(response.json())
+        response_200 = HealthzResponseHealthz.from_dict(response.json())
 
         return response_200
 
@@ -41,7 +41,7 @@ def _parse_response(
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet]:
+) -> Response[ErrorResponse | HealthzResponseHealthz]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -53,7 +53,7 @@ def _build_response(
 def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet]:
+) -> Response[ErrorResponse | HealthzResponseHealthz]:
     """Liveness: the process answers (503 only if startup failed)
 
     Raises:
@@ -61,7 +61,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet]
+        Response[ErrorResponse | HealthzResponseHealthz]
     """
 
     kwargs = _get_kwargs()
@@ -76,7 +76,7 @@ def sync_detailed(
 def sync(
     *,
     client: AuthenticatedClient | Client,
-) -> ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet | None:
+) -> ErrorResponse | HealthzResponseHealthz | None:
     """Liveness: the process answers (503 only if startup failed)
 
     Raises:
@@ -84,7 +84,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet
+        ErrorResponse | HealthzResponseHealthz
     """
 
     return sync_detailed(
@@ -95,7 +95,7 @@ def sync(
 async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet]:
+) -> Response[ErrorResponse | HealthzResponseHealthz]:
     """Liveness: the process answers (503 only if startup failed)
 
     Raises:
@@ -103,7 +103,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet]
+        Response[ErrorResponse | HealthzResponseHealthz]
     """
 
     kwargs = _get_kwargs()
@@ -116,7 +116,7 @@ async def asyncio_detailed(
 async def asyncio(
     *,
     client: AuthenticatedClient | Client,
-) -> ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet | None:
+) -> ErrorResponse | HealthzResponseHealthz | None:
     """Liveness: the process answers (503 only if startup failed)
 
     Raises:
@@ -124,7 +124,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        ErrorResponse | HealthzHealthzGetResponseHealthzHealthzGet
+        ErrorResponse | HealthzResponseHealthz
     """
 
     return (
