@@ -39,11 +39,13 @@ SEARCH_PARAMS = ("efSearch", "nprobe", "rerank")  # set at search time: not part
 
 
 def set_threads(n: int) -> None:
-    """torch intra-op threads for this process (0 = leave torch's default)."""
+    """torch and faiss intra-op threads for this process (0 = leave their defaults)."""
+    import faiss
     import torch
 
     if n:
         torch.set_num_threads(n)
+        faiss.omp_set_num_threads(n)
 
 
 def device() -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 KERNELS = ("softmax", "epanechnikov", "uniform")
@@ -41,13 +42,20 @@ class MemoryBatch:
 class FusedResult:
     out: torch.Tensor  # (B, nh, T, hs) the layer's attention output
     attn_in: torch.Tensor  # (B, nh, T, hs) attn_intra
-    attn_mem: torch.Tensor  # (B, nh, T, S, hs) attn_c per slot
-    p_mem: torch.Tensor  # (B, nh, T, S, Lm) softmax within each chunk
+    p_mem: torch.Tensor  # (B, nh, T, S, Lm) softmax within each chunk (0 on pad tokens and empty slots)
     gate_in: torch.Tensor  # (B, nh, T) g_in
     gate_mem: torch.Tensor  # (B, nh, T, S) g_c
     entropy: torch.Tensor  # (B, nh, T) entropy of the whole fused distribution (nats)
     entropy_in: torch.Tensor  # (B, nh, T) entropy of the intra softmax alone
     lse_mem: torch.Tensor  # (B, nh, T, S) log Σ_{t∈c} exp(q_i·k_t·scale): how strongly i matches c
+    mem_value: torch.Tensor  # (B, nh, S, Lm, hs) the memory values, for slot_attention
+
+    def slot_attention(self, b: int) -> torch.Tensor:
+        """attn_c = softmax_{t∈c}(q·k_t·scale)·V_c for every slot of input b, (nh, T, S, hs).
+
+        Computed on demand (evidence's influence needs it; the forward needs only Σ_c g_c·attn_c).
+        """
+        return torch.einsum("htsl,hsld->htsd", self.p_mem[b], self.mem_value[b])
 
 
 def knn_weights(scores: torch.Tensor, valid: torch.Tensor, temperature: float, kernel: str = "softmax") -> torch.Tensor:
@@ -98,6 +106,52 @@ def truncation_bound(scores: torch.Tensor, valid: torch.Tensor, n_total: int, te
     return torch.nan_to_num(bound, nan=0.0).float()
 
 
+def knn_weights_row(scores: np.ndarray, temperature: float, kernel: str = "softmax") -> np.ndarray:
+    """`knn_weights` for one input's scores (r,) in numpy: the per-request path.
+
+    The same float64 formulas, rounded to float32 like `knn_weights`, without a dozen torch op
+    dispatches on 8 numbers (≈ 0.4 ms per input with torch; tests/core/test_attention.py
+    compares the two on every kernel).
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {KERNELS}, not {kernel!r}")
+    s = np.asarray(scores, dtype=np.float64)
+    if s.size == 0:
+        return s.astype(np.float32)
+    if kernel == "softmax":
+        e = np.exp(s / temperature - (s / temperature).max())
+        return (e / e.sum()).astype(np.float32)
+    u2 = (2.0 - 2.0 * s) / temperature
+    k = np.clip(1.0 - u2, 0.0, None) if kernel == "epanechnikov" else (u2 <= 1.0).astype(np.float64)
+    total = k.sum()
+    return (k / total if total > 0 else np.zeros_like(k)).astype(np.float32)
+
+
+def truncation_bound_row(scores: np.ndarray, n_total: int, temperature: float, kernel: str) -> float:
+    """`truncation_bound` for one input whose every score is valid, in numpy (see knn_weights_row)."""
+    s = np.asarray(scores, dtype=np.float64)
+    r = s.size
+    rest = max(n_total - r, 0)
+    if rest == 0 or r == 0:
+        return 0.0
+    s_min = s.min()
+    if kernel == "softmax":
+        z = s / temperature
+        kept = z.max() + math.log(np.exp(z - z.max()).sum())
+        dropped = math.log(rest) + s_min / temperature
+        bound = math.exp(dropped - np.logaddexp(kept, dropped))
+    else:
+        u2 = (2.0 - 2.0 * s) / temperature
+        u2min = (2.0 - 2.0 * s_min) / temperature
+        if kernel == "epanechnikov":
+            kept, kmin = np.clip(1.0 - u2, 0.0, None).sum(), max(0.0, 1.0 - u2min)
+        else:
+            kept, kmin = float((u2 <= 1.0).sum()), float(u2min <= 1.0)
+        denom = kept + rest * kmin
+        bound = rest * kmin / denom if denom > 0 else 0.0
+    return 0.0 if math.isnan(bound) else float(np.float32(bound))
+
+
 def entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Shannon entropy in nats, H = −Σ p log p (0·log 0 = 0)."""
     return torch.special.entr(p).sum(dim)
@@ -113,38 +167,71 @@ def fused_attention(
     joint: torch.Tensor,
     scaling: float,
 ) -> FusedResult:
-    """Fast, batched fused attention. q, k, v (B, nh, T, hs); mask (B, T) bool; alpha (B,); joint (B,) bool."""
+    """Fast, batched fused attention. q, k, v (B, nh, T, hs); mask (B, T) bool; alpha (B,); joint (B,) bool.
+
+    The memory scores of all S·Lm memory tokens are one matmul per (input, head); the per-chunk
+    softmax is one max, one exp and one sum over a view (B, nh, T, S, Lm) of them, and the chunk
+    entropies come from the same pass, H(p_c) = log Z_c − Σ_t p_t (s_t − m_c). Σ_c g_c·attn_c is
+    a second matmul of the gated weights with all memory values; the per-chunk attn_c is
+    computed only when evidence asks (`FusedResult.slot_attention`). Joint-mode gates are
+    computed only when some input asks for joint mode. `fused_attention_reference` is the
+    plain loop version; tests/core/test_attention.py compares every field.
+    """
     B, nh, T, hs = q.shape
-    neg = -math.inf
-    s_in = (q @ k.transpose(-1, -2)) * scaling  # (B, nh, T, T)
-    s_in = s_in.masked_fill(~mask[:, None, None, :], neg)
+    S, Lm = memory.token_mask.shape[1:]
+    qs = q * scaling
+    s_in = qs @ k.transpose(-1, -2)  # (B, nh, T, T)
+    s_in.masked_fill_(~mask[:, None, None, :], -math.inf)
     lse_in = torch.logsumexp(s_in, -1)  # (B, nh, T)
     p_in = torch.exp(s_in - lse_in[..., None])  # (B, nh, T, T)
     attn_in = p_in @ v  # (B, nh, T, hs)
-
-    s_mem = torch.einsum("bhtd,bhsld->bhtsl", q, memory.key) * scaling  # (B, nh, T, S, Lm)
-    s_mem = s_mem.masked_fill(~memory.token_mask[:, None, None], neg)
-    lse_mem = torch.logsumexp(s_mem, -1)  # (B, nh, T, S), -inf on empty slots
-    p_mem = torch.nan_to_num(torch.exp(s_mem - lse_mem[..., None]), nan=0.0)  # (B, nh, T, S, Lm)
-    attn_mem = torch.einsum("bhtsl,bhsld->bhtsd", p_mem, memory.value)  # (B, nh, T, S, hs)
-
-    has_mem = memory.slot_mask.any(-1)  # (B,)
-    a = torch.where(has_mem, alpha.to(q.dtype), torch.ones_like(alpha, dtype=q.dtype))  # (B,)
-    g_in_fixed = a[:, None, None].expand(B, nh, T)  # (B, nh, T)
-    g_mem_fixed = ((1 - a)[:, None] * memory.weight.to(q.dtype))[:, None, None, :].expand(B, nh, T, -1)
-    lse_all = torch.logsumexp(torch.cat([lse_in[..., None], lse_mem], -1), -1)  # (B, nh, T)
-    g_in_joint = torch.exp(lse_in - lse_all)  # (B, nh, T)
-    g_mem_joint = torch.exp(lse_mem - lse_all[..., None])  # (B, nh, T, S)
-    j = joint[:, None, None]
-    gate_in = torch.where(j, g_in_joint, g_in_fixed)
-    gate_mem = torch.where(j[..., None], g_mem_joint, g_mem_fixed)
-
-    out = gate_in[..., None] * attn_in + torch.einsum("bhts,bhtsd->bhtd", gate_mem, attn_mem)  # (B, nh, T, hs)
-    # chain rule: H(fused) = H(gates) + g_in·H(p_in) + Σ_c g_c·H(p_c)
     h_in = entropy(p_in)  # (B, nh, T)
+
+    # (B, nh, T, hs) @ (B, nh, hs, S·Lm). Pad memory tokens get a finite floor (not −inf) so that
+    # no pass below meets inf − inf. s − m_c is clamped at −80 before exp: torch's vectorised exp
+    # leaves its fast path below ≈ −87.3 (measured 5–25× slower per element, −inf included), and
+    # a token e^80 ≈ 10^35 times below its chunk's best carries no weight at float32 precision.
+    # Pad tokens are then set to exactly 0; empty slots are zeroed at the end.
+    x = (qs @ memory.key.reshape(B, nh, S * Lm, hs).transpose(-1, -2)).view(B, nh, T, S, Lm)
+    pad = ~memory.token_mask[:, None, None]  # (B, 1, 1, S, Lm)
+    x.masked_fill_(pad, torch.finfo(x.dtype).min / 2)
+    m = x.amax(-1, keepdim=True)  # (B, nh, T, S, 1)
+    x.sub_(m).clamp_(min=-80.0)  # s − m_c ∈ [−80, 0]
+    p = torch.exp(x).masked_fill_(pad, 0.0)  # (B, nh, T, S, Lm)
+    z = p.sum(-1, keepdim=True).clamp_(min=1.0)  # Z_c·e^{−m_c} ≥ 1 (an empty slot's 0 → 1; zeroed below)
+    p.div_(z)
+    log_z = z.log_().squeeze(-1)  # (B, nh, T, S)
+    lse_mem = m.squeeze(-1) + log_z
+    h_mem = log_z - x.mul_(p).sum(-1)  # H(p_c); x is spent (in place: no second big buffer)
+    slot = memory.slot_mask  # (B, S)
+    if not bool(slot.all()):  # slots beyond an input's |R| (or R = ∅): no mass, Z_c = 0
+        p.mul_(slot[:, None, None, :, None])
+        lse_mem.masked_fill_(~slot[:, None, None, :], -math.inf)
+        h_mem.masked_fill_(~slot[:, None, None, :], 0.0)
+
+    has_mem = slot.any(-1)  # (B,)
+    a = torch.where(has_mem, alpha.to(q.dtype), torch.ones_like(alpha, dtype=q.dtype))  # (B,)
+    any_joint, all_joint = bool(joint.any()), bool(joint.all())
+    if not all_joint:  # fixed: g_in = α, g_c = (1−α)·w_db(c)
+        gate_in = a[:, None, None].expand(B, nh, T)
+        gate_mem = ((1 - a)[:, None] * memory.weight.to(q.dtype))[:, None, None, :].expand(B, nh, T, S)
+    if any_joint:  # joint: each part's share of the joint partition function
+        lse_all = torch.logsumexp(torch.cat([lse_in[..., None], lse_mem], -1), -1)  # (B, nh, T)
+        g_in_joint = torch.exp(lse_in - lse_all)
+        g_mem_joint = torch.exp(lse_mem - lse_all[..., None])  # (B, nh, T, S)
+        if all_joint:
+            gate_in, gate_mem = g_in_joint, g_mem_joint
+        else:
+            j = joint[:, None, None]
+            gate_in = torch.where(j, g_in_joint, gate_in)
+            gate_mem = torch.where(j[..., None], g_mem_joint, gate_mem)
+
+    gp = torch.mul(p, gate_mem[..., None], out=x).view(B, nh, T, S * Lm)  # g_c·p_c, in x's buffer
+    out = gate_in[..., None] * attn_in + gp @ memory.value.reshape(B, nh, S * Lm, hs)  # (B, nh, T, hs)
+    # chain rule: H(fused) = H(gates) + g_in·H(p_in) + Σ_c g_c·H(p_c)
     h_gates = torch.special.entr(gate_in) + entropy(gate_mem)
-    h = h_gates + gate_in * h_in + (gate_mem * entropy(p_mem)).sum(-1)
-    return FusedResult(out, attn_in, attn_mem, p_mem, gate_in, gate_mem, h, h_in, lse_mem)
+    h = h_gates + gate_in * h_in + (gate_mem * h_mem).sum(-1)
+    return FusedResult(out, attn_in, p, gate_in, gate_mem, h, h_in, lse_mem, memory.value)
 
 
 def fused_attention_reference(

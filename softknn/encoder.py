@@ -216,23 +216,20 @@ class Encoder:
             raise InvalidInput("no texts to encode", field="inputs")
         limit = min(max_tokens or self.max_seq_length, self.max_seq_length)
         cut = truncate if isinstance(truncate, list) else [truncate] * len(texts)
-        full = self.tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-        lengths = [len(ids) for ids in full]
+        kw = dict(padding="longest", return_offsets_mapping=True, return_special_tokens_mask=True,
+                  return_tensors="pt", verbose=False)
+        # One pass, untruncated: it gives every length; only a batch with an input over the limit
+        # is tokenized again, cut (tests/core/test_encoder.py compares both against the two-pass form).
+        enc = self.tokenizer(texts, truncation=False, **kw)
+        lengths = enc["attention_mask"].sum(1).tolist()
         for i, n in enumerate(lengths):
             if n > limit and not cut[i]:
                 raise InputTooLarge(
                     f"input {i} has {n} tokens, more than the limit {limit}; send truncate=true to cut it",
                     field=f"inputs[{i}]",
                 )
-        enc = self.tokenizer(
-            texts,
-            padding="longest",
-            truncation=True,
-            max_length=limit,
-            return_offsets_mapping=True,
-            return_special_tokens_mask=True,
-            return_tensors="pt",
-        )
+        if max(lengths) > limit:
+            enc = self.tokenizer(texts, truncation=True, max_length=limit, **kw)
         offsets = enc.pop("offset_mapping")  # (B, T, 2)
         special = enc.pop("special_tokens_mask").bool()  # (B, T)
         feats = {k: v.to(self.device) for k, v in enc.items()}

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from softknn.attention import KERNELS, fused_attention, knn_weights, truncation_bound
+from softknn.attention import KERNELS, fused_attention, knn_weights_row, truncation_bound_row
 from softknn.bundle import Bundle
 from softknn.encoder import Encoder, PlainPass, TokenBatch
 from softknn.errors import BundleError, InvalidInput
@@ -93,20 +93,18 @@ class Engine:
         D, I = D[keep], I[keep]
         k = min(p.k, len(I))
         if p.threshold is not None and len(I) > k:  # top-k ∪ {c in the pool : w(c) ≥ threshold}
-            w_pool = knn_weights(torch.from_numpy(D)[None], torch.ones(1, len(D), dtype=torch.bool), p.temperature, p.kernel)[0]
             sel = np.arange(len(I)) < k
-            sel |= (w_pool >= p.threshold).numpy()
+            sel |= knn_weights_row(D, p.temperature, p.kernel) >= p.threshold
             D, I = D[sel], I[sel]
         else:
             D, I = D[:k], I[:k]
-        s = torch.from_numpy(np.ascontiguousarray(D, dtype=np.float32))[None]  # (1, r)
-        valid = torch.ones_like(s, dtype=torch.bool)
-        w = knn_weights(s, valid, p.temperature, p.kernel)[0]
-        nz = (w > 0).numpy()  # compact kernels: a chunk outside the window is not in R
+        D = np.ascontiguousarray(D, dtype=np.float32)
+        w = knn_weights_row(D, p.temperature, p.kernel)
+        nz = w > 0  # compact kernels: a chunk outside the window is not in R
         out.rows[i] = I[nz].tolist()
         out.scores[i] = D[nz].tolist()
-        out.weights[i] = w[torch.from_numpy(nz)].tolist()
-        out.bound[i] = float(truncation_bound(s, valid, n, p.temperature, p.kernel)[0])
+        out.weights[i] = w[nz].tolist()
+        out.bound[i] = truncation_bound_row(D, n, p.temperature, p.kernel)
         out.searched[i] = kind
 
     # --- the fused pass -----------------------------------------------------------------------

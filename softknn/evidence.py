@@ -27,7 +27,7 @@ from softknn.attention import FusedResult, entropy
 def influence(fr: FusedResult, b: int, valid: torch.Tensor, weights: torch.Tensor, alpha: float, joint: bool) -> torch.Tensor:
     """Relative change of the layer's attention output when each slot is removed, (S,)."""
     out = fr.out[b][:, valid]  # (nh, n, hs)
-    a_s = fr.attn_mem[b][:, valid]  # (nh, n, S, hs)
+    a_s = fr.slot_attention(b)[:, valid]  # (nh, n, S, hs)
     norm = out.norm().clamp(min=1e-12)
     if joint:
         g = fr.gate_mem[b][:, valid]  # (nh, n, S)
@@ -85,27 +85,31 @@ def evidence_items(
     text = batch.texts[b]
     share_list = shares.tolist()  # (S,)
     order = sorted(range(len(rows)), key=lambda s: (-share_list[s], s))[:n_items]
+    pull_np, reach_np, mass_np = pull.numpy(), reach.numpy(), token_mass.numpy()
     items = []
     for rank, s in enumerate(order):
         c = bundle.chunks[rows[s]]
         st, n = int(bundle.kv.start[rows[s]]), int(bundle.kv.count[rows[s]])
         tspans = np.asarray(bundle.token_spans[st : st + n])
-        words = _word_spans(tspans, token_mass[s, :n].numpy())
+        words = _word_spans(tspans, mass_np[s, :n])
         words.sort(key=lambda w: -w[2])
+        words = words[:n_spans]
+        # per span, its pull from every query token (n_words, n); top 3 by (pull rounded to 1e-9, index)
+        pulls = np.stack([pull_np[:, s, toks].sum(-1) for _, _, _, toks in words]) if words else np.zeros((0, 0))
+        tops = _top(pulls, 9, 3)
         spans = []
-        for ws, we, m, toks in words[:n_spans]:
-            pulls = pull[:, s, toks].sum(-1).tolist()  # (n,) as floats: per-element tensor indexing is slow
-            top = sorted(range(len(pulls)), key=lambda i: (-round(pulls[i], 9), i))[:3]
+        for (ws, we, m, _), p_w, top in zip(words, pulls.tolist(), tops, strict=True):
             spans.append({
                 "start": ws,
                 "end": we,
                 "text": c["text"][ws - c["start"] : we - c["start"]],
                 "weight": float(m),
                 "share": float(m / max(share_list[s], 1e-12)),
-                "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, pulls[i]) for i in top],
+                "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, p_w[i]) for i in top],
             })
-        reach_s = reach[:, s].tolist()  # (n,)
-        top_q = sorted(range(len(q_idx)), key=lambda i: (-round(reach_s[i], 6), i))[:5]
+        reach_s = reach_np[:, s]  # (n,)
+        reach_l = reach_s.tolist()
+        top_q = _top(reach_s[None], 6, 5)[0]
         items.append({
             "rank": rank,
             "chunk_id": c["chunk_id"],
@@ -120,9 +124,18 @@ def evidence_items(
             "mass_share": share_list[s],
             "influence": float(infl[s]),
             "spans": spans,
-            "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, reach_s[i]) for i in top_q],
+            "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, reach_l[i]) for i in top_q],
         })
     return items
+
+
+def _top(values: np.ndarray, decimals: int, k: int) -> list[list[int]]:
+    """Per row of values (R, n): the indices of the k largest, ties (after rounding) to the lower index."""
+    if values.size == 0:
+        return [[] for _ in range(len(values))]
+    r = np.round(values.astype(np.float64), decimals)
+    idx = np.broadcast_to(np.arange(r.shape[1]), r.shape)
+    return np.lexsort((idx, -r), axis=1)[:, :k].tolist()
 
 
 def _qtok(text: str, span: list[int], special: bool, index: int, weight: float) -> dict:

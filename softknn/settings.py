@@ -43,7 +43,7 @@ class Limits(BaseModel):
 class Batching(BaseModel):
     max_batch_tokens: int = Field(4096, ge=1, description="padded tokens per micro-batch")
     max_batch_size: int = Field(32, ge=1, description="texts per micro-batch")
-    max_wait_ms: float = Field(2.0, ge=0, description="how long the worker waits to fill a batch")
+    max_wait_ms: float = Field(0.0, ge=0, description="how long the worker waits to fill a batch (0: take what is queued)")
     queue_size: int = Field(256, ge=1, description="texts waiting; beyond it requests get 429")
     request_timeout_s: float = Field(30.0, gt=0, description="a request waiting longer gets 503")
 
@@ -77,11 +77,13 @@ class Settings(BaseSettings):
 
 
 def apply_threads(settings: Settings) -> int:
-    """Set torch's intra-op threads from settings (0 = cores); returns the number set."""
+    """Set torch's and faiss's intra-op threads from settings (0 = cores); returns the number set."""
     import os
 
+    import faiss
     import torch
 
     n = settings.model.threads or os.cpu_count() or 1
     torch.set_num_threads(n)
+    faiss.omp_set_num_threads(n)  # faiss has its own OpenMP pool; flat and IVF scans use it
     return n

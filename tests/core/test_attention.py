@@ -127,3 +127,39 @@ def test_truncation_bound_hand_computed_and_zero_when_r_covers_the_kb():
     dropped = 8 * math.exp(5)  # 8 chunks outside R, each scoring at most 0.5
     assert truncation_bound(s, valid, 10, 0.1, "softmax")[0].item() == pytest.approx(dropped / (kept + dropped), rel=1e-5)
     assert truncation_bound(s, valid, 2, 0.1, "softmax")[0].item() == 0.0
+
+
+@pytest.mark.parametrize("joint", [False, True])
+def test_every_field_of_the_fast_path_equals_per_chunk_loops(joint):
+    """p_c, log Z_c, attn_c (slot_attention), gates and the entropy, per input, head, query and slot."""
+    q, k, v, mask, mem, chunks, weights = _random_case(seed=6)
+    alpha, scaling = [0.7, 0.3, 0.5], 0.4
+    fr = fused_attention(q, k, v, mask, mem, torch.tensor(alpha), torch.tensor([joint] * 3), scaling)
+    for b in range(3):
+        attn_c = fr.slot_attention(b)  # (nh, T, S, hs)
+        for h in range(q.shape[1]):
+            for i in mask[b].nonzero().flatten().tolist():
+                qi = q[b, h, i].double()
+                s_in = (k[b, h][mask[b]].double() @ qi) * scaling
+                parts = [torch.softmax(s_in, 0)]
+                lse_in = torch.logsumexp(s_in, 0)
+                lse_c = [torch.logsumexp((kc[h].double() @ qi) * scaling, 0) for kc, _ in chunks[b]]
+                total = torch.logsumexp(torch.stack([lse_in] + lse_c), 0) if chunks[b] else lse_in
+                g_in = (alpha[b] if chunks[b] else 1.0) if not joint else float(torch.exp(lse_in - total))
+                assert fr.gate_in[b, h, i].item() == pytest.approx(g_in, abs=1e-6)
+                dist = [g_in * parts[0]]
+                for s, ((kc, vc), w) in enumerate(zip(chunks[b], weights[b])):
+                    n = kc.shape[1]
+                    p_c = torch.softmax((kc[h].double() @ qi) * scaling, 0)
+                    g_c = (1 - alpha[b]) * w if not joint else float(torch.exp(lse_c[s] - total))
+                    assert fr.gate_mem[b, h, i, s].item() == pytest.approx(g_c, abs=1e-6)
+                    assert torch.allclose(fr.p_mem[b, h, i, s, :n].double(), p_c, atol=1e-6)
+                    assert fr.p_mem[b, h, i, s, n:].abs().sum().item() == 0.0  # pad tokens: exactly 0
+                    assert fr.lse_mem[b, h, i, s].item() == pytest.approx(lse_c[s].item(), abs=1e-5)
+                    assert torch.allclose(attn_c[h, i, s].double(), p_c @ vc[h].double(), atol=1e-6)
+                    dist.append(g_c * p_c)
+                for s in range(len(chunks[b]), mem.token_mask.shape[1]):  # empty slots
+                    assert fr.lse_mem[b, h, i, s].item() == -math.inf
+                    assert fr.p_mem[b, h, i, s].abs().sum().item() == 0.0
+                assert fr.entropy[b, h, i].item() == pytest.approx(entropy(torch.cat(dist)).item(), abs=1e-5)
+                assert fr.entropy_in[b, h, i].item() == pytest.approx(entropy(parts[0]).item(), abs=1e-5)

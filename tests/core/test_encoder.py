@@ -92,6 +92,24 @@ def test_too_long_input_is_refused_unless_truncation_is_asked_for(encoder):
     assert b.n_tokens[1] == 256
 
 
+def test_one_pass_tokenize_equals_the_two_pass_form(encoder):
+    """tokenize tokenizes once, untruncated, and again only when an input is over the limit;
+    the answer must be what counting first and then tokenizing cut would give."""
+    long = "ferry timetable " * 200  # ≈ 400 tokens
+    for texts, limit in ((["short one", "a slightly longer question about ferries?"], 256),
+                         (["short one", long, "mid length text about the harbour"], 256),
+                         (["short one", long], 32)):
+        batch = encoder.tokenize(texts, truncate=True, max_tokens=limit)
+        counted = [len(ids) for ids in encoder.tokenizer(texts, truncation=False, verbose=False)["input_ids"]]
+        ref = encoder.tokenizer(texts, padding="longest", truncation=True, max_length=limit,
+                                return_offsets_mapping=True, return_tensors="pt")
+        assert torch.equal(batch.features["input_ids"], ref["input_ids"])
+        assert torch.equal(batch.features["attention_mask"], ref["attention_mask"])
+        assert torch.equal(batch.offsets, ref["offset_mapping"])
+        assert batch.truncated == [n > limit for n in counted]
+        assert batch.n_tokens == [min(n, limit) for n in counted]
+
+
 def test_fingerprint_changes_with_any_weight():
     torch.manual_seed(0)
     lin = torch.nn.Linear(3, 2)
