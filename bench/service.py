@@ -5,8 +5,9 @@
 Every server runs on 127.0.0.1 only, on the same real KB (the 10k real bundle of bench/kb.py; txtai
 indexes the same texts itself) and the same real short queries (Banking77 test texts):
     softknn    POST /v1/infer {"inputs": [q], "k": 8, "evidence": 5}: encode, k-NN, fused pass, evidence
-    softknn-nowait  the same server with SOFTKNN_BATCHING__MAX_WAIT_MS=0 (the batcher takes what is
-               queued when it is free instead of waiting up to 2 ms for a batch to fill)
+    softknn-wait2  the same server with SOFTKNN_BATCHING__MAX_WAIT_MS=2, the default before
+               2026-11-30's second run (the batcher waits up to 2 ms for a batch to fill instead of
+               taking what is queued when it is free): the before/after of that change
     naive      bench/naive_service.py, POST /search: encode + FAISS flat search, no batching
     infinity   infinity-emb (its venv under --peers), POST /embeddings: embedding only, no search
     txtai      txtai API (its venv under --peers), GET /search?query=q&limit=8: embed + search
@@ -87,7 +88,7 @@ class Server:
 
 
 def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str],
-                  only: set[str] | None = None) -> tuple[dict, dict, list[str]]:
+                  only: set[str] | None = None, softknn_threads: int = 0) -> tuple[dict, dict, list[str]]:
     """Start the servers (all, or those in `only`); returns ({name: Server}, info, missing peers)."""
     from bench.kb import device
 
@@ -96,10 +97,15 @@ def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str]
     if want("softknn"):
         servers["softknn"] = Server("softknn", [sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port",
                                                 "{port}", "--log-level", "warning"], "/readyz")
-    if want("softknn-nowait"):  # the same server with the batcher's fill wait off (see docs/benchmarks.md)
-        servers["softknn-nowait"] = Server("softknn-nowait", [sys.executable, "-m", "service.cli", "--bundle", str(bundle),
-                                                              "--port", "{port}", "--log-level", "warning"], "/readyz",
-                                           env={"SOFTKNN_BATCHING__MAX_WAIT_MS": "0"})
+    if want("softknn-wait2"):  # the same server with the old 2 ms fill wait (see docs/benchmarks.md)
+        servers["softknn-wait2"] = Server("softknn-wait2", [sys.executable, "-m", "service.cli", "--bundle", str(bundle),
+                                                            "--port", "{port}", "--log-level", "warning"], "/readyz",
+                                          env={"SOFTKNN_BATCHING__MAX_WAIT_MS": "2"})
+    if softknn_threads:  # softknn's inference worker with more torch threads than the other servers get
+        t = str(softknn_threads)
+        servers[f"softknn-t{t}"] = Server(f"softknn-t{t}", [sys.executable, "-m", "service.cli", "--bundle", str(bundle),
+                                                            "--port", "{port}", "--log-level", "warning"], "/readyz",
+                                          env={"SOFTKNN_MODEL__THREADS": t, "OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t})
     if want("naive"):
         servers["naive"] = Server("naive", [sys.executable, "-m", "bench.naive_service", "--bundle", str(bundle), "--port",
                                             "{port}"], "/healthz")
@@ -285,6 +291,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated servers to run (default all)")
     ap.add_argument("--name", default="service")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
+    ap.add_argument("--softknn-threads", type=int, default=0,
+                    help="also run softknn (defaults) as `softknn-tN` with SOFTKNN_MODEL__THREADS=N (0 = not)")
     args = ap.parse_args()
     set_threads(args.threads)
     if args.threads:  # the same for every server started below
@@ -304,7 +312,8 @@ def main() -> None:
     kb_texts = [json.loads(line)["text"] for line in (bundle.parent / "kb-10000.jsonl").read_text().splitlines()]
     engine = Engine(Encoder(device=device()), load_bundle(bundle, use_gpu=device() == "cuda"))
     only = set(args.only.split(",")) if args.only else None
-    servers, info, missing = start_servers(bundle, args.peers, resolve_model_path(None), kb_texts, only)
+    servers, info, missing = start_servers(bundle, args.peers, resolve_model_path(None), kb_texts, only,
+                                           softknn_threads=args.softknn_threads)
     try:
         seq = sequential(servers, info, engine, queries, args.sequential)
         print(json.dumps({n: round(s["p50_ms"], 2) for n, s in seq.items()}), flush=True)
@@ -342,7 +351,8 @@ def main() -> None:
                 if a and b:
                     ratios[f"{sk}_rps_per_cpu_over_{peer}_at_16"] = a / b
     cmd = (f"python -m bench.service --clients {args.clients} --duration {args.duration} --sequential {args.sequential} "
-           f"--threads {args.threads} --name {args.name}" + (f" --only {args.only}" if args.only else ""))
+           f"--threads {args.threads} --name {args.name}" + (f" --only {args.only}" if args.only else "")
+           + (f" --softknn-threads {args.softknn_threads}" if args.softknn_threads else ""))
     write(args.name, {"command": cmd, "kb_chunks": len(kb_texts), "missing_peers": missing, "info": info,
                       "loadavg_at_end": os.getloadavg(), "sequential": seq, "load": levels, "ratios": ratios})
     plot(args.name, seq, levels)

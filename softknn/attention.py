@@ -57,6 +57,11 @@ class FusedResult:
         """
         return torch.einsum("htsl,hsld->htsd", self.p_mem[b], self.mem_value[b])
 
+    @property
+    def attn_mem(self) -> torch.Tensor:
+        """attn_c for every input and slot, (B, nh, T, S, hs); computed on each access."""
+        return torch.einsum("bhtsl,bhsld->bhtsd", self.p_mem, self.mem_value)
+
 
 def knn_weights(scores: torch.Tensor, valid: torch.Tensor, temperature: float, kernel: str = "softmax") -> torch.Tensor:
     """Nadaraya–Watson weights of retrieved chunks: w[b, c] = K(u_bc) / Σ_c' K(u_bc').

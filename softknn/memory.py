@@ -102,6 +102,25 @@ def build_index(xb: np.ndarray, spec: IndexSpec, *, seed: int = 1234) -> faiss.I
     return index
 
 
+# The flat scan's prefilter (ChunkIndex._search_flat): below this many chunks a full scan costs
+# < 1 ms and the codes are not worth their memory (N·D bytes, a quarter of the embeddings).
+PREFILTER_MIN_CHUNKS = 8192
+PREFILTER_FACTOR = 4  # candidates k' = 4·k rescored exactly; bench/fused_forward.py reports how many rows certify
+
+
+def _sq8_prefilter(xb: np.ndarray, block: int = 65_536) -> tuple[faiss.Index, float]:
+    """An 8-bit scalar-quantized copy of xb (per-dimension range) and its largest reconstruction error."""
+    n, d = xb.shape
+    sq = faiss.IndexScalarQuantizer(d, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
+    sq.train(xb)
+    sq.add(xb)
+    err = 0.0
+    for i in range(0, n, block):
+        x = xb[i : i + block]
+        err = max(err, float(np.linalg.norm(sq.sa_decode(sq.sa_encode(x)) - x, axis=1).max()))
+    return sq, err
+
+
 def gpu_available() -> bool:
     """True when faiss has GPU support and sees a device, and torch has CUDA; never raises."""
     try:
@@ -128,6 +147,11 @@ class ChunkIndex:
             index = faiss.index_cpu_to_gpu(self._res, 0, index)
             self.on_gpu = True
         self.index = index
+        self._sq: faiss.Index | None = None  # the flat scan's 8-bit prefilter (see _search_flat)
+        self._sq_err = 0.0
+        self.prefilter_counts = {"certified": 0, "full_scan": 0}  # rows answered each way (benchmarks read it)
+        if spec.kind == "flat" and not self.on_gpu and self.ntotal >= PREFILTER_MIN_CHUNKS:
+            self._sq, self._sq_err = _sq8_prefilter(np.asarray(xb, dtype=np.float32))
 
     def search(self, xq: np.ndarray, k: int, *, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """D, I (B, k): the k chunks with the largest xq·xb (exact) or the index's answer (ANN)."""
@@ -145,13 +169,44 @@ class ChunkIndex:
         return D, I
 
     def _search_flat(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The same answer as `search_exact`, through faiss's flat scan (1.85× faster, docs/benchmarks.md §5).
+        """The exact top k, as `search_exact` defines it (score desc, then id asc), found fast.
 
-        faiss breaks ties in its own order, so it is asked for k+1: within the top k the order is
-        made (score desc, id asc), and a row whose k-th and (k+1)-th scores tie (the boundary
-        itself is a tie) is answered by `search_exact` instead. Scores can differ from the torch
-        matmul's in the last bit (another summation order); `exact=True` always takes the torch path.
+        With the 8-bit prefilter (KBs of ≥ PREFILTER_MIN_CHUNKS): scan the 8-bit codes (a quarter of
+        the bytes) for the k' = PREFILTER_FACTOR·k best approximate scores ŝ, rescore those exactly,
+        and keep the answer only where it is certified: every chunk j outside the k' has
+        s_j ≤ ŝ_j + ‖x_j − x̂_j‖·‖q‖ ≤ ŝ_(k') + e_max·‖q‖ (Cauchy–Schwarz; e_max is measured over
+        the whole KB when the index loads), so if the k-th best exact score among the k' is above
+        that (with a 1e-4 margin for float round-off), no chunk outside can enter the top k. Rows
+        that are not certified, and KBs without the prefilter, take faiss's full flat scan, asked
+        for k+1: within the top k the order is made (score desc, id asc), and a row whose k-th and
+        (k+1)-th scores tie (the boundary itself is a tie) is answered by `search_exact`. Scores
+        can differ from the torch matmul's in the last bit; `exact=True` always takes the torch path.
         """
+        D = np.full((len(xq), k), -np.inf, dtype=np.float32)
+        I = np.full((len(xq), k), -1, dtype=np.int64)
+        todo = np.arange(len(xq))
+        if self._sq is not None:
+            kk = min(self.ntotal, PREFILTER_FACTOR * k)
+            Dq, Iq = self._sq.search(xq, kk)
+            bound = Dq[:, -1] + self._sq_err * np.linalg.norm(xq, axis=1) + 1e-4
+            left = []
+            for b in range(len(xq)):
+                cand = Iq[b][Iq[b] >= 0]
+                s = self._xb_t.numpy()[cand] @ xq[b]  # the in-memory copy, not the memory map
+                order = np.lexsort((cand, -s))[:k]
+                if len(order) == k and (kk == self.ntotal or s[order[-1]] > bound[b]):
+                    D[b], I[b] = s[order], cand[order]
+                else:
+                    left.append(b)
+            todo = np.asarray(left, dtype=np.int64)
+            self.prefilter_counts["certified"] += len(xq) - len(todo)
+            self.prefilter_counts["full_scan"] += len(todo)
+        if len(todo):
+            D[todo], I[todo] = self._scan_flat(xq[todo], k)
+        return D, I
+
+    def _scan_flat(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """faiss's full flat scan with the tie handling described in `_search_flat`."""
         D, I = self.index.search(xq, k + 1)
         boundary_tie = D[:, k - 1] == D[:, k]
         D, I = D[:, :k], I[:, :k]
@@ -210,7 +265,43 @@ class KVStore:
         return kc.transpose(0, 1), vc.transpose(0, 1)
 
     def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
-        """Pad each input's chunks into a MemoryBatch: S = max |R|, Lm = the longest chunk."""
+        """Pad each input's chunks into a MemoryBatch: S = max |R|, Lm = the longest chunk.
+
+        One fancy-index read of all retrieved token rows and one scatter straight into the padded
+        (B, nh, S, Lm, hs) layout, instead of a copy per chunk into (B, S, Lm, nh, hs) followed by
+        a permuted copy of the whole padded tensor. `gather_reference` is the per-chunk loop;
+        tests compare the two.
+        """
+        B = len(ids)
+        S = max(1, max((len(r) for r in ids), default=1))
+        counts = [[int(self.count[c]) for c in r] for r in ids]
+        Lm = max(1, max((n for r in counts for n in r), default=1))
+        nh, hs = self.num_heads, self.head_dim
+        bi, si, li, src = [], [], [], []  # per retrieved token: its (input, slot, position), its store row
+        for b, (row, cnt) in enumerate(zip(ids, counts, strict=True)):
+            for s, (c, n) in enumerate(zip(row, cnt, strict=True)):
+                st = int(self.start[c])
+                src.append(np.arange(st, st + n))
+                li.append(np.arange(n))
+                bi.append(np.full(n, b))
+                si.append(np.full(n, s))
+        key = torch.zeros(B, nh, S, Lm, hs)  # written in place through a (B, S, Lm, nh, hs) view: no permute copy
+        value = torch.zeros(B, nh, S, Lm, hs)
+        token_mask = torch.zeros(B, S, Lm, dtype=torch.bool)
+        weight = torch.zeros(B, S)
+        if src:
+            at = tuple(torch.from_numpy(np.concatenate(x)) for x in (bi, si, li))
+            rows = np.concatenate(src)
+            key.permute(0, 2, 3, 1, 4)[at] = torch.from_numpy(np.asarray(self.keys[rows], dtype=np.float32))
+            value.permute(0, 2, 3, 1, 4)[at] = torch.from_numpy(np.asarray(self.values[rows], dtype=np.float32))
+            token_mask[at] = True
+        for b, w in enumerate(weights):
+            weight[b, : len(w)] = torch.tensor(w, dtype=torch.float32)
+        return MemoryBatch(key=key.to(device), value=value.to(device), token_mask=token_mask.to(device),
+                           weight=weight.to(device))
+
+    def gather_reference(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """`gather` as a plain loop, one chunk at a time (the reference its tests compare with)."""
         B = len(ids)
         S = max(1, max((len(r) for r in ids), default=1))
         Lm = max(1, max((int(self.count[c]) for r in ids for c in r), default=1))

@@ -74,3 +74,51 @@ def test_faiss_flat_search_breaks_ties_by_the_lower_id_even_at_the_boundary():
         ref = _reference(xq, xb, k)
         assert (I == ref).all(), (k, I, ref)
         assert I[0, 0] == 0 and (k < 2 or I[0, 1] == 10)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_kv_gather_equals_the_per_chunk_reference(dtype):
+    from softknn.memory import KVStore
+
+    rng = np.random.default_rng(11)
+    count = rng.integers(1, 9, size=30)
+    start = np.concatenate([[0], np.cumsum(count)[:-1]])
+    keys = rng.standard_normal((int(count.sum()), 3, 4)).astype(dtype)
+    values = rng.standard_normal((int(count.sum()), 3, 4)).astype(dtype)
+    kv = KVStore(keys, values, start, count)
+    ids = [[5, 2, 29], [], [7], [2, 5, 0, 13, 29]]  # an empty R, a chunk shared by two inputs
+    weights = [[0.5, 0.3, 0.2], [], [1.0], [0.4, 0.3, 0.1, 0.1, 0.1]]
+    fast = kv.gather(ids, weights, torch.device("cpu"))
+    ref = kv.gather_reference(ids, weights, torch.device("cpu"))
+    for f in ("key", "value", "token_mask", "weight"):
+        a, b = getattr(fast, f), getattr(ref, f)
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), f
+    lm = max(int(count[c]) for r in ids for c in r)  # the longest retrieved chunk
+    assert fast.key.is_contiguous() and fast.key.shape == (4, 3, 5, lm, 4)
+
+
+def test_prefiltered_flat_search_is_exact_certified_or_not(monkeypatch):
+    """≥ PREFILTER_MIN_CHUNKS chunks: the 8-bit prefilter + exact rescoring gives the exact answer;
+    with a useless bound (every row uncertified) the full-scan fallback gives it too."""
+    from softknn import memory
+
+    rng = np.random.default_rng(13)
+    n = memory.PREFILTER_MIN_CHUNKS + 500
+    xb = _unit(rng, n, 48)
+    xb[100:110] = xb[:10]  # exact duplicates: ties the answer must order by id
+    xq = xb[:30] + 0.1 * _unit(rng, 30, 48)
+    xq /= np.linalg.norm(xq, axis=1, keepdims=True)
+    spec = choose_index(n, 48, "flat")
+    index = ChunkIndex(build_index(xb, spec), xb, spec)
+    assert index._sq is not None and 0 < index._sq_err < 0.05
+    for k in (1, 8, 32):
+        D, I = index.search(xq, k)
+        assert (I == _reference(xq, xb, k)).all()
+        np.testing.assert_allclose(D, index.search(xq, k, exact=True)[0], rtol=0, atol=1e-5)
+    assert index.prefilter_counts["certified"] > 0
+    monkeypatch.setattr(index, "_sq_err", 10.0)  # nothing can be certified: all rows take the full scan
+    before = dict(index.prefilter_counts)
+    _, I = index.search(xq, 8)
+    assert (I == _reference(xq, xb, 8)).all()
+    assert index.prefilter_counts["full_scan"] - before["full_scan"] == 30
+    assert index.prefilter_counts["certified"] == before["certified"]
