@@ -98,10 +98,20 @@ def recall(bundle, xq: np.ndarray, k: int) -> float:
 
 
 def _flat_exactness(bundle, xq: np.ndarray, k: int) -> float:
-    """Flat: the fraction of queries whose fast answer has exactly the ids of the exact one (1.0 expected)."""
+    """Flat: the fraction of queries whose fast answer is the exact one up to float round-off.
+
+    Same ids, or ids whose scores (recomputed in float64) equal the exact answer's within 1e-6:
+    the KB holds near-copies (one text embedded in two batches differs in the last bits), whose
+    scores tie to ~1e-7, and two correct scans that sum in different orders may pick either.
+    """
     _, I = bundle.index.search(xq, k)
     _, E = bundle.index.search(xq, k, exact=True)
-    return float(np.mean([set(a) == set(b) for a, b in zip(I.tolist(), E.tolist(), strict=True)]))
+    xb = np.asarray(bundle.index.xb, dtype=np.float64)
+    same = []
+    for q, a, b in zip(xq.astype(np.float64), I, E, strict=True):
+        sa, sb = np.sort(xb[a] @ q), np.sort(xb[b] @ q)
+        same.append(set(a.tolist()) == set(b.tolist()) or bool(np.abs(sa - sb).max() <= 1e-6))
+    return float(np.mean(same))
 
 
 def run(sizes: list[int], kinds: list[str], ks: list[int], repeats: int, n_queries: int) -> list[dict]:

@@ -9,6 +9,7 @@ engine they were pinned to (service.batching), requests after it get the new one
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -31,9 +32,10 @@ WARMUP_TEXT = "softknn warm-up: how are the ferries today?"
 INLINE_ADMIT_CHARS = 2048
 
 
-def run_engine(engine: Engine, texts: list[str], params: list[InferParams]) -> list[dict]:
-    """The batcher's runner: one micro-batch through the core, as `softknn query` would run it."""
-    return engine.infer(texts, params)
+def run_engine(engine: Engine, texts: list[str], params: list[InferParams], group_size: int = 8) -> list[dict]:
+    """The batcher's runner: one micro-batch through the core, as `softknn query` would run it
+    (in length-sorted passes of at most `group_size` texts: Engine.infer)."""
+    return engine.infer(texts, params, group_size=group_size)
 
 
 def token_counter(encoder: Encoder):
@@ -62,7 +64,8 @@ class Runtime:
         self._reload_lock = asyncio.Lock()
         b = settings.batching
         self.batcher = Batcher(max_batch_size=b.max_batch_size, max_batch_tokens=b.max_batch_tokens,
-                               max_wait_ms=b.max_wait_ms, queue_size=b.queue_size, runner=run_engine,
+                               max_wait_ms=b.max_wait_ms, queue_size=b.queue_size,
+                               runner=functools.partial(run_engine, group_size=b.group_size),
                                slot_unit=settings.defaults.k, metrics=metrics)
 
     # --- lifecycle ----------------------------------------------------------------------------

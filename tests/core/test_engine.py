@@ -193,3 +193,20 @@ def test_calibrated_gate_abstains_out_of_domain_and_a_request_threshold_override
     finally:
         cal.clear()
         cal.update(saved)
+
+
+def test_length_grouped_passes_equal_one_pass_and_keep_the_input_order(engine):
+    texts = ["fares?", "How much does a return ticket to the island cost for a car and two adults in summer?",
+             "dogs on board", "Can I bring my bicycle on the morning ferry, and is there a charge for it?",
+             "lost property", "timetable in winter", "wheelchair access to the upper deck and the cafe",
+             "refunds", "What happens to my booking when a sailing is cancelled because of the weather?", "pets"]
+    params = [InferParams(k=k, mixing=m) for k, m in zip([8, 3, 5, 8, 2, 8, 4, 8, 6, 1], ["fixed", "joint"] * 5)]
+    one = engine.infer(texts, params, group_size=0)  # one pass, all padded together
+    grouped = engine.infer(texts, params, group_size=3)  # four passes, shortest texts together
+    for a, b in zip(one, grouped, strict=True):
+        assert [e["chunk_id"] for e in a["evidence"]] == [e["chunk_id"] for e in b["evidence"]]
+        assert np.allclose(a["embedding"], b["embedding"], atol=1e-5, rtol=0)
+        assert a["diagnostics"]["n_tokens"] == b["diagnostics"]["n_tokens"]
+        assert a["diagnostics"]["memory_share"] == pytest.approx(b["diagnostics"]["memory_share"], abs=1e-5)
+    solo = engine.infer([texts[1]], params[1])[0]  # and each equals its own solo answer
+    assert np.allclose(grouped[1]["embedding"], solo["embedding"], atol=1e-5, rtol=0)
