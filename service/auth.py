@@ -37,7 +37,7 @@ def _token(creds: HTTPAuthorizationCredentials | None, what: str) -> str:
     return creds.credentials
 
 
-def require_api_key(settings: SettingsDep, creds: BearerDep) -> None:
+async def require_api_key(settings: SettingsDep, creds: BearerDep) -> None:
     auth = settings.auth
     if auth.api_key is None:
         return
@@ -46,7 +46,7 @@ def require_api_key(settings: SettingsDep, creds: BearerDep) -> None:
         raise Unauthorized("invalid API key", headers={"WWW-Authenticate": 'Bearer error="invalid_token"'})
 
 
-def require_admin(settings: SettingsDep, creds: BearerDep) -> None:
+async def require_admin(settings: SettingsDep, creds: BearerDep) -> None:
     auth = settings.auth
     if auth.admin_token is None:
         raise Forbidden("admin routes are disabled: no admin token is configured (SOFTKNN_AUTH__ADMIN_TOKEN)")
