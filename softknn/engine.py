@@ -115,10 +115,11 @@ class Engine:
         shortest texts together (by characters), answers in the input order.
 
         Every pass pads its texts to its longest and its retrieved chunks to its longest chunk,
-        so one wide pass over mixed lengths wastes work: on 2 cores, 1 thread, Banking77 test
-        texts, one pass of 32 cost 12.6 ms per text, sorted passes of 8 cost 7.6 (of 4: 8.2;
-        one text per pass: 13.3) — docs/benchmarks.md §4. A text's answer does not depend on its
-        pass-mates beyond float round-off (tests/service/test_concurrency.py).
+        so one wide pass over mixed lengths wastes work. `python -m bench.grouping` (Banking77 test
+        texts, 1 thread, CPU ms per text): a micro-batch of 32 as one pass 11.6, as sorted passes
+        of 8 7.5 (of 4: 7.8; one text per pass: 12.7); of 16: 11.4 vs 9.2 (of 4: 8.7). A text's
+        answer does not depend on its pass-mates beyond float round-off
+        (tests/core/test_engine.py, tests/service/test_concurrency.py).
         """
         if isinstance(params, InferParams):
             params = [params] * len(texts)
