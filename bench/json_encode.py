@@ -1,0 +1,72 @@
+"""Rendering a /v1/infer answer: the standard library's json (Starlette's JSONResponse) vs orjson.
+
+    python -m bench.json_encode [--calls 2000] [--threads 1]
+
+The answers are real: Engine.infer on 20 real queries (bench/kb.py) over the 10k real bundle,
+k 8, evidence 5, wrapped as the route wraps them. Both encoders render the same objects,
+interleaved; the decoded results are checked equal. Writes bench/results/json_encode.json|png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from bench.common import RESULTS, write
+from bench.kb import set_threads
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    set_threads(args.threads)
+
+    import orjson
+
+    from bench.kb import device, queries, synthetic_bundle
+    from service.schemas import result_payload
+    from softknn.encoder import Encoder
+    from softknn.engine import Engine, InferParams
+
+    engine = Engine(Encoder(device=device()), synthetic_bundle(10_000, "flat"))
+    answers = [{"request_id": "x" * 32, "results": [result_payload(r) for r in engine.infer([q], InferParams(k=8, evidence=5))]}
+               for q in queries(20)]
+
+    def stdlib(a):  # what starlette.responses.JSONResponse.render does
+        return json.dumps(a, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+
+    same = all(json.loads(stdlib(a)) == json.loads(orjson.dumps(a)) for a in answers)
+    t = {"json": [], "orjson": []}
+    for i in range(args.calls):
+        a = answers[i % len(answers)]
+        for name, fn in (("json", stdlib), ("orjson", orjson.dumps)):
+            c0 = time.perf_counter()
+            fn(a)
+            t[name].append(time.perf_counter() - c0)
+    row = {"answer_bytes_median": statistics.median(len(stdlib(a)) for a in answers), "same_decoded": same,
+           **{f"{n}_ms_median": statistics.median(v) * 1e3 for n, v in t.items()},
+           **{f"{n}_ms_min": min(v) * 1e3 for n, v in t.items()}}
+    row["speedup"] = row["json_ms_median"] / row["orjson_ms_median"]
+    print(json.dumps(row))
+    write("json_encode", {"command": f"python -m bench.json_encode --calls {args.calls} --threads {args.threads}",
+                          "rows": [row]})
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.bar(["json (stdlib)", "orjson"], [row["json_ms_median"], row["orjson_ms_median"]], color=["#999", "#4C72B0"])
+    ax.set_ylabel("ms per answer (median)")
+    ax.set_title(f"Rendering a {row['answer_bytes_median'] / 1000:.1f} KB /v1/infer answer")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "json_encode.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
