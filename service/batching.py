@@ -1,11 +1,14 @@
 """Micro-batching: concurrent requests queue up and one inference worker thread runs them together.
 
-Why one thread: the model already uses the cores through torch's intra-op pool; a second
-concurrent forward only fights it for them. Oversubscription is the failure mode on a shared box:
-on the 2-core dev machine under its usual load, bench/service_quick.py measured 22 req/s with one
-torch thread and 2.2 req/s with two (settings.model.threads). So there is exactly one place
-where inference happens — warm-up passes included — and the event loop only admits, waits and
-answers.
+Why one thread by default: the model already uses the cores through torch's intra-op pool; a
+second concurrent forward only fights it for them. Oversubscription is the failure mode on a
+shared box: on the 2-core dev machine under its usual load, bench/service_quick.py measured 22
+req/s with one torch thread and 2.2 req/s with two (settings.model.threads). So inference happens
+only on the worker threads — warm-up passes included — and the event loop only admits, waits and
+answers. `batching.workers` > 1 runs that many workers, each taking the next micro-batch when it
+is free: for model.threads = 1 (one core per forward), so that a machine's other cores are used
+(docs/benchmarks.md measures it). Each pass is independent: the layer hook is a context variable
+(per thread) and the tokenizer is locked (Encoder.tokenize).
 
 The queue holds texts, not requests: a request with many inputs may span several micro-batches.
 A micro-batch takes texts in arrival order while all of these hold (the first text always goes):
@@ -83,7 +86,7 @@ class Batcher:
     """A bounded text queue and the one worker thread that drains it in micro-batches."""
 
     def __init__(self, *, max_batch_size: int, max_batch_tokens: int, max_wait_ms: float, queue_size: int,
-                 runner: Runner, slot_unit: int = 8, metrics=None, name: str = "softknn-infer"):
+                 runner: Runner, slot_unit: int = 8, metrics=None, name: str = "softknn-infer", workers: int = 1):
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait_ms / 1000.0
@@ -95,11 +98,13 @@ class Batcher:
         self._cond = threading.Condition()
         self._closed = False
         self._sec_per_text = 0.05  # running estimate, for Retry-After
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._threads = [threading.Thread(target=self._loop, name=name if workers == 1 else f"{name}-{i}", daemon=True)
+                         for i in range(max(1, workers))]
 
     # --- event-loop side ----------------------------------------------------------------------
     def start(self) -> None:
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     def depth(self) -> int:
         """Texts waiting (not yet taken into a batch)."""
@@ -174,8 +179,10 @@ class Batcher:
             self._cond.notify_all()
         for job in {id(it.job): it.job for it in left}.values():
             self._fail(job, ShuttingDown("the service is shutting down"))
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        end = time.monotonic() + timeout
+        for t in self._threads:
+            if t.is_alive():
+                t.join(max(0.0, end - time.monotonic()))
 
     # --- worker side --------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -187,6 +194,8 @@ class Batcher:
                     return
                 self._wait_to_fill()
                 batch, expired = self._take()
+                if self._queue and len(self._threads) > 1:
+                    self._cond.notify()  # work left: another idle worker can take the next micro-batch
             self._gauge()
             for job in expired:
                 self._count("deadline")

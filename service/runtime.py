@@ -66,7 +66,7 @@ class Runtime:
         self.batcher = Batcher(max_batch_size=b.max_batch_size, max_batch_tokens=b.max_batch_tokens,
                                max_wait_ms=b.max_wait_ms, queue_size=b.queue_size,
                                runner=functools.partial(run_engine, group_size=b.group_size),
-                               slot_unit=settings.defaults.k, metrics=metrics)
+                               slot_unit=settings.defaults.k, metrics=metrics, workers=b.workers)
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -97,8 +97,8 @@ class Runtime:
         """Verify and load a bundle for the loaded model (in a thread), then one warm-up pass.
 
         The warm-up goes through the batcher like any request, ahead of the queue: every forward
-        pass of this process runs on the one worker thread (the model's tokenizer is not safe to
-        call from two threads at once, and two passes would fight for the same cores).
+        pass of this process runs on the batcher's worker threads (one by default: two passes
+        would fight for the same cores unless model.threads is 1 and batching.workers says so).
         """
         t0 = time.perf_counter()
         engine = await asyncio.to_thread(self._load_engine, Path(path))

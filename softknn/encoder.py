@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -168,6 +169,7 @@ class Encoder:
         except Exception as e:  # an architecture without AttentionInterface dispatch
             raise UnsupportedModel(f"{self.path}: cannot route attention through softknn: {e}") from e
         self.tokenizer = self.st.tokenizer
+        self._tokenizer_lock = threading.Lock()
         self.max_seq_length = int(self.st.max_seq_length)
         self._attn = self._attention_modules()
         cfg = self.model.config
@@ -220,7 +222,8 @@ class Encoder:
                   return_tensors="pt", verbose=False)
         # One pass, untruncated: it gives every length; only a batch with an input over the limit
         # is tokenized again, cut (tests/core/test_encoder.py compares both against the two-pass form).
-        enc = self.tokenizer(texts, truncation=False, **kw)
+        with self._tokenizer_lock:  # the wrapper reconfigures its Rust tokenizer per call: one caller at a time
+            enc = self.tokenizer(texts, truncation=False, **kw)
         lengths = enc["attention_mask"].sum(1).tolist()
         for i, n in enumerate(lengths):
             if n > limit and not cut[i]:
@@ -229,7 +232,8 @@ class Encoder:
                     field=f"inputs[{i}]",
                 )
         if max(lengths) > limit:
-            enc = self.tokenizer(texts, truncation=True, max_length=limit, **kw)
+            with self._tokenizer_lock:
+                enc = self.tokenizer(texts, truncation=True, max_length=limit, **kw)
         offsets = enc.pop("offset_mapping")  # (B, T, 2)
         special = enc.pop("special_tokens_mask").bool()  # (B, T)
         feats = {k: v.to(self.device) for k, v in enc.items()}

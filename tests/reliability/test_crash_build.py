@@ -103,15 +103,19 @@ class Watcher(threading.Thread):
     def __init__(self, out: Path):
         super().__init__(daemon=True)
         self.out, self.stop, self.checks, self.bad = out, threading.Event(), 0, []
+        # held while checking, and by the test while it moves a finished bundle aside: without it
+        # the check can start on `out` and find its files gone mid-way (the test's move, not the build)
+        self.lock = threading.Lock()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            if self.out.exists():
-                try:
-                    verify_bundle(self.out)
-                    self.checks += 1
-                except BundleError as e:
-                    self.bad.append(str(e))
+            with self.lock:
+                if self.out.exists():
+                    try:
+                        verify_bundle(self.out)
+                        self.checks += 1
+                    except BundleError as e:
+                        self.bad.append(str(e))
             time.sleep(0.01)
 
 
@@ -174,7 +178,8 @@ def test_random_sigkills_then_resume_give_the_uninterrupted_bytes(kb60, referenc
             killed = _run_and_kill(kb60, out, *point)
             if killed is None:  # the build won the race: keep its bundle aside (atomically) and go on
                 completed.append(tmp_path / f"completed-{len(completed)}")
-                os.replace(out, completed[-1])
+                with watcher.lock:
+                    os.replace(out, completed[-1])
                 continue
             kills.append(killed)
             assert not killed["done"], kills  # a kill never left a bundle in place

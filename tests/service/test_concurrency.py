@@ -83,6 +83,39 @@ def test_64_concurrent_mixed_requests_equal_their_solo_answers(api, solo, engine
     assert after[0] - before[0] < texts  # in fewer micro-batches than texts: it really batched
 
 
+def test_two_workers_share_the_queue_and_answer_like_one(running_app, make_settings, solo, engine, assert_same):
+    """batching.workers = 2: both worker threads run micro-batches, concurrently, and every answer
+    still equals the engine's solo answer (the hook is per thread, the tokenizer locked)."""
+    import threading
+
+    bodies, answers = solo
+    with running_app(make_settings(batching={"workers": 2})) as client:
+        batcher = client.app.state.runtime.batcher
+        assert [t.name for t in batcher._threads] == ["softknn-infer-0", "softknn-infer-1"]
+        real, seen, lock = batcher.runner, [], threading.Lock()
+        running = [0]
+
+        def runner(engine_, texts, params):
+            with lock:
+                running[0] += 1
+                seen.append((threading.current_thread().name, running[0]))
+            try:
+                return real(engine_, texts, params)
+            finally:
+                with lock:
+                    running[0] -= 1
+
+        batcher.runner = runner
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            responses = list(pool.map(lambda b: client.post("/v1/infer", json=b), bodies))
+    assert [r.status_code for r in responses] == [200] * len(bodies)
+    for r, want in zip(responses, answers, strict=True):
+        for res, ref in zip(r.json()["results"], want, strict=True):
+            assert_same(res, ref)
+    assert {name for name, _ in seen} == {"softknn-infer-0", "softknn-infer-1"}
+    assert max(n for _, n in seen) == 2  # two micro-batches were in flight at once
+
+
 def batch_stats(client) -> tuple[float, float]:
     """(micro-batches run, texts run) so far, from /metrics."""
     text = client.get("/metrics").text
