@@ -70,10 +70,10 @@ def stage_times(engine, text: str, params) -> dict[str, dict[str, float]]:
     return {"wall": dict(zip(STAGES, wall.tolist(), strict=True)), "cpu": dict(zip(STAGES, cpu.tolist(), strict=True))}
 
 
-def measure(engine, texts: list[str], k: int, repeats: int) -> dict:
+def measure(engine, texts: list[str], k: int, repeats: int, evidence: int = 5) -> dict:
     from softknn.engine import InferParams
 
-    p = InferParams(k=k)
+    p = InferParams(k=k, evidence=evidence)
     qa, qb = itertools.cycle(texts), itertools.cycle(texts)
     for q in texts[:3]:  # warm-up
         engine.infer([q], p)
@@ -114,7 +114,7 @@ def _flat_exactness(bundle, xq: np.ndarray, k: int) -> float:
     return float(np.mean(same))
 
 
-def run(sizes: list[int], kinds: list[str], ks: list[int], repeats: int, n_queries: int) -> list[dict]:
+def run(sizes: list[int], kinds: list[str], ks: list[int], repeats: int, n_queries: int, evidence: int = 5) -> list[dict]:
     from bench.kb import device, embeddings, queries, synthetic_bundle
     from softknn.encoder import Encoder
     from softknn.engine import Engine
@@ -132,10 +132,10 @@ def run(sizes: list[int], kinds: list[str], ks: list[int], repeats: int, n_queri
             xq = np.concatenate([plain_forward(enc, q) for q in texts])
             for k in ks:
                 counts0 = dict(bundle.index.prefilter_counts)
-                r = measure(engine, texts, k, repeats)
+                r = measure(engine, texts, k, repeats, evidence)
                 # flat: how many searches the 8-bit prefilter certified (the rest took the full scan)
                 pf = {c: bundle.index.prefilter_counts[c] - counts0[c] for c in counts0}
-                r.update(size=n, index=kind, params=bundle.index.spec.params, index_ready_s=load_s,
+                r.update(size=n, index=kind, params=bundle.index.spec.params, index_ready_s=load_s, evidence=evidence,
                          recall_at_k=recall(bundle, xq, k) if kind != "flat" else _flat_exactness(bundle, xq, k),
                          prefilter=pf if any(pf.values()) else None)
                 rows.append(r)
@@ -186,6 +186,7 @@ def main() -> None:
     ap.add_argument("--kinds", default="flat,hnsw")
     ap.add_argument("--ks", default="8,32")
     ap.add_argument("--repeats", type=int, default=25)
+    ap.add_argument("--evidence", type=int, default=5, help="evidence items per answer (0: the forward without evidence)")
     ap.add_argument("--queries", type=int, default=50)
     ap.add_argument("--name", default="fused_forward")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
@@ -198,9 +199,10 @@ def main() -> None:
         return
     set_threads(args.threads)
     rows = run([int(s) for s in args.sizes.split(",")], args.kinds.split(","), [int(k) for k in args.ks.split(",")],
-               args.repeats, args.queries)
+               args.repeats, args.queries, args.evidence)
     write(args.name, {"command": f"python -m bench.fused_forward --sizes {args.sizes} --kinds {args.kinds} "
-                                 f"--ks {args.ks} --repeats {args.repeats} --threads {args.threads} --name {args.name}", "rows": rows})
+                                 f"--ks {args.ks} --repeats {args.repeats} --evidence {args.evidence} --threads {args.threads} "
+                                 f"--name {args.name}", "rows": rows})
     plot(args.name, rows)
 
 

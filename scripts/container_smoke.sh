@@ -98,7 +98,9 @@ for stage in deps app; do
   timeout 600 podman build --format docker --layers --build-arg BASE="$BASE_IMG" --target "$stage" \
       -f docker/Dockerfile -t "$IMG-$stage" . >>"$WORK/build.log" 2>&1 || die "podman build --target $stage"
 done
-podman image prune -f >/dev/null
+# Housekeeping only: an image still held by a build container that a killed build left behind
+# makes prune fail, and that is no reason to fail the smoke test.
+podman image prune -f >/dev/null 2>&1 || lap "podman image prune failed (an old build container holds an image); continuing"
 size=$(podman image inspect "$IMG" --format '{{.Size}}')
 lap "built $IMG: $(( size / 1000000 )) MB"
 user=$(podman image inspect "$IMG" --format '{{.Config.User}}')
