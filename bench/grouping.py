@@ -27,6 +27,7 @@ def main() -> None:
     ap.add_argument("--groups", default="1,2,4,8")
     ap.add_argument("--texts", type=int, default=384)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--name", default="grouping")
     args = ap.parse_args()
     set_threads(args.threads)
 
@@ -58,14 +59,14 @@ def main() -> None:
                          "cpu_ms_per_text": statistics.median(cpu[g]) * 1e3,
                          "cpu_ms_per_text_min": min(cpu[g]) * 1e3, "cpu_ms_per_text_max": max(cpu[g]) * 1e3})
             print(json.dumps(rows[-1]), flush=True)
-    write("grouping", {"command": f"python -m bench.grouping --batches {args.batches} --groups {args.groups} "
-                                  f"--texts {args.texts} --threads {args.threads}",
+    write(args.name, {"command": f"python -m bench.grouping --batches {args.batches} --groups {args.groups} "
+                                 f"--texts {args.texts} --threads {args.threads} --name {args.name}",
                        "token_lengths": {"mean": statistics.mean(lengths), "median": statistics.median(lengths),
                                          "max": max(lengths)}, "rows": rows})
-    plot(rows)
+    plot(rows, args.name)
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], name: str = "grouping") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,7 +82,7 @@ def plot(rows: list[dict]) -> None:
     ax.set_title("Engine.infer: one padded pass vs length-sorted groups (1 thread)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(RESULTS / "grouping.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
     plt.close(fig)
 
 

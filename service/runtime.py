@@ -32,7 +32,7 @@ WARMUP_TEXT = "softknn warm-up: how are the ferries today?"
 INLINE_ADMIT_CHARS = 2048
 
 
-def run_engine(engine: Engine, texts: list[str], params: list[InferParams], group_size: int = 8) -> list[dict]:
+def run_engine(engine: Engine, texts: list[str], params: list[InferParams], group_size: int = 4) -> list[dict]:
     """The batcher's runner: one micro-batch through the core, as `softknn query` would run it
     (in length-sorted passes of at most `group_size` texts: Engine.infer)."""
     return engine.infer(texts, params, group_size=group_size)

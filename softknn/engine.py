@@ -20,7 +20,7 @@ from softknn.errors import BundleError, InvalidInput
 from softknn.evidence import effective_k, evidence_items, label_scores, weight_entropy
 
 MIXING = ("fixed", "joint")
-GROUP_SIZE = 8  # texts per forward pass when a batch is split by length (Engine.infer)
+GROUP_SIZE = 4  # texts per forward pass when a batch is split by length (Engine.infer)
 
 
 @dataclass(frozen=True)
@@ -116,9 +116,9 @@ class Engine:
 
         Every pass pads its texts to its longest and its retrieved chunks to its longest chunk,
         so one wide pass over mixed lengths wastes work. `python -m bench.grouping` (Banking77 test
-        texts, 1 thread, CPU ms per text): a micro-batch of 32 as one pass 11.6, as sorted passes
-        of 8 7.5 (of 4: 7.8; one text per pass: 12.7); of 16: 11.4 vs 9.2 (of 4: 8.7). A text's
-        answer does not depend on its pass-mates beyond float round-off
+        texts, 1 thread, CPU ms per text, one pass → sorted passes of 4): a micro-batch of 8
+        9.2 → 8.5, of 16 11.3 → 8.5, of 32 11.6 → 7.8 (passes of 8: 7.5; one text per pass:
+        12.7–13.4). A text's answer does not depend on its pass-mates beyond float round-off
         (tests/core/test_engine.py, tests/service/test_concurrency.py).
         """
         if isinstance(params, InferParams):

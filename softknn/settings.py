@@ -43,7 +43,7 @@ class Limits(BaseModel):
 class Batching(BaseModel):
     max_batch_tokens: int = Field(4096, ge=1, description="padded tokens per micro-batch")
     max_batch_size: int = Field(32, ge=1, description="texts per micro-batch")
-    group_size: int = Field(8, ge=1, description="texts per forward pass: a micro-batch runs in passes of texts of similar length")
+    group_size: int = Field(4, ge=1, description="texts per forward pass: a micro-batch runs in passes of texts of similar length")
     workers: int = Field(1, ge=1, le=64, description="inference worker threads, each running one micro-batch at a time (use with MODEL__THREADS=1)")
     max_wait_ms: float = Field(0.0, ge=0, description="how long the worker waits to fill a batch (0: take what is queued)")
     queue_size: int = Field(256, ge=1, description="texts waiting; beyond it requests get 429")
