@@ -208,11 +208,13 @@ class Encoder:
 
     # --- tokenization -------------------------------------------------------------------------
     def tokenize(
-        self, texts: list[str], *, truncate: bool | list[bool] = True, max_tokens: int | None = None
+        self, texts: list[str], *, truncate: bool | list[bool] = True, max_tokens: int | None = None,
+        positions: list[int] | None = None,
     ) -> TokenBatch:
         """Tokenize with padding to the longest input; every token keeps its char span.
 
-        An input longer than the limit is cut where `truncate` allows it (per input), else refused.
+        An input longer than the limit is cut where `truncate` allows it (per input), else refused;
+        the refusal names it by `positions[i]` (its index in the caller's request) when given.
         """
         if not texts:
             raise InvalidInput("no texts to encode", field="inputs")
@@ -227,9 +229,10 @@ class Encoder:
         lengths = enc["attention_mask"].sum(1).tolist()
         for i, n in enumerate(lengths):
             if n > limit and not cut[i]:
+                at = positions[i] if positions is not None else i
                 raise InputTooLarge(
-                    f"input {i} has {n} tokens, more than the limit {limit}; send truncate=true to cut it",
-                    field=f"inputs[{i}]",
+                    f"input {at} has {n} tokens, more than the limit {limit}; send truncate=true to cut it",
+                    field=f"inputs[{at}]",
                 )
         if max(lengths) > limit:
             with self._tokenizer_lock:

@@ -132,13 +132,13 @@ class Engine:
             out: list[dict | None] = [None] * len(texts)
             for g in range(0, len(order), group_size):
                 idx = order[g : g + group_size]
-                for i, r in zip(idx, self._infer([texts[i] for i in idx], [params[i] for i in idx]), strict=True):
+                for i, r in zip(idx, self._infer([texts[i] for i in idx], [params[i] for i in idx], idx), strict=True):
                     out[i] = r
             return out  # type: ignore[return-value]
         return self._infer(texts, params)
 
-    def _infer(self, texts: list[str], params: list[InferParams]) -> list[dict]:
-        batch = self.encoder.tokenize(texts, truncate=[p.truncate for p in params])
+    def _infer(self, texts: list[str], params: list[InferParams], positions: list[int] | None = None) -> list[dict]:
+        batch = self.encoder.tokenize(texts, truncate=[p.truncate for p in params], positions=positions)
         plain = self.encoder.forward_plain(batch, keep_hidden=True)
         retr = self.retrieve(plain.embedding.float().cpu().numpy(), params)
         return self.fuse(batch, plain, retr, params)

@@ -210,3 +210,12 @@ def test_length_grouped_passes_equal_one_pass_and_keep_the_input_order(engine):
         assert a["diagnostics"]["memory_share"] == pytest.approx(b["diagnostics"]["memory_share"], abs=1e-5)
     solo = engine.infer([texts[1]], params[1])[0]  # and each equals its own solo answer
     assert np.allclose(grouped[1]["embedding"], solo["embedding"], atol=1e-5, rtol=0)
+
+
+def test_a_too_long_input_in_a_grouped_batch_is_named_by_its_own_index(engine):
+    from softknn.errors import InputTooLarge
+
+    texts = ["a", "bb", "ccc", "dddd", "ferry " * 400, "e"]  # five passes' worth at group_size=2
+    with pytest.raises(InputTooLarge) as e:
+        engine.infer(texts, InferParams(truncate=False), group_size=2)
+    assert e.value.field == "inputs[4]" and str(e.value).startswith("input 4 has ")
