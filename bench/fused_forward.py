@@ -50,7 +50,7 @@ def stage_times(engine, text: str, params) -> dict[str, dict[str, float]]:
     mark()
     batch = enc.tokenize([text])
     mark()
-    plain = enc.forward_plain(batch, keep_hidden=True)
+    plain = enc.forward_plain(batch, keep_hidden=True, capture_layer=engine.layer)  # as Engine._infer
     mark()
     retr = engine.retrieve(plain.embedding.float().cpu().numpy(), [params])
     mark()

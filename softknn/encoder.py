@@ -54,17 +54,18 @@ def _register_attention() -> None:
 
 
 class _CaptureKV:
-    """Hook that records a layer's key/value (B, nh, T, hs) and runs plain SDPA."""
+    """Hook that records a layer's query/key/value (B, nh, T, hs) and runs plain SDPA."""
 
     def __init__(self, module):
         self.module = module
+        self.query: torch.Tensor | None = None
         self.key: torch.Tensor | None = None
         self.value: torch.Tensor | None = None
 
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        self.key, self.value = key, value
+        self.query, self.key, self.value = query, key, value
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
@@ -79,6 +80,13 @@ class _Fuse:
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         out = self.fuse(query, key, value, scaling)  # (B, nh, T, hs)
         return out.transpose(1, 2).contiguous(), None  # (B, T, nh, hs), as the interface returns
+
+
+def _split_layer(layer) -> bool:
+    """A BERT-family encoder layer whose parts can be called one by one: attention.output (dense,
+    dropout, LayerNorm with the residual) then feed_forward_chunk (intermediate, output), unchunked."""
+    return (hasattr(getattr(layer, "attention", None), "output") and hasattr(layer, "feed_forward_chunk")
+            and not getattr(layer, "is_decoder", False) and not getattr(layer, "chunk_size_feed_forward", 0))
 
 
 def _bind(hook):
@@ -116,6 +124,8 @@ class PlainPass:
     hidden_states: tuple[torch.Tensor, ...] | None = None  # hidden_states[L] = layer L's input
     key: torch.Tensor | None = None  # (B, nh, T, hs) at the capture layer
     value: torch.Tensor | None = None
+    query: torch.Tensor | None = None
+    capture_layer: int | None = None
 
 
 @dataclass
@@ -277,6 +287,8 @@ class Encoder:
             hidden_states=out.hidden_states if keep_hidden else None,
             key=hook.key if hook else None,
             value=hook.value if hook else None,
+            query=hook.query if hook else None,
+            capture_layer=capture_layer,
         )
 
     @torch.inference_mode()
@@ -293,15 +305,28 @@ class Encoder:
         can_resume = resume and plain is not None and plain.hidden_states is not None
         with _bind(hook):
             if can_resume and self.model_type in _RESUMABLE:
-                tokens = self._resume(batch, plain.hidden_states[layer], layer)
+                qkv = None
+                if plain.capture_layer == layer and plain.query is not None:  # the plain pass kept them
+                    qkv = (plain.query, plain.key, plain.value)
+                tokens = self._resume(batch, plain.hidden_states[layer], layer, qkv=qkv, hook=hook)
             else:
                 tokens = self.model(**batch.features, return_dict=True).last_hidden_state
         return self._pool(batch, tokens), tokens
 
-    def _resume(self, batch: TokenBatch, hidden: torch.Tensor, start: int) -> torch.Tensor:
+    def _resume(self, batch: TokenBatch, hidden: torch.Tensor, start: int, *, qkv=None, hook=None) -> torch.Tensor:
+        """Layers start.. from layer start's input. With `qkv` (the plain pass's query/key/value at
+        layer start: its input is the same, so they are too) the first layer skips its Q/K/V
+        projections: the hook's attention output goes straight to the layer's output projection
+        and feed-forward block (BERT-family layout; otherwise the layer runs whole)."""
         B, T = batch.mask.shape
         mask4d = batch.features["attention_mask"].bool()[:, None, None, :].expand(B, 1, T, T)  # sdpa form
-        for layer in self.model.encoder.layer[start:]:
+        for i, layer in enumerate(self.model.encoder.layer[start:]):
+            if i == 0 and qkv is not None and hook is not None and _split_layer(layer):
+                attn = self._attn[start]
+                ctx, _ = hook(attn, *qkv, None, scaling=getattr(attn, "scaling", None))  # (B, T, nh, hs)
+                attention_output = layer.attention.output(ctx.reshape(B, T, -1), hidden)
+                hidden = layer.feed_forward_chunk(attention_output)
+                continue
             hidden = layer(hidden, attention_mask=mask4d)
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden
         return hidden  # (B, T, C)

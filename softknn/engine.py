@@ -139,7 +139,8 @@ class Engine:
 
     def _infer(self, texts: list[str], params: list[InferParams], positions: list[int] | None = None) -> list[dict]:
         batch = self.encoder.tokenize(texts, truncate=[p.truncate for p in params], positions=positions)
-        plain = self.encoder.forward_plain(batch, keep_hidden=True)
+        # the memory layer's q, k, v are kept: the fused pass reuses them (Encoder._resume)
+        plain = self.encoder.forward_plain(batch, keep_hidden=True, capture_layer=self.layer)
         retr = self.retrieve(plain.embedding.float().cpu().numpy(), params)
         return self.fuse(batch, plain, retr, params)
 

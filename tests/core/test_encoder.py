@@ -73,6 +73,31 @@ def test_resume_from_layer_equals_full_rerun(encoder, layer):
     assert (fast - plain.embedding).abs().max() > 1e-3  # the replacement did act
 
 
+@pytest.mark.parametrize("layer", [0, 3, 5])
+def test_resume_reusing_the_plain_pass_qkv_equals_recomputing_them(encoder, layer):
+    """With the plain pass's q, k, v at the memory layer, the fused pass skips that layer's Q/K/V
+    projections; the answer must be what recomputing them (and a full rerun) gives."""
+    batch = encoder.tokenize(TEXTS)
+    plain = encoder.forward_plain(batch, keep_hidden=True)
+    kept = encoder.forward_plain(batch, keep_hidden=True, capture_layer=layer)
+    assert kept.query is not None and kept.capture_layer == layer
+    seen = []
+
+    def fuse(q, k, v, scaling):
+        seen.append((q, k, v))
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=batch.mask[:, None, None, :], scale=scaling)
+        return 0.5 * out
+
+    reused, _ = encoder.forward_fused(batch, layer, fuse, kept)
+    recomputed, _ = encoder.forward_fused(batch, layer, fuse, plain)
+    full, _ = encoder.forward_fused(batch, layer, fuse, plain, resume=False)
+    assert seen[0][0] is kept.query and seen[0][1] is kept.key  # really reused, not recomputed
+    assert torch.equal(seen[0][0], seen[1][0]) and torch.equal(seen[0][2], seen[1][2])
+    assert (reused - recomputed).abs().max() <= 1e-6
+    assert (reused - full).abs().max() <= 1e-6
+    assert (reused - plain.embedding).abs().max() > 1e-3
+
+
 def test_capture_returns_the_layers_keys_and_values(encoder):
     batch = encoder.tokenize(TEXTS[:1])
     p = encoder.forward_plain(batch, capture_layer=2, keep_hidden=True)
