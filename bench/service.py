@@ -88,30 +88,24 @@ class Server:
 
 
 def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str],
-                  only: set[str] | None = None, softknn_threads: int = 0,
-                  softknn_workers: int = 0) -> tuple[dict, dict, list[str]]:
+                  only: set[str] | None = None, softknn_workers: int = 0) -> tuple[dict, dict, list[str]]:
     """Start the servers (all, or those in `only`); returns ({name: Server}, info, missing peers)."""
     from bench.kb import device
 
     want = lambda name: not only or name in only  # noqa: E731
     servers, missing = {}, []
+
+    def softknn(name: str, env: dict | None = None) -> Server:
+        return Server(name, [sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port", "{port}",
+                             "--log-level", "warning"], "/readyz", env=env)
+
     if want("softknn"):
-        servers["softknn"] = Server("softknn", [sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port",
-                                                "{port}", "--log-level", "warning"], "/readyz")
+        servers["softknn"] = softknn("softknn")
     if want("softknn-wait2"):  # the same server with the old 2 ms fill wait (see docs/benchmarks.md)
-        servers["softknn-wait2"] = Server("softknn-wait2", [sys.executable, "-m", "service.cli", "--bundle", str(bundle),
-                                                            "--port", "{port}", "--log-level", "warning"], "/readyz",
-                                          env={"SOFTKNN_BATCHING__MAX_WAIT_MS": "2"})
-    if softknn_threads:  # softknn's inference worker with more torch threads than the other servers get
-        t = str(softknn_threads)
-        servers[f"softknn-t{t}"] = Server(f"softknn-t{t}", [sys.executable, "-m", "service.cli", "--bundle", str(bundle),
-                                                            "--port", "{port}", "--log-level", "warning"], "/readyz",
-                                          env={"SOFTKNN_MODEL__THREADS": t, "OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t})
+        servers["softknn-wait2"] = softknn("softknn-wait2", {"SOFTKNN_BATCHING__MAX_WAIT_MS": "2"})
     if softknn_workers:  # N inference worker threads (each with the torch threads every server gets)
-        w = str(softknn_workers)
-        servers[f"softknn-w{w}"] = Server(f"softknn-w{w}", [sys.executable, "-m", "service.cli", "--bundle", str(bundle),
-                                                            "--port", "{port}", "--log-level", "warning"], "/readyz",
-                                          env={"SOFTKNN_BATCHING__WORKERS": w})
+        servers[f"softknn-w{softknn_workers}"] = softknn(f"softknn-w{softknn_workers}",
+                                                         {"SOFTKNN_BATCHING__WORKERS": str(softknn_workers)})
     if want("naive"):
         servers["naive"] = Server("naive", [sys.executable, "-m", "bench.naive_service", "--bundle", str(bundle), "--port",
                                             "{port}"], "/healthz")
@@ -297,8 +291,6 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated servers to run (default all)")
     ap.add_argument("--name", default="service")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
-    ap.add_argument("--softknn-threads", type=int, default=0,
-                    help="also run softknn (defaults) as `softknn-tN` with SOFTKNN_MODEL__THREADS=N (0 = not)")
     ap.add_argument("--softknn-workers", type=int, default=0,
                     help="also run softknn as `softknn-wN` with SOFTKNN_BATCHING__WORKERS=N inference threads (0 = not)")
     args = ap.parse_args()
@@ -321,7 +313,7 @@ def main() -> None:
     engine = Engine(Encoder(device=device()), load_bundle(bundle, use_gpu=device() == "cuda"))
     only = set(args.only.split(",")) if args.only else None
     servers, info, missing = start_servers(bundle, args.peers, resolve_model_path(None), kb_texts, only,
-                                           softknn_threads=args.softknn_threads, softknn_workers=args.softknn_workers)
+                                           softknn_workers=args.softknn_workers)
     try:
         seq = sequential(servers, info, engine, queries, args.sequential)
         print(json.dumps({n: round(s["p50_ms"], 2) for n, s in seq.items()}), flush=True)
@@ -360,7 +352,6 @@ def main() -> None:
                     ratios[f"{sk}_rps_per_cpu_over_{peer}_at_16"] = a / b
     cmd = (f"python -m bench.service --clients {args.clients} --duration {args.duration} --sequential {args.sequential} "
            f"--threads {args.threads} --name {args.name}" + (f" --only {args.only}" if args.only else "")
-           + (f" --softknn-threads {args.softknn_threads}" if args.softknn_threads else "")
            + (f" --softknn-workers {args.softknn_workers}" if args.softknn_workers else ""))
     write(args.name, {"command": cmd, "kb_chunks": len(kb_texts), "missing_peers": missing, "info": info,
                       "loadavg_at_end": os.getloadavg(), "sequential": seq, "load": levels, "ratios": ratios})

@@ -20,7 +20,7 @@ from service.errors import Conflict, InferenceFailed, NotReady, ServiceError
 from service.metrics import Metrics
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
-from softknn.engine import Engine, InferParams
+from softknn.engine import GROUP_SIZE, Engine, InferParams
 from softknn.errors import BundleError, InputTooLarge, SoftKNNError
 from softknn.settings import Settings, apply_threads
 
@@ -28,11 +28,12 @@ log = logging.getLogger("softknn.service")
 
 WARMUP_TEXT = "softknn warm-up: how are the ferries today?"
 # Requests with at most this many characters are tokenized for admission on the event loop itself
-# (≈ 30–60 µs for a short question); longer ones in a thread, so one big body never stalls the loop.
+# (one call into the Rust tokenizer, cheaper than a thread hop); longer ones in a thread, so one big
+# body never stalls the loop.
 INLINE_ADMIT_CHARS = 2048
 
 
-def run_engine(engine: Engine, texts: list[str], params: list[InferParams], group_size: int = 4) -> list[dict]:
+def run_engine(engine: Engine, texts: list[str], params: list[InferParams], group_size: int = GROUP_SIZE) -> list[dict]:
     """The batcher's runner: one micro-batch through the core, as `softknn query` would run it
     (in length-sorted passes of at most `group_size` texts: Engine.infer)."""
     return engine.infer(texts, params, group_size=group_size)

@@ -121,6 +121,12 @@ def _sq8_prefilter(xb: np.ndarray, block: int = 65_536) -> tuple[faiss.Index, fl
     return sq, err
 
 
+def _best(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best of (scores, ids) in the order every search promises: score desc, then id asc."""
+    order = np.lexsort((ids, -scores))[:k]
+    return scores[order], ids[order]
+
+
 def gpu_available() -> bool:
     """True when faiss has GPU support and sees a device, and torch has CUDA; never raises."""
     try:
@@ -192,10 +198,9 @@ class ChunkIndex:
             left = []
             for b in range(len(xq)):
                 cand = Iq[b][Iq[b] >= 0]
-                s = self._xb_t.numpy()[cand] @ xq[b]  # the in-memory copy, not the memory map
-                order = np.lexsort((cand, -s))[:k]
-                if len(order) == k and (kk == self.ntotal or s[order[-1]] > bound[b]):
-                    D[b], I[b] = s[order], cand[order]
+                s, ids = _best(self._xb_t.numpy()[cand] @ xq[b], cand, k)  # the in-memory copy, not the memory map
+                if len(ids) == k and (kk == self.ntotal or s[-1] > bound[b]):
+                    D[b], I[b] = s, ids
                 else:
                     left.append(b)
             todo = np.asarray(left, dtype=np.int64)
@@ -230,8 +235,7 @@ class ChunkIndex:
         for b in np.flatnonzero((at_kth > (D == kth).sum(1)) | inside):
             row = scores[b].numpy()
             cand = np.flatnonzero(row >= kth[b, 0])
-            order = np.lexsort((cand, -row[cand]))[:k]
-            D[b], I[b] = row[cand[order]], cand[order]
+            D[b], I[b] = _best(row[cand], cand, k)
         return D, I
 
     def _rerank(self, xq: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
