@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -32,6 +33,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import httpx
 
@@ -143,10 +145,16 @@ async def send_hostile(client: httpx.AsyncClient, h: Hostile, lim: Limits) -> tu
     return r.status_code, dt, kind
 
 
-async def slow_body(url: str, *, byte_every_s: float = 0.25, give_up_s: float = 60.0) -> tuple[int | str, float, bool]:
-    """A slow-loris client: headers at once, then one body byte every `byte_every_s`.
+class SlowBody(NamedTuple):
+    status: int | str  # the HTTP status, or the exception's name when no answer could be read
+    seconds: float  # until the answer's head arrived
+    closed: bool  # the server then closed the connection (EOF)
+    error: str | None  # the JSON error body's error.type; None if there was no such body
 
-    Returns (status, seconds until the answer, whether the server then closed the connection)."""
+
+async def slow_body(url: str, *, byte_every_s: float = 0.25, give_up_s: float = 60.0) -> SlowBody:
+    """A slow-loris client: headers at once, then one body byte every `byte_every_s`, reading the
+    answer as soon as one arrives (it keeps sending until then, like a client behind a slow link)."""
     host, port = url.removeprefix("http://").split(":")
     body = _j({"inputs": ["a slow client is sending this text"]})
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -155,7 +163,6 @@ async def slow_body(url: str, *, byte_every_s: float = 0.25, give_up_s: float = 
     t0 = time.perf_counter()
     writer.write(head)
     await writer.drain()
-    status: int | str = "no answer"
     try:
         read = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
         for b in body:
@@ -167,14 +174,19 @@ async def slow_body(url: str, *, byte_every_s: float = 0.25, give_up_s: float = 
         head_bytes = await asyncio.wait_for(read, give_up_s)
         dt = time.perf_counter() - t0
         status = int(head_bytes.split(b" ", 2)[1])
+        length = re.search(rb"(?im)^content-length:\s*(\d+)\r$", head_bytes)
+        payload = await asyncio.wait_for(reader.readexactly(int(length.group(1))), 5.0) if length else b""
         rest = await asyncio.wait_for(reader.read(), 5.0)  # b"" … EOF: the server closed it
-        closed = reader.at_eof()
-        del rest
+        closed = reader.at_eof() and rest == b""
     except (OSError, asyncio.IncompleteReadError, TimeoutError) as e:
-        return type(e).__name__, time.perf_counter() - t0, True
+        return SlowBody(type(e).__name__, time.perf_counter() - t0, True, None)
     finally:
         writer.close()
-    return status, dt, closed
+    try:
+        error = json.loads(payload)["error"]["type"]
+    except (ValueError, KeyError, TypeError):
+        error = None
+    return SlowBody(status, dt, closed, error)
 
 
 # --- the load ---------------------------------------------------------------------------------
@@ -217,7 +229,7 @@ async def attacker(url: str, stop: asyncio.Event, out: dict, lim: Limits, offset
 
 async def loris(url: str, stop: asyncio.Event, out: dict) -> None:
     while not stop.is_set():
-        status, dt, closed = await slow_body(url)
+        status, dt, closed, _ = await slow_body(url)
         rec = out.setdefault("slow_body", {"expected": 408, "statuses": Counter(), "seconds": [], "closed": 0})
         rec["statuses"][status] += 1
         rec["seconds"].append(dt)

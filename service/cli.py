@@ -30,6 +30,7 @@ def serve(
 
     from service.app import create_app
     from service.logs import configure_logging
+    from service.server import uvicorn_config
     from softknn.settings import Settings
 
     overrides = {"bundle": bundle, "host": host, "port": port, "log_level": log_level}
@@ -43,8 +44,9 @@ def serve(
         typer.secho(f"error: invalid settings: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     configure_logging(settings.log_level)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
+    # the lingering close: a client still sending when it is answered (408, 413) reads its answer, not a reset
+    uvicorn.Server(uvicorn_config(app, host=settings.host, port=settings.port,
+                                  log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)).run()
 
 
 if __name__ == "__main__":  # pragma: no cover

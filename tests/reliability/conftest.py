@@ -25,6 +25,7 @@ import uvicorn
 from bench.live_server import ADMIN_TOKEN, API_KEY, free_port
 from index_builder.pipeline import BuildConfig, build_bundle
 from service.app import create_app
+from service.server import uvicorn_config
 from softknn.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -100,8 +101,7 @@ def threaded_server(encoder):
     def run(settings: Settings) -> Iterator[httpx.Client]:
         app = create_app(settings, encoder=encoder)
         port = free_port()
-        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False,
-                                               timeout_graceful_shutdown=5))
+        server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, timeout_graceful_shutdown=5))
         thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
         thread.start()
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60.0, headers=bearer(API_KEY))

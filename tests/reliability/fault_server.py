@@ -33,6 +33,7 @@ def main() -> None:
 
     from service.app import create_app
     from service.logs import configure_logging
+    from service.server import uvicorn_config
     from softknn.settings import Settings
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -44,8 +45,8 @@ def main() -> None:
     app = create_app(settings)
     install_fault(app)
     configure_logging(settings.log_level)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-                log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)
+    uvicorn.Server(uvicorn_config(app, host=settings.host, port=settings.port,
+                                  log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)).run()
 
 
 if __name__ == "__main__":

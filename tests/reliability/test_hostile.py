@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -55,8 +56,8 @@ def test_hostile_request_errors_say_what_is_wrong(hostile_server):
 
 
 def test_slow_body_gets_408_at_the_deadline_and_the_connection_is_closed(hostile_server):
-    status, seconds, closed = asyncio.run(slow_body(str(hostile_server.base_url), byte_every_s=0.2))
-    assert (status, closed) == (408, True)
+    status, seconds, closed, error = asyncio.run(slow_body(str(hostile_server.base_url), byte_every_s=0.2))
+    assert (status, closed, error) == (408, True, "request_timeout")
     assert 0.9 < seconds < 1.0 + FAST_S
 
 
@@ -72,7 +73,38 @@ def test_slow_bodies_do_not_hold_up_well_formed_requests(hostile_server):
 
     status, dt, lorises = asyncio.run(scenario())
     assert status == 200 and dt < FAST_S
-    assert [s for s, _, _ in lorises] == [408] * 20
+    assert [(o.status, o.error, o.closed) for o in lorises] == [(408, "request_timeout", True)] * 20
+
+
+def test_200_slow_clients_still_sending_all_read_their_408_under_load(hostile_server):
+    """The server answers 408 while each client is still sending (a byte every 20 ms): every one
+    must read the status and its JSON error, then the server's close, never a connection reset
+    (issue 12: closing with unread bytes in the socket made the kernel answer them with a RST,
+    which could destroy the 408 before the client read it; service/server.py closes lingering)."""
+
+    async def scenario():
+        url = str(hostile_server.base_url)
+        stop = asyncio.Event()
+
+        async def well_formed() -> list[int]:  # concurrent load on the same server while the 408s go out
+            statuses = []
+            while not stop.is_set():
+                r = await asyncio.to_thread(hostile_server.post, "/v1/infer", json={"inputs": ["a dog on board?"]})
+                statuses.append(r.status_code)
+            return statuses
+
+        load = [asyncio.create_task(well_formed()) for _ in range(2)]
+        outcomes = []
+        for wave in range(4):  # 4 waves of 50 connections, staggered so deadlines spread over time
+            tasks = [asyncio.create_task(slow_body(url, byte_every_s=0.02, give_up_s=30)) for _ in range(50)]
+            outcomes += await asyncio.gather(*tasks)
+        stop.set()
+        return outcomes, [s for t in load for s in await t]
+
+    outcomes, good = asyncio.run(scenario())
+    seen = Counter((o.status, o.error, o.closed) for o in outcomes)
+    assert seen == Counter({(408, "request_timeout", True): 200}), seen
+    assert good and set(good) == {200}
 
 
 def test_hostile_requests_in_parallel_with_good_ones_cost_them_nothing_but_time(hostile_server):
