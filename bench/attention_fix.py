@@ -51,7 +51,7 @@ def main() -> None:
             texts = qs[:B]
             batch = enc.tokenize(texts)
             plain = enc.forward_plain(batch, keep_hidden=True)
-            retr = engine.retrieve(plain.embedding.float().cpu().numpy(), [p] * B)
+            retr = engine.retrieve(plain.embedding.float().cpu().numpy(), engine.resolve([p] * B), batch.texts)
             memory = engine.bundle.kv.gather(retr.rows, retr.weights, enc.device)
             cap = {}
 

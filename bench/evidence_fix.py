@@ -47,7 +47,7 @@ def main() -> None:
         for q in queries(20):
             batch = enc.tokenize([q])
             plain = enc.forward_plain(batch, keep_hidden=True)
-            retr = engine.retrieve(plain.embedding.float().cpu().numpy(), [p])
+            retr = engine.retrieve(plain.embedding.float().cpu().numpy(), engine.resolve([p]), batch.texts)
             memory = engine.bundle.kv.gather(retr.rows, retr.weights, enc.device)
             cap = {}
 

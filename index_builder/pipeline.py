@@ -22,9 +22,10 @@ from tqdm import tqdm
 
 from index_builder.chunker import Chunk, chunk_documents
 from index_builder.reader import Fields, read_kb
-from softknn.bundle import atomic_write_bytes, finalize
+from softknn.bundle import DATA_FILES, atomic_write_bytes, finalize, verify_bundle
 from softknn.encoder import Encoder
 from softknn.errors import BundleError, KBFormatError
+from softknn.lexical import LexicalIndex, LexicalSpec
 from softknn.memory import build_index, choose_index
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class BuildConfig:
     batch_size: int = 32
     kv_dtype: str = "float32"
     fields: Fields = field(default_factory=Fields)
+    lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
 
 
 def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int) -> str:
@@ -219,12 +221,47 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
             for c in chunks:
                 f.write(json.dumps(c.record(), sort_keys=True, ensure_ascii=False) + "\n")
         manifest = _manifest(kb, cfg, encoder, layer, spec, docs, chunks, ntok, plan)
+        if cfg.lexical:
+            manifest["lexical"] = write_lexical([c.text for c in chunks], tmp)
         manifest = finalize(tmp, out, manifest, force=force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def write_lexical(texts: list[str], bundle_dir: Path, spec: LexicalSpec = LexicalSpec()) -> dict:
+    """The BM25 index of the chunk texts under bundle_dir/lexical/; its manifest entry."""
+    lex = LexicalIndex.build(texts, spec)
+    lex.save(bundle_dir)
+    return {"settings": spec.to_manifest(), "vocabulary": len(lex.vocab), "postings": int(lex.retriever.scores["indptr"][-1])}
+
+
+def add_lexical(bundle: Path) -> dict:
+    """Give a bundle built without a lexical index one, without re-encoding: the new bundle is
+    assembled beside it (the other files hard-linked, or copied across file systems), checksummed
+    and renamed over it, so a crash leaves the old bundle or the new one. Returns the manifest."""
+    bundle = Path(bundle)
+    manifest = verify_bundle(bundle)
+    if manifest.get("lexical"):
+        raise BundleError(f"{bundle}: already has a lexical index")
+    with open(bundle / "chunks.jsonl", encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    tmp = bundle.parent / f".{bundle.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        for name in DATA_FILES:
+            try:
+                os.link(bundle / name, tmp / name)
+            except OSError:
+                shutil.copy2(bundle / name, tmp / name)
+        new = {k: v for k, v in manifest.items() if k not in ("files", "version_id", "created_at")}
+        new["lexical"] = write_lexical(texts, tmp)
+        return finalize(tmp, bundle, new, force=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def _manifest(kb, cfg, encoder, layer, spec, docs, chunks, ntok, plan) -> dict:

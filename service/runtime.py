@@ -179,6 +179,7 @@ class Runtime:
         """
         start = time.monotonic()
         engine = self.current()  # pinned: a reload after this line does not change this request's bundle
+        params = engine.resolve(params)  # refused here (422), never inside a shared micro-batch
         if sum(map(len, texts)) <= INLINE_ADMIT_CHARS:  # a few µs of Rust: cheaper than a thread hop
             texts, tokens, cut_here = self.admit(texts, truncate)
         else:

@@ -66,10 +66,12 @@ class InferRequestBase(BaseModel):
     alpha: float
     mixing: Literal["fixed", "joint"]
     k: int
-    temperature: float
+    temperature: float | None
     kernel: Literal["softmax", "epanechnikov", "uniform"]
     exact: bool
     threshold: float | None
+    retrieval: Literal["hybrid", "dense", "lexical"] | None
+    lexical_weight: float
     evidence: int
     spans: int
     return_tokens: bool
@@ -81,12 +83,13 @@ class InferRequestBase(BaseModel):
         """Indices of the inputs this model cut to the character limit."""
         return list(self._cut)
 
-    def to_params(self, hybrid_pool: int) -> list[InferParams]:
+    def to_params(self, hybrid_pool: int, candidates: int) -> list[InferParams]:
         """One InferParams per input (a request's inputs share its parameters)."""
         p = InferParams(alpha=self.alpha, mixing=self.mixing, k=self.k, temperature=self.temperature,
                         kernel=self.kernel, exact=self.exact, threshold=self.threshold, hybrid_pool=hybrid_pool,
                         evidence=self.evidence, spans=self.spans, return_tokens=self.return_tokens,
-                        truncate=self.truncate)
+                        truncate=self.truncate, retrieval=self.retrieval, lexical_weight=self.lexical_weight,
+                        candidates=candidates)
         return [p] * len(self.inputs)
 
 
@@ -113,12 +116,19 @@ def infer_request_model(settings: Settings) -> type[InferRequestBase]:
         mixing: Literal["fixed", "joint"] = Field(d.mixing, description="fixed: the α rule; joint: one softmax "
                                                   "over input and retrieved tokens (memory share is reported)")
         k: Int = Field(d.k, ge=1, le=lim.max_k, description="KB chunks retrieved by the external k-NN")
-        temperature: float = Field(d.temperature, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE,
-                                   description="k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel")
+        temperature: float | None = Field(d.temperature, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE,
+                                          description="k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel; "
+                                          "null = the retrieval's default")
         kernel: Literal["softmax", "epanechnikov", "uniform"] = Field(d.kernel, description="k-NN kernel (seed 001)")
-        exact: bool = Field(False, description="exact (brute-force) search instead of the ANN index")
-        threshold: float | None = Field(None, gt=0, lt=1, description="hybrid retrieval: also keep chunks of the "
+        exact: bool = Field(False, description="exact (brute-force) search instead of the ANN index; with hybrid "
+                            "or lexical retrieval, the similarity computed over every chunk")
+        threshold: float | None = Field(None, gt=0, lt=1, description="top-k + threshold: also keep chunks of the "
                                         f"{d.hybrid_pool}-candidate pool whose weight is ≥ threshold")
+        retrieval: Literal["hybrid", "dense", "lexical"] | None = Field(
+            d.retrieval, description="similarity s_c of the external k-NN: dense e_q·e_c, lexical BM25, or hybrid "
+            "(1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid where the bundle "
+            "has a lexical index, else dense")
+        lexical_weight: float = Field(d.lexical_weight, ge=0, le=1, description="λ of the hybrid similarity")
         evidence: Int = Field(min(d.evidence, lim.max_evidence), ge=0, le=lim.max_evidence,
                               description="evidence items returned per input")
         spans: Int = Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")
@@ -178,7 +188,12 @@ class EvidenceItem(_Out):
     end: int
     label: str | None
     metadata: dict[str, Any]
-    similarity: float = Field(description="k-NN score s_c = e_q·e_c")
+    similarity: float = Field(description="k-NN score s_c the chunk was ranked and weighted by (dense: e_q·e_c; "
+                              "hybrid: (1−λ)·dense + λ·BM25, normalised; lexical: BM25, normalised)")
+    dense_similarity: float = Field(description="e_q·e_c, the dense similarity")
+    bm25: float | None = Field(description="BM25 score of the chunk for the input (null: dense retrieval)")
+    matched_terms: list[str] | None = Field(description="the input's words found in the chunk by the lexical "
+                                            "index (after stemming; null: dense retrieval)")
     weight: float = Field(description="Nadaraya–Watson weight w_db(c) over the retrieved set R")
     mass_share: float = Field(description="share of the layer's attention mass on this chunk (fixed: (1−α)·w_db)")
     influence: float = Field(description="‖Δout‖/‖out‖ of the memory layer if this chunk were removed and the "
@@ -196,6 +211,10 @@ class Diagnostics(_Out):
     temperature: float
     kernel: str
     threshold: float | None
+    retrieval: Literal["hybrid", "dense", "lexical"] = Field(description="the similarity R was ranked by")
+    lexical_weight: float | None = Field(description="λ used (hybrid only)")
+    candidates: int | None = Field(description="hybrid/lexical: each retriever's top m considered")
+    nearest_similarity: float = Field(description="largest e_q·e_c over the KB (the abstain rule's s_1)")
     search: str = Field(description="'exact' or the ANN index kind that answered")
     memory_layer: int
     w_db_entropy: float = Field(description="entropy H of w_db (nats)")
@@ -253,6 +272,7 @@ class BundleSummary(_Out):
     counts: dict[str, int]
     labels: list[str]
     calibration: dict[str, Any]
+    lexical: dict[str, Any] = Field(description="the BM25 index: available, default_retrieval, settings, bytes")
     bytes: int
 
 

@@ -10,6 +10,8 @@ A bundle is one directory:
     chunk_tokens.npy   (N, 2) int64: first row in kv_* and token count of each chunk
     token_spans.npy    (Ntok, 2) int64: each memory token's char span in its document
     chunks.jsonl       per chunk: chunk_id, doc_id, text, start, end (char span), label, metadata
+    lexical/           the BM25 index of the chunks (softknn.lexical; bm25s's files, no pickles);
+                       optional: a bundle without it (built before it existed) serves dense-only
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from softknn.errors import BundleError
+from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
 from softknn.memory import ChunkIndex, IndexSpec, KVStore
 
 FORMAT_VERSION = 1
@@ -39,6 +42,11 @@ DATA_FILES = (
     "token_spans.npy",
     "chunks.jsonl",
 )
+
+
+def data_files(manifest: dict) -> tuple[str, ...]:
+    """Every file the bundle must hold: the core files, and the lexical index's if the manifest has one."""
+    return DATA_FILES + (LEXICAL_FILES if manifest.get("lexical") else ())
 
 
 def sha256_file(path: Path, bufsize: int = 1 << 22) -> str:
@@ -72,7 +80,7 @@ def finalize(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False) -
     after the new bundle is in place, so a crash leaves either the old or the new bundle.
     """
     files = {}
-    for name in DATA_FILES:
+    for name in data_files(manifest):
         p = tmp_dir / name
         if not p.is_file():
             raise BundleError(f"{p}: missing while finalizing the bundle")
@@ -123,7 +131,7 @@ def verify_bundle(path: Path) -> dict:
     path = Path(path)
     manifest = read_manifest(path)
     files = manifest.get("files", {})
-    for name in DATA_FILES:
+    for name in data_files(manifest):
         if name not in files:
             raise BundleError(f"{path / MANIFEST}: no checksum recorded for {name}")
         p = path / name
@@ -147,6 +155,7 @@ class Bundle:
     chunks: list[dict]
     token_spans: np.ndarray  # (Ntok, 2)
     labels: list[str] = field(default_factory=list)
+    lexical: LexicalIndex | None = None  # None: a bundle built without one serves dense-only
     _by_id: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -176,8 +185,22 @@ class Bundle:
             "counts": m["counts"],
             "labels": m.get("labels", []),
             "calibration": m.get("calibration", {}),
+            "lexical": lexical_summary(m),
             "bytes": sum(f["bytes"] for f in m["files"].values()),
         }
+
+
+def lexical_summary(manifest: dict) -> dict:
+    """What /v1/index and `softknn info` say of the lexical index, and the retrieval it enables."""
+    lex = manifest.get("lexical")
+    if not lex:
+        return {"available": False, "default_retrieval": "dense",
+                "note": "built without a lexical index: serves dense retrieval only "
+                        "(rebuild, or `softknn add-lexical DIR`, for hybrid and lexical)"}
+    lexical_bytes = sum(f["bytes"] for name, f in manifest["files"].items() if name in LEXICAL_FILES)
+    return {"available": True, "default_retrieval": "hybrid", "settings": lex["settings"],
+            "vocabulary": lex.get("vocabulary"), "postings": lex.get("postings"), "bytes": lexical_bytes,
+            "bytes_per_chunk": round(lexical_bytes / max(1, manifest["counts"]["chunks"]), 1)}
 
 
 def load_npy(path: Path) -> np.ndarray:
@@ -220,6 +243,11 @@ def load_bundle(
     if not (len(chunks) == n == xb.shape[0] == index.ntotal == len(ct)):
         raise BundleError(f"{path}: inconsistent chunk counts (manifest {n}, chunks {len(chunks)}, index {index.ntotal})")
     spec = IndexSpec(manifest["index"]["kind"], manifest["index"]["params"], manifest["index"].get("reason", ""))
+    lexical = None
+    if manifest.get("lexical"):
+        lexical = LexicalIndex.load(path, LexicalSpec.from_manifest(manifest["lexical"]["settings"]))
+        if len(lexical) != n:
+            raise BundleError(f"{path}: lexical index has {len(lexical)} chunks, the manifest {n}")
     return Bundle(
         path=path,
         manifest=manifest,
@@ -228,5 +256,6 @@ def load_bundle(
         chunks=chunks,
         token_spans=load("token_spans.npy"),
         labels=list(manifest.get("labels", [])),
+        lexical=lexical,
         _by_id={c["chunk_id"]: i for i, c in enumerate(chunks)},
     )

@@ -69,17 +69,18 @@ def build(
     id_field: Annotated[str, typer.Option(help="record field/column holding the id")] = "id",
     text_field: Annotated[str, typer.Option(help="record field/column holding the text")] = "text",
     label_field: Annotated[str, typer.Option(help="record field/column holding the label")] = "label",
+    lexical: Annotated[bool, typer.Option(help="write the BM25 index too (hybrid and lexical retrieval)")] = True,
     force: Annotated[bool, typer.Option(help="replace an existing bundle")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
-    """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it."""
+    """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it (FAISS and BM25)."""
     from index_builder.pipeline import BuildConfig, build_bundle
     from index_builder.reader import Fields
 
     try:
         settings = _settings(model__name=model)
         cfg = BuildConfig(layer=layer, index_type=index, chunk_tokens=chunk_tokens, overlap=overlap,
-                          batch_size=batch_size, kv_dtype=kv_dtype,
+                          batch_size=batch_size, kv_dtype=kv_dtype, lexical=lexical,
                           fields=Fields(id=id_field, text=text_field, label=label_field))
         manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress)
     except (SoftKNNError, ValueError) as e:
@@ -87,6 +88,18 @@ def build(
     c = manifest["counts"]
     typer.echo(f"built {out}: version {manifest['version_id']}, {c['chunks']} chunks, {c['tokens']} memory tokens, "
                f"index {manifest['index']['kind']} ({manifest['index']['reason']})")
+
+
+@app.command("add-lexical")
+def add_lexical(bundle: Annotated[Path, typer.Argument(help="bundle directory built without a lexical index")]) -> None:
+    """Add the BM25 index to an older bundle (no re-encoding); it then serves hybrid retrieval."""
+    from index_builder.pipeline import add_lexical as add
+
+    try:
+        m = add(bundle)
+    except (SoftKNNError, ValueError) as e:
+        _fail(e)
+    typer.echo(f"{bundle}: lexical index added ({m['lexical']['vocabulary']} terms), version {m['version_id']}")
 
 
 @app.command()
@@ -124,7 +137,10 @@ def query(
     temperature: Annotated[Optional[float], typer.Option(help="k-NN temperature τ")] = None,
     kernel: Annotated[Optional[str], typer.Option(help="softmax | epanechnikov | uniform")] = None,
     exact: Annotated[bool, typer.Option(help="exact search (bypass the ANN index)")] = False,
-    threshold: Annotated[Optional[float], typer.Option(help="hybrid: also keep pool chunks with w ≥ threshold")] = None,
+    threshold: Annotated[Optional[float], typer.Option(help="top-k + threshold: also keep pool chunks with w ≥ threshold")] = None,
+    retrieval: Annotated[Optional[str], typer.Option(help="hybrid | dense | lexical (default: hybrid where the "
+                                                          "bundle has a lexical index, else dense)")] = None,
+    lexical_weight: Annotated[Optional[float], typer.Option(help="λ of the hybrid similarity (1−λ)·dense + λ·BM25")] = None,
     evidence: Annotated[Optional[int], typer.Option(help="evidence items per input")] = None,
     tokens: Annotated[bool, typer.Option(help="also return per-token outputs")] = False,
     truncate: Annotated[bool, typer.Option(help="cut inputs longer than the model's limit")] = False,
@@ -141,7 +157,8 @@ def query(
             alpha=d.alpha if alpha is None else alpha, mixing=mixing or d.mixing, k=k or d.k,
             temperature=temperature or d.temperature, kernel=kernel or d.kernel, exact=exact,
             threshold=threshold, hybrid_pool=d.hybrid_pool, evidence=d.evidence if evidence is None else evidence,
-            spans=d.spans, return_tokens=tokens, truncate=truncate,
+            spans=d.spans, return_tokens=tokens, truncate=truncate, retrieval=retrieval or d.retrieval,
+            lexical_weight=d.lexical_weight if lexical_weight is None else lexical_weight, candidates=d.candidates,
         ).validate()
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
@@ -155,11 +172,15 @@ def query(
     for text, r in zip(texts, results, strict=True):
         typer.secho(f"\n> {text}", bold=True)
         dg = r["diagnostics"]
-        typer.echo(f"  memory share {dg['memory_share']:.3f}  w_db eff-k {dg['w_db_effective_k']:.2f}  "
-                   f"prediction {r['prediction']!r}")
+        mix = f" λ={dg['lexical_weight']}" if dg["retrieval"] == "hybrid" else ""
+        typer.echo(f"  retrieval {dg['retrieval']}{mix}  memory share {dg['memory_share']:.3f}  "
+                   f"w_db eff-k {dg['w_db_effective_k']:.2f}  prediction {r['prediction']!r}")
         for ev in r["evidence"]:
             spans = ", ".join(repr(s["text"]) for s in ev["spans"][:3])
+            bm25 = "" if ev["bm25"] is None else f" bm25 {ev['bm25']:.2f}"
+            words = f" matched {', '.join(ev['matched_terms'])}" if ev.get("matched_terms") else ""
             typer.echo(f"  [{ev['mass_share']:.3f}] {ev['chunk_id']} ({ev['label']}): {ev['text'][:90]!r}  ← {spans}")
+            typer.echo(f"          s {ev['similarity']:.3f}  dense {ev['dense_similarity']:.3f}{bm25}{words}")
 
 
 @app.command()

@@ -8,7 +8,7 @@ the same object `softknn query --json` prints and `POST /v1/infer` returns.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -18,6 +18,7 @@ from softknn.bundle import Bundle
 from softknn.encoder import Encoder, PlainPass, TokenBatch
 from softknn.errors import BundleError, InvalidInput
 from softknn.evidence import effective_k, evidence_items, label_scores, weight_entropy
+from softknn.retrieval import CANDIDATES, DEFAULT_TEMPERATURE, LEXICAL_WEIGHT, RETRIEVALS, topk_fast, topk_reference
 
 MIXING = ("fixed", "joint")
 GROUP_SIZE = 4  # texts per forward pass when a batch is split by length (Engine.infer)
@@ -28,7 +29,7 @@ class InferParams:
     alpha: float = 0.7  # seed 000 §4.3: internal attention is the more reliable, the KB a supplement
     mixing: str = "fixed"
     k: int = 8
-    temperature: float = 0.05
+    temperature: float | None = None  # None: DEFAULT_TEMPERATURE of the retrieval
     kernel: str = "softmax"
     exact: bool = False
     threshold: float | None = None  # hybrid top-k + threshold (seed 000 §5.3)
@@ -38,6 +39,18 @@ class InferParams:
     return_tokens: bool = False
     truncate: bool = False
     abstain_threshold: float | None = None  # None: the bundle's calibrated value
+    retrieval: str | None = None  # hybrid | dense | lexical; None: hybrid where the bundle has a lexical index
+    lexical_weight: float = LEXICAL_WEIGHT  # λ of the hybrid similarity
+    candidates: int = CANDIDATES  # m: each retriever's top m are the hybrid candidates and its normalisation
+
+    def resolved(self, has_lexical: bool) -> InferParams:
+        """With `retrieval` and `temperature` filled in for a bundle with or without a lexical index."""
+        mode = self.retrieval or ("hybrid" if has_lexical else "dense")
+        if mode != "dense" and not has_lexical:
+            raise InvalidInput(f"retrieval {mode!r} needs a lexical index, and this bundle was built without one "
+                               "(`softknn add-lexical` adds it); use retrieval 'dense'", field="retrieval")
+        tau = DEFAULT_TEMPERATURE[mode] if self.temperature is None else self.temperature
+        return replace(self, retrieval=mode, temperature=tau)
 
     def validate(self) -> InferParams:
         if not (0.0 <= self.alpha <= 1.0) or math.isnan(self.alpha):
@@ -48,8 +61,14 @@ class InferParams:
             raise InvalidInput(f"kernel must be one of {KERNELS}, got {self.kernel!r}", field="kernel")
         if self.k < 1:
             raise InvalidInput(f"k must be ≥ 1, got {self.k}", field="k")
-        if not (self.temperature > 0 and math.isfinite(self.temperature)):
+        if self.temperature is not None and not (self.temperature > 0 and math.isfinite(self.temperature)):
             raise InvalidInput(f"temperature must be > 0 and finite, got {self.temperature}", field="temperature")
+        if self.retrieval is not None and self.retrieval not in RETRIEVALS:
+            raise InvalidInput(f"retrieval must be one of {RETRIEVALS}, got {self.retrieval!r}", field="retrieval")
+        if not (0.0 <= self.lexical_weight <= 1.0) or math.isnan(self.lexical_weight):
+            raise InvalidInput(f"lexical_weight must be in [0, 1], got {self.lexical_weight}", field="lexical_weight")
+        if self.candidates < 1:
+            raise InvalidInput(f"candidates must be ≥ 1, got {self.candidates}", field="candidates")
         if self.threshold is not None and not (0.0 < self.threshold < 1.0):
             raise InvalidInput(f"threshold must be in (0, 1), got {self.threshold}", field="threshold")
         return self
@@ -57,11 +76,21 @@ class InferParams:
 
 @dataclass
 class Retrieval:
+    """R per input and why: each chunk's ranking similarity s_c, its dense e_q·e_c and BM25 score."""
+
     rows: list[list[int]]  # R per input, in rank order
-    scores: list[list[float]]  # s_c = e_q·e_c
+    scores: list[list[float]]  # s_c, the similarity R was ranked by (softknn.retrieval)
     weights: list[list[float]]  # w_db over R
     bound: list[float]  # truncation bound per input
-    searched: list[str] = field(default_factory=list)  # "exact" or the index kind
+    searched: list[str]  # "exact" or the index kind
+    dense: list[list[float]]  # e_q·e_c of each chunk in R
+    bm25: list[list[float] | None]  # BM25(q, c) of each chunk in R (None: dense retrieval)
+    nearest: list[float]  # the largest e_q·e_c over the KB (the abstain gate's s_1)
+    words: list[list[tuple[str, str]] | None]  # the input's analysed words: (term, the word as written)
+
+    @classmethod
+    def empty(cls, n: int) -> Retrieval:
+        return cls([[]] * n, [[]] * n, [[]] * n, [0.0] * n, [""] * n, [[]] * n, [None] * n, [-1.0] * n, [None] * n)
 
 
 class Engine:
@@ -73,40 +102,92 @@ class Engine:
         self.layer = encoder.check_layer(bundle.memory_layer)
 
     # --- retrieval ----------------------------------------------------------------------------
-    def retrieve(self, xq: np.ndarray, params: list[InferParams]) -> Retrieval:
-        """R and w_db per input. Inputs sharing (exact, search size) are searched together."""
+    def resolve(self, params: list[InferParams]) -> list[InferParams]:
+        """Validated, with the retrieval and temperature this bundle serves them with."""
+        return [p.validate().resolved(self.bundle.lexical is not None) for p in params]
+
+    def retrieve(self, xq: np.ndarray, params: list[InferParams], texts: list[str] | None = None) -> Retrieval:
+        """R and w_db per input (params resolved). Inputs sharing (exact, retrieval, search size) are
+        searched together. Lexical and hybrid retrieval need the input `texts` for BM25."""
         n = len(self.bundle)
-        out = Retrieval([[]] * len(params), [[]] * len(params), [[]] * len(params), [0.0] * len(params),
-                        [""] * len(params))
-        groups: dict[tuple[bool, int], list[int]] = {}
+        out = Retrieval.empty(len(params))
+        groups: dict[tuple[bool, str, int], list[int]] = {}
         for i, p in enumerate(params):
             size = min(n, max(p.k, p.hybrid_pool) if p.threshold is not None else p.k)
-            groups.setdefault((p.exact, size), []).append(i)
-        for (exact, size), members in groups.items():
-            D, I = self.bundle.index.search(xq[members], size, exact=exact)
-            kind = "exact" if exact or self.bundle.index.spec.kind == "flat" else self.bundle.index.spec.kind
+            dsize = size if p.retrieval == "dense" else min(n, max(size, p.candidates))
+            groups.setdefault((p.exact, p.retrieval, dsize), []).append(i)
+        index = self.bundle.index
+        for (exact, mode, dsize), members in groups.items():
+            kind = "exact" if exact or index.spec.kind == "flat" else index.spec.kind
+            if mode == "dense":
+                D, I = index.search(xq[members], dsize, exact=exact)
+                for j, i in enumerate(members):
+                    self._select(out, i, D[j], I[j], D[j], None, params[i], n, kind)
+                    out.nearest[i] = float(D[j][0])
+                continue
+            assert texts is not None, "lexical and hybrid retrieval need the input texts"
+            if exact:
+                d_all = index.similarities(xq[members]).numpy()  # (B, N) the brute force's dense scores
+            else:
+                D, I = index.search(xq[members], dsize)
             for j, i in enumerate(members):
-                self._select(out, i, D[j], I[j], params[i], n, kind)
+                self._lexical_select(out, i, xq[i], texts[i], d_all[j] if exact else None,
+                                     None if exact else (D[j], I[j]), params[i], n, kind)
         return out
 
-    def _select(self, out: Retrieval, i: int, D: np.ndarray, I: np.ndarray, p: InferParams, n: int, kind: str) -> None:
+    def _lexical_select(self, out: Retrieval, i: int, q: np.ndarray, text: str, d_all: np.ndarray | None,
+                        dense_top: tuple[np.ndarray, np.ndarray] | None, p: InferParams, n: int, kind: str) -> None:
+        """R for one input by the hybrid or lexical similarity: from the candidates when they decide
+        it (softknn.retrieval.topk_fast), else (and always with exact) by brute force over the KB."""
+        lex, index = self.bundle.lexical, self.bundle.index
+        words = lex.analyzer.words(text)
+        b = lex.scores([t for t, _, _ in words])  # (N,) BM25 over every chunk
+        size = min(n, max(p.k, p.hybrid_pool) if p.threshold is not None else p.k)
+        found = None
+        if dense_top is not None:
+            found = topk_fast(dense_top[0], dense_top[1], lambda ids: index.rows_dot(ids, q), b, size,
+                              p.retrieval, p.lexical_weight, p.candidates)
+        if found is None:
+            d = d_all if d_all is not None else index.similarities(q[None])[0].numpy()
+            S, ids = topk_reference(d, b, size, p.retrieval, p.lexical_weight, p.candidates)
+            dense, nearest = d[ids], float(d.max())
+        else:
+            S, ids, _ = found
+            dense, nearest = index.rows_dot(ids, q), float(dense_top[0][0])
+        self._select(out, i, S, ids, dense, b[ids], p, n, kind)
+        out.nearest[i], out.words[i] = nearest, [(t, text[s:e]) for t, s, e in words]
+
+    def _select(self, out: Retrieval, i: int, D: np.ndarray, I: np.ndarray, dense: np.ndarray,
+                bm25: np.ndarray | None, p: InferParams, n: int, kind: str) -> None:
+        """R from the ranked (D, I) (s_c desc): the top k, or top k + threshold from the pool."""
         keep = I >= 0
+        sel = np.flatnonzero(keep)
         D, I = D[keep], I[keep]
         k = min(p.k, len(I))
         if p.threshold is not None and len(I) > k:  # top-k ∪ {c in the pool : w(c) ≥ threshold}
-            sel = np.arange(len(I)) < k
-            sel |= knn_weights_row(D, p.temperature, p.kernel) >= p.threshold
-            D, I = D[sel], I[sel]
+            mask = np.arange(len(I)) < k
+            mask |= knn_weights_row(np.ascontiguousarray(D, dtype=np.float32), p.temperature, p.kernel) >= p.threshold
         else:
-            D, I = D[:k], I[:k]
+            mask = np.arange(len(I)) < k
+        sel, D, I = sel[mask], D[mask], I[mask]
         D = np.ascontiguousarray(D, dtype=np.float32)
         w = knn_weights_row(D, p.temperature, p.kernel)
         nz = w > 0  # compact kernels: a chunk outside the window is not in R
         out.rows[i] = I[nz].tolist()
         out.scores[i] = D[nz].tolist()
         out.weights[i] = w[nz].tolist()
+        out.dense[i] = np.asarray(dense, dtype=np.float64)[sel][nz].tolist()
+        out.bm25[i] = None if bm25 is None else np.asarray(bm25, dtype=np.float64)[sel][nz].tolist()
         out.bound[i] = truncation_bound_row(D, n, p.temperature, p.kernel)
         out.searched[i] = kind
+
+    def matched_words(self, retr: Retrieval, b: int, row: int) -> list[str] | None:
+        """The input's words (as written, first occurrence) whose term occurs in chunk `row`."""
+        words = retr.words[b]
+        if words is None or self.bundle.lexical is None:
+            return None
+        hit = self.bundle.lexical.matched([t for t, _ in words], row)
+        return list(dict.fromkeys(w for t, w in words if t in hit))
 
     # --- the fused pass -----------------------------------------------------------------------
     def infer(self, texts: list[str], params: InferParams | list[InferParams], *,
@@ -125,8 +206,7 @@ class Engine:
             params = [params] * len(texts)
         if len(params) != len(texts):
             raise ValueError("one InferParams per text")
-        for p in params:
-            p.validate()
+        params = self.resolve(params)
         if len(texts) > group_size > 0:
             order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
             out: list[dict | None] = [None] * len(texts)
@@ -141,7 +221,7 @@ class Engine:
         batch = self.encoder.tokenize(texts, truncate=[p.truncate for p in params], positions=positions)
         # the memory layer's q, k, v are kept: the fused pass reuses them (Encoder._resume)
         plain = self.encoder.forward_plain(batch, keep_hidden=True, capture_layer=self.layer)
-        retr = self.retrieve(plain.embedding.float().cpu().numpy(), params)
+        retr = self.retrieve(plain.embedding.float().cpu().numpy(), params, texts)
         return self.fuse(batch, plain, retr, params)
 
     def fuse(self, batch: TokenBatch, plain: PlainPass, retr: Retrieval, params: list[InferParams]) -> list[dict]:
@@ -179,6 +259,10 @@ class Engine:
             "temperature": p.temperature,
             "kernel": p.kernel,
             "threshold": p.threshold,
+            "retrieval": p.retrieval,
+            "lexical_weight": p.lexical_weight if p.retrieval == "hybrid" else None,
+            "candidates": p.candidates if p.retrieval != "dense" else None,
+            "nearest_similarity": retr.nearest[b],
             "search": retr.searched[b],
             "memory_layer": self.layer,
             "w_db_entropy": h_db,
@@ -194,7 +278,8 @@ class Engine:
         result = {
             "embedding": emb[b].float().cpu().tolist(),
             "evidence": evidence_items(fr, b, batch, self.bundle, rows, retr.scores[b], weights,
-                                       p.alpha, p.mixing == "joint", p.evidence, p.spans),
+                                       p.alpha, p.mixing == "joint", p.evidence, p.spans,
+                                       why=lambda s: self._why(retr, b, s)),
             "diagnostics": diag,
             "label_scores": None,
             "prediction": None,
@@ -203,7 +288,7 @@ class Engine:
         if self.bundle.labels:
             scores = label_scores(labels, w)
             result["label_scores"] = scores
-            result.update(self._predict(scores, p, max(retr.scores[b], default=-1.0)))
+            result.update(self._predict(scores, p, retr.nearest[b]))
         if p.return_tokens:
             n = int(batch.n_tokens[b])
             result["tokens"] = [
@@ -214,6 +299,12 @@ class Engine:
             result["token_embeddings"] = tokens[b, :n].float().cpu().tolist()
             result["head_memory_share"] = mem_share_tok[:, :n].float().cpu().tolist()  # (nh, n)
         return result
+
+    def _why(self, retr: Retrieval, b: int, s: int) -> dict:
+        """Why chunk R[s] of input b was retrieved: its dense and BM25 scores, the words that matched."""
+        bm25 = retr.bm25[b]
+        return {"dense_similarity": retr.dense[b][s], "bm25": None if bm25 is None else bm25[s],
+                "matched_terms": self.matched_words(retr, b, retr.rows[b][s])}
 
     def _predict(self, scores: dict[str, float], p: InferParams, s_1: float) -> dict:
         """The top label, or an explicit abstain.

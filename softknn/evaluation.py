@@ -214,7 +214,7 @@ def _outcome(r: dict, match: str) -> dict:
         "prediction": top[0],  # forced: the abstain rule is applied afterwards with its threshold
         "score": float(top[1]),
         "mass_prediction": min(mass, key=lambda c: (-mass[c], c)) if mass else None,
-        "max_similarity": max((e["similarity"] for e in ev), default=0.0),
+        "max_similarity": r["diagnostics"]["nearest_similarity"],  # s_1 = max e_q·e_c (the abstain gate's)
         "ranked": _ranked_ids([(e["chunk_id"], e["doc_id"]) for e in ev], match),
         "label_scores": dict(list(scores.items())[:3]),
         "items": [(e["chunk_id"], e["doc_id"], e["similarity"], e["mass_share"]) for e in ev],
@@ -225,13 +225,13 @@ def _outcome(r: dict, match: str) -> dict:
 
 def _fused(engine: Engine, batch, plain, xq: np.ndarray, params: InferParams, strategy: Strategy) -> list[dict]:
     """Engine.infer's retrieve + fuse on a shared plain pass (tests check it equals infer); round 2 optional."""
-    ps = [params] * len(xq)
-    res = engine.fuse(batch, plain, engine.retrieve(xq, ps), ps)
+    ps = engine.resolve([params] * len(xq))
+    res = engine.fuse(batch, plain, engine.retrieve(xq, ps, batch.texts), ps)
     if strategy.rounds == 2:
         e1 = np.asarray([r["embedding"] for r in res], dtype=np.float32)  # (B, D) fused embeddings
         xq2 = e1 if strategy.requery == "fused" else xq + e1
         xq2 = xq2 / np.linalg.norm(xq2, axis=1, keepdims=True)
-        res = engine.fuse(batch, plain, engine.retrieve(xq2, ps), ps)
+        res = engine.fuse(batch, plain, engine.retrieve(xq2, ps, batch.texts), ps)
     return res
 
 

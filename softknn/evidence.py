@@ -67,8 +67,10 @@ def evidence_items(
     joint: bool,
     n_items: int,
     n_spans: int,
+    why=None,
 ) -> list[dict]:
-    """Evidence for input b, ranked by memory-mass share, each with its spans and influence."""
+    """Evidence for input b, ranked by memory-mass share, each with its spans and influence.
+    `why(s)`: extra fields of the item in slot s of R (its dense and BM25 scores: Engine._why)."""
     if not rows or n_items <= 0:  # nothing asked for: skip the per-token work (~1.5 ms, bench/fused_forward.py)
         return []
     valid = batch.mask[b].cpu()  # (T,)
@@ -125,6 +127,7 @@ def evidence_items(
             "influence": float(infl[s]),
             "spans": spans,
             "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, reach_l[i]) for i in top_q],
+            **(why(s) if why is not None else {}),
         })
     return items
 

@@ -222,9 +222,17 @@ class ChunkIndex:
             D[rows], I[rows] = self.search_exact(xq[rows], k)
         return D, I.astype(np.int64)
 
+    def similarities(self, xq: np.ndarray) -> torch.Tensor:
+        """(B, N) float32: xq @ xbᵀ over every chunk, the scores every exact answer is computed from."""
+        return torch.from_numpy(np.ascontiguousarray(xq, dtype=np.float32)) @ self._xb_t.T
+
+    def rows_dot(self, ids: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """(len(ids),) float32: xb[ids]·q for one query q (D,), from the in-memory copy."""
+        return self._xb_t.numpy()[ids] @ np.asarray(q, dtype=np.float32)
+
     def search_exact(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Brute force: scores = xq @ xbᵀ, top-k; ties broken by the lower id."""
-        scores = torch.from_numpy(xq) @ self._xb_t.T  # (B, N)
+        scores = self.similarities(xq)  # (B, N)
         D, I = torch.topk(scores, k, dim=1, sorted=True)
         D, I = D.numpy(), I.numpy().astype(np.int64)
         # torch.topk picks among equal scores in no promised order: wherever the k-th score is

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT
+
 
 class ModelSettings(BaseModel):
     name: str | None = Field(None, description="sentence-transformers model path; empty = packaged all-MiniLM-L6-v2")
@@ -23,7 +25,14 @@ class InferDefaults(BaseModel):
     alpha: float = Field(0.7, ge=0, le=1, description="fixed mixing weight of the input's own attention (seed 000 §4.3)")
     mixing: Literal["fixed", "joint"] = Field("fixed", description="fixed = α rule; joint = one softmax over input + memory tokens")
     k: int = Field(8, ge=1, description="chunks retrieved from the KB")
-    temperature: float = Field(0.05, gt=0, description="k-NN bandwidth τ of w_db = softmax(s/τ)")
+    temperature: float | None = Field(None, gt=0, description="k-NN bandwidth τ of w_db = softmax(s/τ); "
+                                      "empty = the retrieval's own default (docs/quality.md)")
+    retrieval: Literal["hybrid", "dense", "lexical"] | None = Field(
+        None, description="similarity of the external k-NN; empty = hybrid where the bundle has a lexical index, else dense")
+    lexical_weight: float = Field(LEXICAL_WEIGHT, ge=0, le=1, description="λ of the hybrid similarity (1−λ)·dense + λ·BM25, "
+                                  "each min-max normalised over its top `candidates`")
+    candidates: int = Field(CANDIDATES, ge=1, description="hybrid/lexical: each retriever's top m, the candidates and the "
+                            "range of its normalisation")
     kernel: Literal["softmax", "epanechnikov", "uniform"] = Field("softmax", description="k-NN kernel (seed 001), bandwidth h² = τ")
     evidence: int = Field(5, ge=0, description="evidence items returned per input")
     spans: int = Field(5, ge=0, description="highlighted spans per evidence item")

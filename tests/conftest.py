@@ -55,3 +55,23 @@ def shared_data(*parts: str) -> Path:
     if not p.exists():
         pytest.skip(f"{p} not present (../shared/data is absent on this machine)")
     return p
+
+
+@pytest.fixture(scope="session")
+def dense_only_bundle_path(tmp_path_factory, sample_bundle_path) -> Path:
+    """The sample bundle as a build from before the lexical index existed: the same core files and a
+    manifest without `lexical` (what `BuildConfig(lexical=False)` writes, without a second encode)."""
+    import json
+    import shutil
+
+    from softknn.bundle import DATA_FILES, finalize, read_manifest
+
+    tmp = tmp_path_factory.mktemp("dense_only") / ".tmp"
+    tmp.mkdir()
+    for name in DATA_FILES:
+        shutil.copy2(sample_bundle_path / name, tmp / name)
+    old = {k: v for k, v in read_manifest(sample_bundle_path).items()
+           if k not in ("lexical", "files", "version_id", "created_at")}
+    out = tmp.parent / "sample_dense_only"
+    finalize(tmp, out, json.loads(json.dumps(old)))
+    return out

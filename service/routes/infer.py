@@ -29,7 +29,7 @@ def build_router(InferRequest: type[InferRequestBase]) -> APIRouter:
                  summary="Knowledge-augmented inference with evidence")
     async def infer(body: InferRequest, runtime: RuntimeDep, settings: SettingsDep,
                     request_id: RequestIdDep) -> FastJSONResponse:
-        params = body.to_params(settings.defaults.hybrid_pool)
+        params = body.to_params(settings.defaults.hybrid_pool, settings.defaults.candidates)
         engine, results = await runtime.infer(body.inputs, params, truncate=body.truncate, cut=body.cut,
                                               request_id=request_id)
         # Returned as is (documented by InferResponse, checked by the contract tests): validating

@@ -24,7 +24,8 @@ def test_alpha_one_reproduces_the_unmodified_model(engine, encoder):
 @pytest.mark.parametrize("mixing", ["fixed", "joint"])
 def test_exact_full_kb_equals_brute_force_reference(engine, encoder, sample_bundle, mixing):
     n = len(sample_bundle)
-    res = engine.infer([QUERY], InferParams(alpha=0.7, mixing=mixing, k=n, temperature=0.05, exact=True, evidence=n))
+    res = engine.infer([QUERY], InferParams(alpha=0.7, mixing=mixing, k=n, temperature=0.05, exact=True, evidence=n,
+                                            retrieval="dense"))
     ref, rows, w = reference_embedding(encoder, sample_bundle, QUERY, alpha=0.7, mixing=mixing, k=n, temperature=0.05)
     assert len(rows) == n
     assert np.abs(np.array(res[0]["embedding"]) - ref).max() <= 1e-5
@@ -35,7 +36,7 @@ def test_exact_full_kb_equals_brute_force_reference(engine, encoder, sample_bund
 
 
 def test_ann_free_topk_equals_reference_at_small_k(engine, encoder, sample_bundle):
-    res = engine.infer([QUERY], InferParams(alpha=0.5, k=5, temperature=0.1, exact=True))
+    res = engine.infer([QUERY], InferParams(alpha=0.5, k=5, temperature=0.1, exact=True, retrieval="dense"))
     ref, rows, _ = reference_embedding(encoder, sample_bundle, QUERY, alpha=0.5, mixing="fixed", k=5, temperature=0.1)
     assert [e["chunk_id"] for e in sorted(res[0]["evidence"], key=lambda e: -e["similarity"])] == [
         sample_bundle.chunks[r]["chunk_id"] for r in rows
@@ -149,7 +150,7 @@ def test_influence_matches_removing_the_chunk_and_renormalising(engine, encoder,
     ev = r["evidence"][0]
     batch = encoder.tokenize([text])
     plain = encoder.forward_plain(batch, keep_hidden=True)
-    retr = engine.retrieve(plain.embedding.numpy(), [p])
+    retr = engine.retrieve(plain.embedding.numpy(), engine.resolve([p]), batch.texts)
     row = sample_bundle.row_of(ev["chunk_id"])
     outs = {}
     for name, rows, ws in [("all", retr.rows[0], retr.weights[0]),
@@ -184,7 +185,10 @@ def test_calibrated_gate_abstains_out_of_domain_and_a_request_threshold_override
     try:
         cal.update({"abstain_threshold": 0.0, "min_similarity": 0.35, "abstain_threshold_gated": 0.0})
         ood, ind = engine.infer(["How long should I boil an egg for a soft yolk?", QUERY], InferParams(k=8, evidence=8))
-        s1 = max(e["similarity"] for e in ood["evidence"])
+        s1 = ood["diagnostics"]["nearest_similarity"]  # the dense top-1, whatever R was ranked by
+        dense = engine.infer(["How long should I boil an egg for a soft yolk?"], InferParams(k=8, evidence=8,
+                                                                                           retrieval="dense"))[0]
+        assert s1 == pytest.approx(max(e["similarity"] for e in dense["evidence"]), abs=1e-6)
         assert s1 < 0.35 and ood["prediction"] is None and ood["abstained"] is True
         assert ood["abstain_reason"] == f"nearest KB chunk similarity {s1:.3f} < 0.350 (out of domain)"
         assert ind["prediction"] == "pets_and_animals" and ind["abstained"] is False

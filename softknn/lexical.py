@@ -1,0 +1,169 @@
+"""The KB's lexical index: BM25 over each chunk's analysed words (bm25s: sparse matrices, no server).
+
+One `Analyzer` turns text into terms for the index and for queries alike: words are
+`\\b\\w\\w+\\b` runs of the lower-cased text (bm25s's own token pattern), English stopwords
+(bm25s's list) are dropped and the rest are Snowball-stemmed (PyStemmer). Its settings and the
+BM25 parameters are stored in the manifest (`lexical`), so a bundle rebuilds and re-analyses
+from them.
+
+`LexicalIndex.scores(terms)` is BM25(q, c) for every chunk c of the KB (N,), read from the
+posting lists of the query's terms (bm25s's precomputed per-(term, chunk) scores, Lucene's
+formula); `bm25_reference` is the same formula written out over raw term counts, the plain
+reference the tests compare it with.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from softknn.errors import BundleError
+
+LEXICAL_DIR = "lexical"
+# what bm25s.BM25.save writes (allow_pickle=False); all under the bundle's checksums
+LEXICAL_FILES = tuple(f"{LEXICAL_DIR}/{name}" for name in (
+    "data.csc.index.npy", "indices.csc.index.npy", "indptr.csc.index.npy", "vocab.index.json", "params.index.json"))
+
+
+@dataclass(frozen=True)
+class LexicalSpec:
+    """How text becomes terms and terms become scores; stored as the manifest's `lexical`."""
+
+    library: str = "bm25s"
+    method: str = "lucene"  # BM25 variant (bm25s `method`): idf = ln(1 + (N − df + 0.5)/(df + 0.5))
+    k1: float = 1.5
+    b: float = 0.75
+    token_pattern: str = r"(?u)\b\w\w+\b"
+    lowercase: bool = True
+    stopwords: str = "en"  # bm25s.stopwords.STOPWORDS_EN
+    stemmer: str = "english"  # Snowball, via PyStemmer; "" for none
+
+    def to_manifest(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_manifest(cls, m: dict) -> LexicalSpec:
+        known = {k: m[k] for k in cls.__dataclass_fields__ if k in m}
+        return cls(**known)
+
+
+class Analyzer:
+    """text → [(term, start, end)]: the kept words with their char spans (for the matched words)."""
+
+    def __init__(self, spec: LexicalSpec):
+        import Stemmer
+        from bm25s.stopwords import STOPWORDS_EN
+
+        if spec.stopwords not in ("en", ""):
+            raise ValueError(f"stopwords must be 'en' or '', not {spec.stopwords!r}")
+        self.spec = spec
+        self._word = re.compile(spec.token_pattern)
+        self._stop = frozenset(STOPWORDS_EN) if spec.stopwords == "en" else frozenset()
+        self._stem = Stemmer.Stemmer(spec.stemmer).stemWord if spec.stemmer else (lambda w: w)
+
+    def words(self, text: str) -> list[tuple[str, int, int]]:
+        src = text.lower() if self.spec.lowercase else text
+        out = []
+        for m in self._word.finditer(src):
+            w = m.group()
+            if w not in self._stop:
+                out.append((self._stem(w), m.start(), m.end()))
+        return out
+
+    def terms(self, text: str) -> list[str]:
+        return [t for t, _, _ in self.words(text)]
+
+
+class LexicalIndex:
+    """BM25 over N chunks. `scores(terms)` (N,) float32; `matched(terms, c)` the terms in chunk c."""
+
+    def __init__(self, retriever, spec: LexicalSpec):
+        self.retriever = retriever
+        self.spec = spec
+        self.analyzer = Analyzer(spec)
+        s = retriever.scores
+        self.n = int(s["num_docs"])
+        self._indices, self._indptr = s["indices"], s["indptr"]
+        self.vocab: dict[str, int] = retriever.vocab_dict
+
+    @classmethod
+    def build(cls, texts: list[str], spec: LexicalSpec = LexicalSpec()) -> LexicalIndex:
+        import bm25s
+
+        analyzer = Analyzer(spec)
+        corpus = [analyzer.terms(t) for t in texts]
+        # bm25s needs ≥ 1 token per document to size its matrix: an all-stopword chunk gets the
+        # empty term, which no query ever produces (Analyzer never yields "")
+        corpus = [t if t else [""] for t in corpus]
+        r = bm25s.BM25(method=spec.method, k1=spec.k1, b=spec.b)
+        r.index(corpus, show_progress=False)
+        return cls(r, spec)
+
+    def save(self, bundle_dir: Path) -> None:
+        self.retriever.save(Path(bundle_dir) / LEXICAL_DIR, show_progress=False)
+
+    @classmethod
+    def load(cls, bundle_dir: Path, spec: LexicalSpec) -> LexicalIndex:
+        import bm25s
+
+        try:
+            r = bm25s.BM25.load(str(Path(bundle_dir) / LEXICAL_DIR), mmap=True, load_corpus=False)
+        except (OSError, ValueError, json.JSONDecodeError) as e:
+            raise BundleError(f"{Path(bundle_dir) / LEXICAL_DIR}: unreadable lexical index: {e}") from e
+        return cls(r, spec)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def term_ids(self, terms: list[str]) -> list[int]:
+        """Vocabulary ids of the query's terms, repeats kept (a repeated word counts twice, as in bm25s)."""
+        return [self.vocab[t] for t in terms if t and t in self.vocab]
+
+    def scores(self, terms: list[str]) -> np.ndarray:
+        """(N,) float32: BM25(q, c) for every chunk; 0 where no query term occurs in c."""
+        ids = self.term_ids(terms)
+        if not ids:
+            return np.zeros(self.n, dtype=np.float32)
+        return np.asarray(self.retriever.get_scores_from_ids(ids), dtype=np.float32)
+
+    def matched(self, terms: list[str], c: int) -> set[str]:
+        """The distinct query terms that occur in chunk c (posting lists are sorted by chunk)."""
+        out = set()
+        for t in set(terms):
+            i = self.vocab.get(t)
+            if i is None or i + 1 >= len(self._indptr):
+                continue
+            post = self._indices[self._indptr[i] : self._indptr[i + 1]]
+            j = np.searchsorted(post, c)
+            if j < len(post) and post[j] == c:
+                out.add(t)
+        return out
+
+
+def bm25_reference(query_terms: list[str], docs: list[list[str]], spec: LexicalSpec = LexicalSpec()) -> np.ndarray:
+    """Lucene BM25 written out (the plain reference of LexicalIndex.scores):
+
+    score(q, d) = Σ_{t ∈ q} idf(t) · tf(t,d) / (tf(t,d) + k1·(1 − b + b·|d|/avgdl)),
+    idf(t) = ln(1 + (N − df(t) + 0.5) / (df(t) + 0.5)), repeated query terms counted each time.
+    """
+    if spec.method != "lucene":
+        raise ValueError("the reference implements method='lucene' only")
+    docs = [d if d else [""] for d in docs]
+    n = len(docs)
+    avgdl = sum(len(d) for d in docs) / n
+    df = Counter(t for d in docs for t in set(d))
+    out = np.zeros(n, dtype=np.float64)
+    for j, d in enumerate(docs):
+        tf = Counter(d)
+        norm = spec.k1 * (1 - spec.b + spec.b * len(d) / avgdl)
+        for t in query_terms:
+            if tf.get(t):
+                idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+                out[j] += idf * tf[t] / (tf[t] + norm)
+    return out
