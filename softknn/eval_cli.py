@@ -43,10 +43,11 @@ def prepare_validation(kb: Path, fields, bundle_manifest: dict, work: Path, enco
     cfg = BuildConfig(layer=bundle_manifest["memory_layer"] if layer is None else layer,
                       index_type=bundle_manifest["index"]["kind"], chunk_tokens=b["chunk_tokens"],
                       overlap=b["overlap"], batch_size=b["batch_size"], kv_dtype=bundle_manifest["kv_dtype"],
-                      fields=Fields())
+                      fields=Fields(), lexical=bool(bundle_manifest.get("lexical")))
     split = {"kb": str(Path(kb).resolve()), "fraction": fraction, "seed": seed, "n_rest": len(rest),
              "n_held": len(held), "layer": cfg.layer, "kv_dtype": cfg.kv_dtype, "chunk_tokens": cfg.chunk_tokens,
-             "overlap": cfg.overlap, "index": cfg.index_type, "model": bundle_manifest["model"]["fingerprint"]}
+             "overlap": cfg.overlap, "index": cfg.index_type, "model": bundle_manifest["model"]["fingerprint"],
+             "lexical": cfg.lexical}
     out = work / "bundle"
     reuse = False
     if (work / "split.json").is_file() and json.loads((work / "split.json").read_text()) == split:
@@ -69,13 +70,16 @@ def calibrate(bundle_path: Path, kb: Path, fields, encoder, params, *, work: Pat
     from softknn.bundle import load_bundle, read_manifest
     from softknn.engine import Engine
     from softknn.evaluation import Strategy, baseline_outcomes, calibration_record, run_variants, write_calibration
+    from softknn.retrieval import DEFAULT_TEMPERATURE
 
     val_path, held = prepare_validation(kb, fields, read_manifest(bundle_path), work, encoder,
                                         fraction=fraction, seed=seed, progress=progress)
     val = load_bundle(val_path, expected_fingerprint=encoder.info.fingerprint)
-    run = run_variants(Engine(encoder, val), held, [(params, Strategy())], batch_size=batch_size,
+    engine = Engine(encoder, val)
+    params = engine.resolve([params])[0]
+    run = run_variants(engine, held, [(params, Strategy())], batch_size=batch_size,
                        progress=progress, desc="calibration")
-    base = baseline_outcomes(run, val.chunks, params.k, params.temperature, params.kernel)
+    base = baseline_outcomes(run, val.chunks, params.k, DEFAULT_TEMPERATURE["dense"], params.kernel)
     record = calibration_record(run.outcomes[0], base, held, params, target_loss, fraction, seed)
     write_calibration(bundle_path, record)
     (Path(work) / "calibration.json").write_text(json.dumps(record, indent=2))
@@ -167,6 +171,41 @@ def plot_evidence(rep: dict, path: Path, title: str = "") -> Path | None:
     return path
 
 
+def plot_retrieval(rep: dict, path: Path, title: str = "") -> Path | None:
+    """Dense, lexical and hybrid side by side: evidence recall@k curves, or accuracy bars."""
+    rows = rep.get("retrieval") or {}
+    if len(rows) < 2:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    if all("recall_curve" in r for r in rows.values()):
+        for mode, r in rows.items():
+            ks = [p["k"] for p in r["recall_curve"]]
+            ax.plot(ks, [p["recall"] for p in r["recall_curve"]], marker="o", ms=3,
+                    label=f"{mode} (nDCG@10 {r['evidence'].get('ndcg@10', float('nan')):.3f})")
+        ax.set_xlabel("evidence items k")
+        ax.set_ylabel("recall@k (gold passage among the evidence)")
+    else:
+        modes = list(rows)
+        acc = [rows[m]["classification"]["accuracy"] for m in modes]
+        ax.bar(modes, acc, color="#4878a8")
+        for i, a in enumerate(acc):
+            ax.text(i, a, f"{a:.4f}", ha="center", va="bottom")
+        ax.set_ylim(min(acc) - 0.05, min(1.0, max(acc) + 0.02))
+        ax.set_ylabel("accuracy")
+    ax.set_title(f"retrieval side by side — {title}" if title else "retrieval side by side")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right") if ax.get_legend_handles_labels()[0] else None
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_report(out: Path, rep: dict, run, base: list[dict], *, title: str = "") -> dict:
     from softknn.evaluation import summary
 
@@ -176,6 +215,7 @@ def write_report(out: Path, rep: dict, run, base: list[dict], *, title: str = ""
     write_predictions(out / "predictions.jsonl", run, base)
     plot_abstain(rep, out / "abstain.png", title)
     plot_evidence(rep, out / "evidence.png", title)
+    plot_retrieval(rep, out / "retrieval.png", title)
     return rep
 
 
@@ -196,6 +236,13 @@ def _print(rep: dict) -> None:
         for name in ("softknn", "baseline"):
             m = ev[name]
             typer.echo(f"{name:13s} " + "  ".join(f"{k} {v:.4f}" for k, v in m.items() if k != "n") + f"  (n={m['n']})")
+    for mode, row in rep.get("retrieval", {}).items():
+        parts = []
+        if "classification" in row:
+            parts.append(f"accuracy {row['classification']['accuracy']:.4f}")
+        if "evidence" in row:
+            parts += [f"{k} {row['evidence'][k]:.4f}" for k in ("ndcg@10", "recall@10", "mrr@10") if k in row["evidence"]]
+        typer.echo(f"retrieval {mode:8s} τ={row['temperature']:g}  " + "  ".join(parts))
 
 
 # --- commands ---------------------------------------------------------------------------------
@@ -221,6 +268,11 @@ def eval_command(
     k: Annotated[Optional[int], Opt(help="chunks retrieved")] = None,
     temperature: Annotated[Optional[float], Opt(help="k-NN temperature τ")] = None,
     kernel: Annotated[Optional[str], Opt(help="softmax | epanechnikov | uniform")] = None,
+    retrieval: Annotated[Optional[str], Opt(help="hybrid | dense | lexical (default: hybrid where the bundle has a "
+                                                 "lexical index)")] = None,
+    lexical_weight: Annotated[Optional[float], Opt(help="λ of the hybrid similarity")] = None,
+    compare: Annotated[str, Opt(help="retrievals reported side by side in the same run (comma-separated; "
+                                     "'' for none)")] = "dense,lexical,hybrid",
     rounds: Annotated[int, Opt(help="2: retrieve again with the fused embedding (labels + evidence from round 2)")] = 1,
     requery: Annotated[str, Opt(help="round-2 query: fused (e') or sum (e_q + e')")] = "fused",
     baseline_k: Annotated[Optional[int], Opt(help="weighted k-NN baseline k (default: --k)")] = None,
@@ -249,7 +301,10 @@ def eval_command(
         d = settings.defaults
         params = InferParams(alpha=d.alpha if alpha is None else alpha, mixing=mixing or d.mixing, k=k or d.k,
                              temperature=temperature or d.temperature, kernel=kernel or d.kernel,
-                             hybrid_pool=d.hybrid_pool).validate()
+                             hybrid_pool=d.hybrid_pool, retrieval=retrieval or d.retrieval,
+                             lexical_weight=d.lexical_weight if lexical_weight is None else lexical_weight,
+                             candidates=d.candidates).validate()
+        wanted = [r.strip() for r in compare.split(",") if r.strip()]
         strategy = Strategy(rounds, requery).validate()
         qs = sample(read_queries(queries, Fields(id_field, text_field, label_field), gold_field), limit, seed)
         ood_qs = read_queries(ood, Fields(id_field, ood_text_field or text_field, None), None) if ood else None
@@ -265,9 +320,10 @@ def eval_command(
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         engine = Engine(encoder, b)
         t0 = time.perf_counter()
+        served = [r for r in wanted if r == "dense" or b.lexical is not None]  # an old bundle: dense only
         rep, run, _ = evaluate(engine, qs, params, strategy, ood=ood_qs, baseline_k=baseline_k,
                                baseline_temperature=baseline_temperature, threshold=threshold, match=match,
-                               batch_size=batch_size, progress=progress)
+                               batch_size=batch_size, progress=progress, compare=served)
         rep["queries"] = {"path": str(queries), "n": len(qs), "limit": limit, "seed": seed,
                           "ood": str(ood) if ood else None, "n_ood": len(ood_qs or [])}
         rep["seconds"] = round(time.perf_counter() - t0, 1)

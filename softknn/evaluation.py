@@ -34,6 +34,7 @@ from softknn.attention import knn_weights
 from softknn.bundle import MANIFEST, atomic_write_bytes, verify_bundle, version_id
 from softknn.engine import Engine, InferParams
 from softknn.errors import InvalidInput, KBFormatError
+from softknn.retrieval import DEFAULT_TEMPERATURE, RETRIEVALS
 
 MATCH = ("doc", "chunk")
 REQUERY = ("fused", "sum")
@@ -406,6 +407,8 @@ def summary(rep: dict) -> dict:
     out = json.loads(json.dumps(rep))
     out.get("classification", {}).pop("curves", None)
     out.get("evidence", {}).pop("curves", None)
+    for row in out.get("retrieval", {}).values():
+        row.pop("recall_curve", None)
     return out
 
 
@@ -422,22 +425,50 @@ def rules_from_calibration(cal: dict) -> dict:
     return out
 
 
+def retrieval_comparison(queries: list[Query], run: Run, ks: Sequence[int], depth: int) -> dict:
+    """Per retrieval variant of the run (dense, lexical, hybrid): accuracy and evidence metrics."""
+    out: dict = {}
+    lab = [i for i, q in enumerate(queries) if q.label is not None]
+    gold_ids = [q.gold for q in queries]
+    for (p, _), outs in zip(run.variants, run.outcomes, strict=True):
+        row: dict = {"temperature": p.temperature, "lexical_weight": p.lexical_weight if p.retrieval == "hybrid" else None}
+        if lab:
+            row["classification"] = classification_metrics([queries[i].label for i in lab],
+                                                           [outs[i]["prediction"] for i in lab])
+        if any(gold_ids):
+            row["evidence"] = retrieval_metrics([o["ranked"] for o in outs], gold_ids, ks, depth)
+            row["recall_curve"] = [{"k": k, "recall": v} for k, v in zip(
+                range(1, depth + 1), (retrieval_metrics([o["ranked"] for o in outs], gold_ids, [k], depth)[f"recall@{k}"]
+                                      for k in range(1, depth + 1)), strict=True)]
+        out[p.retrieval] = row
+    return out
+
+
 def evaluate(engine: Engine, queries: list[Query], params: InferParams, strategy: Strategy = Strategy(), *,
              ood: list[Query] | None = None, baseline_k: int | None = None, baseline_temperature: float | None = None,
              threshold: float | None = None, ks: Sequence[int] = (1, 5, 10), depth: int = 10, match: str = "doc",
-             batch_size: int = 32, progress: bool = True) -> tuple[dict, Run, Run | None]:
+             batch_size: int = 32, progress: bool = True,
+             compare: Sequence[str] | None = None) -> tuple[dict, Run, Run | None]:
     """Run softknn (params, strategy) and the plain baseline over queries (and OOD queries); build the report.
 
     Abstain thresholds come from the bundle's calibration; `threshold` overrides the engine rule's t.
+    `compare`: other retrievals (dense, lexical, hybrid) run in the same pass over the queries and
+    reported side by side under "retrieval" (default: every one the bundle serves).
     """
+    params = engine.resolve([params])[0]
     cal = engine.bundle.manifest.get("calibration") or {}
     rules = rules_from_calibration(cal)
     if threshold is not None:
         rules.setdefault("softknn", {})["score"] = {"threshold": threshold}
     bk = baseline_k or params.k
-    bt = baseline_temperature or params.temperature
+    bt = baseline_temperature or DEFAULT_TEMPERATURE["dense"]  # the baseline is the plain dense k-NN
     kw = {"batch_size": batch_size, "match": match, "progress": progress, "depth": max(bk, depth)}
-    run = run_variants(engine, queries, [(params, strategy)], desc="queries", **kw)
+    if compare is None:
+        compare = RETRIEVALS if engine.bundle.lexical is not None else ("dense",)
+    others = [replace(params, retrieval=r, temperature=None if r != params.retrieval else params.temperature)
+              for r in compare if r != params.retrieval]
+    run = run_variants(engine, queries, [(params, strategy)] + [(p, strategy) for p in engine.resolve(others)],
+                       desc="queries", **kw)
     ood_run = run_variants(engine, ood, [(params, strategy)], desc="ood", **kw) if ood else None
     chunks = engine.bundle.chunks
     rep = build_report(queries, run.outcomes[0], baseline_outcomes(run, chunks, bk, bt, params.kernel, match),
@@ -446,6 +477,8 @@ def evaluate(engine: Engine, queries: list[Query], params: InferParams, strategy
                        ood_base=baseline_outcomes(ood_run, chunks, bk, bt, params.kernel, match) if ood_run else None,
                        ks=ks, depth=depth)
     keep = ("version_id", "path", "counts", "memory_layer", "kv_dtype", "index", "calibration")
+    rep["retrieval"] = retrieval_comparison(queries, run, ks, depth)
+    keep = keep + ("lexical",)
     rep["bundle"] = {k: v for k, v in engine.bundle.summary().items() if k in keep}
     rep["model"] = {"name": engine.encoder.info.name, "fingerprint": engine.encoder.info.fingerprint}
     rep["softknn_params"] = {**asdict(effective_params(params)), "rounds": strategy.rounds, "requery": strategy.requery}
@@ -528,7 +561,9 @@ def calibration_record(soft_val: list[dict], base_val: list[dict], held: list[Qu
         "rules": RULES,
         "score": "top label score: Σ_c w_db(c)·1[label_c = top] (Nadaraya–Watson); s_1 = max_c e_q·e_c",
         "target_accuracy_loss": target_loss,
-        "params": {"k": params.k, "temperature": params.temperature, "kernel": params.kernel},
+        "params": {"k": params.k, "temperature": params.temperature, "kernel": params.kernel,
+                   "retrieval": params.retrieval,
+                   **({"lexical_weight": params.lexical_weight} if params.retrieval == "hybrid" else {})},
         "validation": {
             "method": f"stratified {fraction:.0%} of the labelled KB records (seed {seed}) as queries against "
                       "a bundle built from the rest",

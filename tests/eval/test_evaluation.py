@@ -183,9 +183,13 @@ def test_eval_on_a_sample_slice_matches_its_own_predictions(sample_bundle_path, 
     assert rep["classification"]["abstain"]["n_ood"] == 20
     assert rep["evidence"]["softknn"]["recall@10"] == pytest.approx(
         retrieval_metrics([p["softknn"]["ranked"] for p in preds], [p["gold"] for p in preds])["recall@10"])
-    # fixed mixing ranks evidence by (1 − α)·w_db, so round one orders R as the baseline does
-    assert rep["evidence"]["softknn"] == rep["evidence"]["baseline"]
-    assert (out / "abstain.png").is_file() and (out / "summary.json").is_file()
+    # the default is hybrid (the bundle has a lexical index); dense, lexical and hybrid ran side by side
+    assert rep["softknn_params"]["retrieval"] == "hybrid" and set(rep["retrieval"]) == {"dense", "lexical", "hybrid"}
+    assert rep["retrieval"]["hybrid"]["evidence"] == rep["evidence"]["softknn"]
+    assert rep["retrieval"]["hybrid"]["classification"] == rep["classification"]["softknn"]
+    # fixed mixing ranks evidence by (1 − α)·w_db, so dense retrieval orders R as the baseline does
+    assert rep["retrieval"]["dense"]["evidence"] == rep["evidence"]["baseline"]
+    assert (out / "abstain.png").is_file() and (out / "summary.json").is_file() and (out / "retrieval.png").is_file()
 
 
 def test_shared_plain_pass_reads_out_what_engine_infer_returns(engine):
