@@ -4,9 +4,11 @@ from .bundle_summary import BundleSummary
 from .bundle_summary_calibration import BundleSummaryCalibration
 from .bundle_summary_counts import BundleSummaryCounts
 from .bundle_summary_index import BundleSummaryIndex
+from .bundle_summary_lexical import BundleSummaryLexical
 from .bundle_summary_model import BundleSummaryModel
 from .diagnostics import Diagnostics
 from .diagnostics_mixing import DiagnosticsMixing
+from .diagnostics_retrieval import DiagnosticsRetrieval
 from .entry import Entry
 from .entry_metadata import EntryMetadata
 from .entry_response import EntryResponse
@@ -20,6 +22,7 @@ from .index_response import IndexResponse
 from .infer_request import InferRequest
 from .infer_request_kernel import InferRequestKernel
 from .infer_request_mixing import InferRequestMixing
+from .infer_request_retrieval_type_0 import InferRequestRetrievalType0
 from .infer_response import InferResponse
 from .infer_result import InferResult
 from .infer_result_label_scores_type_0 import InferResultLabelScoresType0
@@ -37,9 +40,11 @@ __all__ = (
     "BundleSummaryCalibration",
     "BundleSummaryCounts",
     "BundleSummaryIndex",
+    "BundleSummaryLexical",
     "BundleSummaryModel",
     "Diagnostics",
     "DiagnosticsMixing",
+    "DiagnosticsRetrieval",
     "Entry",
     "EntryMetadata",
     "EntryResponse",
@@ -53,6 +58,7 @@ __all__ = (
     "InferRequest",
     "InferRequestKernel",
     "InferRequestMixing",
+    "InferRequestRetrievalType0",
     "InferResponse",
     "InferResult",
     "InferResultLabelScoresType0",

@@ -9,6 +9,7 @@ if TYPE_CHECKING:
     from ..models.bundle_summary_calibration import BundleSummaryCalibration
     from ..models.bundle_summary_counts import BundleSummaryCounts
     from ..models.bundle_summary_index import BundleSummaryIndex
+    from ..models.bundle_summary_lexical import BundleSummaryLexical
     from ..models.bundle_summary_model import BundleSummaryModel
 
 
@@ -26,6 +27,7 @@ class BundleSummary:
         index (BundleSummaryIndex):
         kv_dtype (str):
         labels (list[str]):
+        lexical (BundleSummaryLexical): the BM25 index: available, default_retrieval, settings, bytes
         memory_layer (int):
         model (BundleSummaryModel):
         path (str):
@@ -39,6 +41,7 @@ class BundleSummary:
     index: BundleSummaryIndex
     kv_dtype: str
     labels: list[str]
+    lexical: BundleSummaryLexical
     memory_layer: int
     model: BundleSummaryModel
     path: str
@@ -60,6 +63,8 @@ class BundleSummary:
 
         labels = self.labels
 
+        lexical = self.lexical.to_dict()
+
         memory_layer = self.memory_layer
 
         model = self.model.to_dict()
@@ -79,6 +84,7 @@ class BundleSummary:
                 "index": index,
                 "kv_dtype": kv_dtype,
                 "labels": labels,
+                "lexical": lexical,
                 "memory_layer": memory_layer,
                 "model": model,
                 "path": path,
@@ -93,6 +99,7 @@ class BundleSummary:
         from ..models.bundle_summary_calibration import BundleSummaryCalibration  # noqa: PLC0415
         from ..models.bundle_summary_counts import BundleSummaryCounts  # noqa: PLC0415
         from ..models.bundle_summary_index import BundleSummaryIndex  # noqa: PLC0415
+        from ..models.bundle_summary_lexical import BundleSummaryLexical  # noqa: PLC0415
         from ..models.bundle_summary_model import BundleSummaryModel  # noqa: PLC0415
 
         d = dict(src_dict)
@@ -115,6 +122,8 @@ class BundleSummary:
 
         labels = cast(list[str], d.pop("labels"))
 
+        lexical = BundleSummaryLexical.from_dict(d.pop("lexical"))
+
         memory_layer = d.pop("memory_layer")
 
         model = BundleSummaryModel.from_dict(d.pop("model"))
@@ -131,6 +140,7 @@ class BundleSummary:
             index=index,
             kv_dtype=kv_dtype,
             labels=labels,
+            lexical=lexical,
             memory_layer=memory_layer,
             model=model,
             path=path,

@@ -6,6 +6,7 @@ from typing import Any, TypeVar, cast
 from attrs import define as _attrs_define
 
 from ..models.diagnostics_mixing import DiagnosticsMixing, check_diagnostics_mixing
+from ..models.diagnostics_retrieval import DiagnosticsRetrieval, check_diagnostics_retrieval
 
 T = TypeVar("T", bound="Diagnostics")
 
@@ -18,12 +19,16 @@ class Diagnostics:
         attention_effective_k (float):
         attention_entropy (float): entropy of the fused attention distribution, mean over heads/tokens
         attention_entropy_intra (float): entropy of the input's own attention alone
+        candidates (int | None): hybrid/lexical: each retriever's top m considered
         k (int):
         kernel (str):
+        lexical_weight (float | None): λ used (hybrid only)
         memory_layer (int):
         memory_share (float): mean over heads and query tokens of the memory's gate mass
         mixing (DiagnosticsMixing):
         n_tokens (int):
+        nearest_similarity (float): largest e_q·e_c over the KB (the abstain rule's s_1)
+        retrieval (DiagnosticsRetrieval): the similarity R was ranked by
         retrieved (int): |R|, chunks the fused layer attended
         search (str): 'exact' or the ANN index kind that answered
         temperature (float):
@@ -38,12 +43,16 @@ class Diagnostics:
     attention_effective_k: float
     attention_entropy: float
     attention_entropy_intra: float
+    candidates: int | None
     k: int
     kernel: str
+    lexical_weight: float | None
     memory_layer: int
     memory_share: float
     mixing: DiagnosticsMixing
     n_tokens: int
+    nearest_similarity: float
+    retrieval: DiagnosticsRetrieval
     retrieved: int
     search: str
     temperature: float
@@ -63,9 +72,15 @@ class Diagnostics:
 
         attention_entropy_intra = self.attention_entropy_intra
 
+        candidates: int | None
+        candidates = self.candidates
+
         k = self.k
 
         kernel = self.kernel
+
+        lexical_weight: float | None
+        lexical_weight = self.lexical_weight
 
         memory_layer = self.memory_layer
 
@@ -74,6 +89,10 @@ class Diagnostics:
         mixing: str = self.mixing
 
         n_tokens = self.n_tokens
+
+        nearest_similarity = self.nearest_similarity
+
+        retrieval: str = self.retrieval
 
         retrieved = self.retrieved
 
@@ -100,12 +119,16 @@ class Diagnostics:
                 "attention_effective_k": attention_effective_k,
                 "attention_entropy": attention_entropy,
                 "attention_entropy_intra": attention_entropy_intra,
+                "candidates": candidates,
                 "k": k,
                 "kernel": kernel,
+                "lexical_weight": lexical_weight,
                 "memory_layer": memory_layer,
                 "memory_share": memory_share,
                 "mixing": mixing,
                 "n_tokens": n_tokens,
+                "nearest_similarity": nearest_similarity,
+                "retrieval": retrieval,
                 "retrieved": retrieved,
                 "search": search,
                 "temperature": temperature,
@@ -136,9 +159,23 @@ class Diagnostics:
 
         attention_entropy_intra = d.pop("attention_entropy_intra")
 
+        def _parse_candidates(data: object) -> int | None:
+            if data is None:
+                return data
+            return cast(int | None, data)
+
+        candidates = _parse_candidates(d.pop("candidates"))
+
         k = d.pop("k")
 
         kernel = d.pop("kernel")
+
+        def _parse_lexical_weight(data: object) -> float | None:
+            if data is None:
+                return data
+            return cast(float | None, data)
+
+        lexical_weight = _parse_lexical_weight(d.pop("lexical_weight"))
 
         memory_layer = d.pop("memory_layer")
 
@@ -147,6 +184,10 @@ class Diagnostics:
         mixing = check_diagnostics_mixing(d.pop("mixing"))
 
         n_tokens = d.pop("n_tokens")
+
+        nearest_similarity = d.pop("nearest_similarity")
+
+        retrieval = check_diagnostics_retrieval(d.pop("retrieval"))
 
         retrieved = d.pop("retrieved")
 
@@ -174,12 +215,16 @@ class Diagnostics:
             attention_effective_k=attention_effective_k,
             attention_entropy=attention_entropy,
             attention_entropy_intra=attention_entropy_intra,
+            candidates=candidates,
             k=k,
             kernel=kernel,
+            lexical_weight=lexical_weight,
             memory_layer=memory_layer,
             memory_share=memory_share,
             mixing=mixing,
             n_tokens=n_tokens,
+            nearest_similarity=nearest_similarity,
+            retrieval=retrieval,
             retrieved=retrieved,
             search=search,
             temperature=temperature,

@@ -18,29 +18,37 @@ T = TypeVar("T", bound="EvidenceItem")
 class EvidenceItem:
     """
     Attributes:
+        bm25 (float | None): BM25 score of the chunk for the input (null: dense retrieval)
         chunk_id (str):
+        dense_similarity (float): e_q·e_c, the dense similarity
         doc_id (str):
         end (int):
         influence (float): ‖Δout‖/‖out‖ of the memory layer if this chunk were removed and the weights renormalised
             (closed form)
         label (None | str):
         mass_share (float): share of the layer's attention mass on this chunk (fixed: (1−α)·w_db)
+        matched_terms (list[str] | None): the input's words found in the chunk by the lexical index (after stemming;
+            null: dense retrieval)
         metadata (EvidenceItemMetadata):
         query_tokens (list[QueryToken]): the input tokens that pulled this chunk most (≤ 5)
         rank (int): 0 = largest memory-mass share
-        similarity (float): k-NN score s_c = e_q·e_c
+        similarity (float): k-NN score s_c the chunk was ranked and weighted by (dense: e_q·e_c; hybrid: (1−λ)·dense +
+            λ·BM25, normalised; lexical: BM25, normalised)
         spans (list[Span]):
         start (int): char span [start, end) of the chunk in its document
         text (str): the chunk's text
         weight (float): Nadaraya–Watson weight w_db(c) over the retrieved set R
     """
 
+    bm25: float | None
     chunk_id: str
+    dense_similarity: float
     doc_id: str
     end: int
     influence: float
     label: None | str
     mass_share: float
+    matched_terms: list[str] | None
     metadata: EvidenceItemMetadata
     query_tokens: list[QueryToken]
     rank: int
@@ -51,7 +59,12 @@ class EvidenceItem:
     weight: float
 
     def to_dict(self) -> dict[str, Any]:
+        bm25: float | None
+        bm25 = self.bm25
+
         chunk_id = self.chunk_id
+
+        dense_similarity = self.dense_similarity
 
         doc_id = self.doc_id
 
@@ -63,6 +76,13 @@ class EvidenceItem:
         label = self.label
 
         mass_share = self.mass_share
+
+        matched_terms: list[str] | None
+        if isinstance(self.matched_terms, list):
+            matched_terms = self.matched_terms
+
+        else:
+            matched_terms = self.matched_terms
 
         metadata = self.metadata.to_dict()
 
@@ -90,12 +110,15 @@ class EvidenceItem:
 
         field_dict.update(
             {
+                "bm25": bm25,
                 "chunk_id": chunk_id,
+                "dense_similarity": dense_similarity,
                 "doc_id": doc_id,
                 "end": end,
                 "influence": influence,
                 "label": label,
                 "mass_share": mass_share,
+                "matched_terms": matched_terms,
                 "metadata": metadata,
                 "query_tokens": query_tokens,
                 "rank": rank,
@@ -116,7 +139,17 @@ class EvidenceItem:
         from ..models.span import Span  # noqa: PLC0415
 
         d = dict(src_dict)
+
+        def _parse_bm25(data: object) -> float | None:
+            if data is None:
+                return data
+            return cast(float | None, data)
+
+        bm25 = _parse_bm25(d.pop("bm25"))
+
         chunk_id = d.pop("chunk_id")
+
+        dense_similarity = d.pop("dense_similarity")
 
         doc_id = d.pop("doc_id")
 
@@ -132,6 +165,21 @@ class EvidenceItem:
         label = _parse_label(d.pop("label"))
 
         mass_share = d.pop("mass_share")
+
+        def _parse_matched_terms(data: object) -> list[str] | None:
+            if data is None:
+                return data
+            try:
+                if not isinstance(data, list):
+                    raise TypeError()
+                matched_terms_type_0 = cast(list[str], data)
+
+                return matched_terms_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(list[str] | None, data)
+
+        matched_terms = _parse_matched_terms(d.pop("matched_terms"))
 
         metadata = EvidenceItemMetadata.from_dict(d.pop("metadata"))
 
@@ -160,12 +208,15 @@ class EvidenceItem:
         weight = d.pop("weight")
 
         evidence_item = cls(
+            bm25=bm25,
             chunk_id=chunk_id,
+            dense_similarity=dense_similarity,
             doc_id=doc_id,
             end=end,
             influence=influence,
             label=label,
             mass_share=mass_share,
+            matched_terms=matched_terms,
             metadata=metadata,
             query_tokens=query_tokens,
             rank=rank,

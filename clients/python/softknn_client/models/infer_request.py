@@ -7,6 +7,7 @@ from attrs import define as _attrs_define
 
 from ..models.infer_request_kernel import InferRequestKernel, check_infer_request_kernel
 from ..models.infer_request_mixing import InferRequestMixing, check_infer_request_mixing
+from ..models.infer_request_retrieval_type_0 import InferRequestRetrievalType0, check_infer_request_retrieval_type_0
 from ..types import UNSET, Unset
 
 T = TypeVar("T", bound="InferRequest")
@@ -22,16 +23,22 @@ class InferRequest:
         alpha (float | Unset): fixed mixing: weight of the input's own attention, out = α·attn_intra + (1−α)·attn_db
             (seed 000 §4.3); ignored by joint mixing Default: 0.7.
         evidence (int | Unset): evidence items returned per input Default: 5.
-        exact (bool | Unset): exact (brute-force) search instead of the ANN index Default: False.
+        exact (bool | Unset): exact (brute-force) search instead of the ANN index; with hybrid or lexical retrieval, the
+            similarity computed over every chunk Default: False.
         k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
         kernel (InferRequestKernel | Unset): k-NN kernel (seed 001) Default: 'softmax'.
+        lexical_weight (float | Unset): λ of the hybrid similarity Default: 0.5.
         mixing (InferRequestMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
             (memory share is reported) Default: 'fixed'.
+        retrieval (InferRequestRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,
+            lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid
+            where the bundle has a lexical index, else dense
         return_tokens (bool | Unset): also return per-token outputs: tokens, token_embeddings, head_memory_share
             Default: False.
         spans (int | Unset): highlighted word spans per evidence item Default: 5.
-        temperature (float | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel Default: 0.05.
-        threshold (float | None | Unset): hybrid retrieval: also keep chunks of the 64-candidate pool whose weight is ≥
+        temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel; null = the
+            retrieval's default
+        threshold (float | None | Unset): top-k + threshold: also keep chunks of the 64-candidate pool whose weight is ≥
             threshold
         truncate (bool | Unset): cut inputs over the character or token limit instead of refusing them (413) Default:
             False.
@@ -43,10 +50,12 @@ class InferRequest:
     exact: bool | Unset = False
     k: int | Unset = 8
     kernel: InferRequestKernel | Unset = "softmax"
+    lexical_weight: float | Unset = 0.5
     mixing: InferRequestMixing | Unset = "fixed"
+    retrieval: InferRequestRetrievalType0 | None | Unset = UNSET
     return_tokens: bool | Unset = False
     spans: int | Unset = 5
-    temperature: float | Unset = 0.05
+    temperature: float | None | Unset = UNSET
     threshold: float | None | Unset = UNSET
     truncate: bool | Unset = False
 
@@ -65,15 +74,29 @@ class InferRequest:
         if not isinstance(self.kernel, Unset):
             kernel = self.kernel
 
+        lexical_weight = self.lexical_weight
+
         mixing: str | Unset = UNSET
         if not isinstance(self.mixing, Unset):
             mixing = self.mixing
+
+        retrieval: None | str | Unset
+        if isinstance(self.retrieval, Unset):
+            retrieval = UNSET
+        elif isinstance(self.retrieval, str):
+            retrieval = self.retrieval
+        else:
+            retrieval = self.retrieval
 
         return_tokens = self.return_tokens
 
         spans = self.spans
 
-        temperature = self.temperature
+        temperature: float | None | Unset
+        if isinstance(self.temperature, Unset):
+            temperature = UNSET
+        else:
+            temperature = self.temperature
 
         threshold: float | None | Unset
         if isinstance(self.threshold, Unset):
@@ -100,8 +123,12 @@ class InferRequest:
             field_dict["k"] = k
         if kernel is not UNSET:
             field_dict["kernel"] = kernel
+        if lexical_weight is not UNSET:
+            field_dict["lexical_weight"] = lexical_weight
         if mixing is not UNSET:
             field_dict["mixing"] = mixing
+        if retrieval is not UNSET:
+            field_dict["retrieval"] = retrieval
         if return_tokens is not UNSET:
             field_dict["return_tokens"] = return_tokens
         if spans is not UNSET:
@@ -135,6 +162,8 @@ class InferRequest:
         else:
             kernel = check_infer_request_kernel(_kernel)
 
+        lexical_weight = d.pop("lexical_weight", UNSET)
+
         _mixing = d.pop("mixing", UNSET)
         mixing: InferRequestMixing | Unset
         if isinstance(_mixing, Unset):
@@ -142,11 +171,35 @@ class InferRequest:
         else:
             mixing = check_infer_request_mixing(_mixing)
 
+        def _parse_retrieval(data: object) -> InferRequestRetrievalType0 | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, str):
+                    raise TypeError()
+                retrieval_type_0 = check_infer_request_retrieval_type_0(data)
+
+                return retrieval_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(InferRequestRetrievalType0 | None | Unset, data)
+
+        retrieval = _parse_retrieval(d.pop("retrieval", UNSET))
+
         return_tokens = d.pop("return_tokens", UNSET)
 
         spans = d.pop("spans", UNSET)
 
-        temperature = d.pop("temperature", UNSET)
+        def _parse_temperature(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        temperature = _parse_temperature(d.pop("temperature", UNSET))
 
         def _parse_threshold(data: object) -> float | None | Unset:
             if data is None:
@@ -166,7 +219,9 @@ class InferRequest:
             exact=exact,
             k=k,
             kernel=kernel,
+            lexical_weight=lexical_weight,
             mixing=mixing,
+            retrieval=retrieval,
             return_tokens=return_tokens,
             spans=spans,
             temperature=temperature,
