@@ -25,7 +25,10 @@ from index_builder.reader import Fields, read_kb
 from softknn.bundle import DATA_FILES, atomic_write_bytes, finalize, verify_bundle
 from softknn.encoder import Encoder
 from softknn.errors import BundleError, KBFormatError
+from softknn.calibration import calibrate_loo
+from softknn.engine import InferParams
 from softknn.lexical import LexicalIndex, LexicalSpec
+from softknn.retrieval import CANDIDATES
 from softknn.memory import build_index, choose_index
 
 log = logging.getLogger(__name__)
@@ -43,6 +46,7 @@ class BuildConfig:
     kv_dtype: str = "float32"
     fields: Fields = field(default_factory=Fields)
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
+    calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (softknn.calibration)
 
 
 def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int) -> str:
@@ -221,8 +225,13 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
             for c in chunks:
                 f.write(json.dumps(c.record(), sort_keys=True, ensure_ascii=False) + "\n")
         manifest = _manifest(kb, cfg, encoder, layer, spec, docs, chunks, ntok, plan)
+        texts = [c.text for c in chunks]
+        lex = None
         if cfg.lexical:
-            manifest["lexical"] = write_lexical([c.text for c in chunks], tmp)
+            manifest["lexical"], lex = write_lexical(texts, tmp)
+        if cfg.calibrate and manifest["labels"]:
+            manifest["calibration"] = calibrate_loo(xb, [c.label for c in chunks], texts, lex,
+                                                    k=InferParams().k, candidates=CANDIDATES)
         manifest = finalize(tmp, out, manifest, force=force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -231,11 +240,17 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
     return manifest
 
 
-def write_lexical(texts: list[str], bundle_dir: Path, spec: LexicalSpec = LexicalSpec()) -> dict:
-    """The BM25 index of the chunk texts under bundle_dir/lexical/; its manifest entry."""
+def write_lexical(texts: list[str], bundle_dir: Path, spec: LexicalSpec = LexicalSpec()) -> tuple[dict, LexicalIndex]:
+    """The BM25 index of the chunk texts under bundle_dir/lexical/; (its manifest entry, the index)."""
     lex = LexicalIndex.build(texts, spec)
     lex.save(bundle_dir)
-    return {"settings": spec.to_manifest(), "vocabulary": len(lex.vocab), "postings": int(lex.retriever.scores["indptr"][-1])}
+    entry = {"settings": spec.to_manifest(), "vocabulary": len(lex.vocab), "postings": int(lex.retriever.scores["indptr"][-1])}
+    return entry, lex
+
+
+def read_chunks(bundle: Path) -> list[dict]:
+    with open(Path(bundle) / "chunks.jsonl", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
 
 
 def add_lexical(bundle: Path) -> dict:
@@ -246,8 +261,7 @@ def add_lexical(bundle: Path) -> dict:
     manifest = verify_bundle(bundle)
     if manifest.get("lexical"):
         raise BundleError(f"{bundle}: already has a lexical index")
-    with open(bundle / "chunks.jsonl", encoding="utf-8") as f:
-        texts = [json.loads(line)["text"] for line in f]
+    texts = [c["text"] for c in read_chunks(bundle)]
     tmp = bundle.parent / f".{bundle.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
@@ -257,7 +271,11 @@ def add_lexical(bundle: Path) -> dict:
             except OSError:
                 shutil.copy2(bundle / name, tmp / name)
         new = {k: v for k, v in manifest.items() if k not in ("files", "version_id", "created_at")}
-        new["lexical"] = write_lexical(texts, tmp)
+        new["lexical"], lex = write_lexical(texts, tmp)
+        if new.get("labels"):  # the default retrieval becomes hybrid: choose its λ, τ and abstain rule anew
+            labels = [c.get("label") for c in read_chunks(bundle)]
+            new["calibration"] = calibrate_loo(np.load(bundle / "embeddings.npy"), labels, texts, lex,
+                                               k=InferParams().k, candidates=CANDIDATES)
         return finalize(tmp, bundle, new, force=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

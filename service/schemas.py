@@ -71,7 +71,7 @@ class InferRequestBase(BaseModel):
     exact: bool
     threshold: float | None
     retrieval: Literal["hybrid", "dense", "lexical"] | None
-    lexical_weight: float
+    lexical_weight: float | None
     evidence: int
     spans: int
     return_tokens: bool
@@ -128,7 +128,8 @@ def infer_request_model(settings: Settings) -> type[InferRequestBase]:
             d.retrieval, description="similarity s_c of the external k-NN: dense e_q·e_c, lexical BM25, or hybrid "
             "(1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid where the bundle "
             "has a lexical index, else dense")
-        lexical_weight: float = Field(d.lexical_weight, ge=0, le=1, description="λ of the hybrid similarity")
+        lexical_weight: float | None = Field(d.lexical_weight, ge=0, le=1, description="λ of the hybrid similarity; "
+                                             "null = the bundle's calibrated λ (labelled KBs) or the default")
         evidence: Int = Field(min(d.evidence, lim.max_evidence), ge=0, le=lim.max_evidence,
                               description="evidence items returned per input")
         spans: Int = Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")

@@ -40,17 +40,20 @@ class InferParams:
     truncate: bool = False
     abstain_threshold: float | None = None  # None: the bundle's calibrated value
     retrieval: str | None = None  # hybrid | dense | lexical; None: hybrid where the bundle has a lexical index
-    lexical_weight: float = LEXICAL_WEIGHT  # λ of the hybrid similarity
+    lexical_weight: float | None = None  # λ of the hybrid similarity; None: the bundle's calibrated λ, else LEXICAL_WEIGHT
     candidates: int = CANDIDATES  # m: each retriever's top m are the hybrid candidates and its normalisation
 
-    def resolved(self, has_lexical: bool) -> InferParams:
-        """With `retrieval` and `temperature` filled in for a bundle with or without a lexical index."""
+    def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> InferParams:
+        """With `retrieval`, `temperature` and `lexical_weight` filled in for a bundle with or without
+        a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (softknn.calibration)."""
         mode = self.retrieval or ("hybrid" if has_lexical else "dense")
         if mode != "dense" and not has_lexical:
             raise InvalidInput(f"retrieval {mode!r} needs a lexical index, and this bundle was built without one "
                                "(`softknn add-lexical` adds it); use retrieval 'dense'", field="retrieval")
-        tau = DEFAULT_TEMPERATURE[mode] if self.temperature is None else self.temperature
-        return replace(self, retrieval=mode, temperature=tau)
+        own = (calibrated or {}).get(mode, {})
+        tau = self.temperature if self.temperature is not None else own.get("temperature", DEFAULT_TEMPERATURE[mode])
+        lam = self.lexical_weight if self.lexical_weight is not None else own.get("lexical_weight", LEXICAL_WEIGHT)
+        return replace(self, retrieval=mode, temperature=tau, lexical_weight=lam)
 
     def validate(self) -> InferParams:
         if not (0.0 <= self.alpha <= 1.0) or math.isnan(self.alpha):
@@ -65,7 +68,7 @@ class InferParams:
             raise InvalidInput(f"temperature must be > 0 and finite, got {self.temperature}", field="temperature")
         if self.retrieval is not None and self.retrieval not in RETRIEVALS:
             raise InvalidInput(f"retrieval must be one of {RETRIEVALS}, got {self.retrieval!r}", field="retrieval")
-        if not (0.0 <= self.lexical_weight <= 1.0) or math.isnan(self.lexical_weight):
+        if self.lexical_weight is not None and (not (0.0 <= self.lexical_weight <= 1.0) or math.isnan(self.lexical_weight)):
             raise InvalidInput(f"lexical_weight must be in [0, 1], got {self.lexical_weight}", field="lexical_weight")
         if self.candidates < 1:
             raise InvalidInput(f"candidates must be ≥ 1, got {self.candidates}", field="candidates")
@@ -104,7 +107,8 @@ class Engine:
     # --- retrieval ----------------------------------------------------------------------------
     def resolve(self, params: list[InferParams]) -> list[InferParams]:
         """Validated, with the retrieval and temperature this bundle serves them with."""
-        return [p.validate().resolved(self.bundle.lexical is not None) for p in params]
+        cal = (self.bundle.manifest.get("calibration") or {}).get("retrieval_defaults")
+        return [p.validate().resolved(self.bundle.lexical is not None, cal) for p in params]
 
     def retrieve(self, xq: np.ndarray, params: list[InferParams], texts: list[str] | None = None) -> Retrieval:
         """R and w_db per input (params resolved). Inputs sharing (exact, retrieval, search size) are

@@ -29,8 +29,9 @@ class InferDefaults(BaseModel):
                                       "empty = the retrieval's own default (docs/quality.md)")
     retrieval: Literal["hybrid", "dense", "lexical"] | None = Field(
         None, description="similarity of the external k-NN; empty = hybrid where the bundle has a lexical index, else dense")
-    lexical_weight: float = Field(LEXICAL_WEIGHT, ge=0, le=1, description="λ of the hybrid similarity (1−λ)·dense + λ·BM25, "
-                                  "each min-max normalised over its top `candidates`")
+    lexical_weight: float | None = Field(None, ge=0, le=1, description="λ of the hybrid similarity (1−λ)·dense + λ·BM25, "
+                                         f"each min-max normalised over its top `candidates`; empty = the bundle's "
+                                         f"calibrated λ (labelled KBs), else {LEXICAL_WEIGHT}")
     candidates: int = Field(CANDIDATES, ge=1, description="hybrid/lexical: each retriever's top m, the candidates and the "
                             "range of its normalisation")
     kernel: Literal["softmax", "epanechnikov", "uniform"] = Field("softmax", description="k-NN kernel (seed 001), bandwidth h² = τ")

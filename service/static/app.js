@@ -3,7 +3,7 @@ import { ApiError, entry, getKey, indexSummary, infer, inferSchema, setKey } fro
 import { bundleLine, compareStrip, h, pane } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
-const CONTROLS = ["alpha", "mixing", "k", "temperature"];
+const CONTROLS = ["alpha", "mixing", "k", "temperature", "retrieval", "lexical_weight"];
 let runSeq = 0; // a slower, older answer never overwrites a newer one
 
 // --- form values -----------------------------------------------------------------------------
@@ -15,20 +15,25 @@ function readNumber(id) {
 }
 
 function params() {
-  return { alpha: readNumber("alpha"), mixing: $("mixing").value, k: readNumber("k"), temperature: readNumber("temperature") };
+  return {
+    alpha: readNumber("alpha"), mixing: $("mixing").value, k: readNumber("k"), temperature: readNumber("temperature"),
+    retrieval: $("retrieval").value || undefined, // auto: the service picks hybrid where the bundle has BM25
+    lexical_weight: readNumber("lexical_weight"),
+  };
 }
 
 /** Bounds and defaults from the service's OpenAPI document, so the controls match this deployment. */
 async function applySchema() {
   const props = await inferSchema();
   if (!props) return;
-  for (const id of ["alpha", "k", "temperature"]) {
+  for (const id of ["alpha", "k", "temperature", "lexical_weight"]) {
     const p = props[id];
     if (!p) continue;
-    if (p.default !== undefined) $(id).value = p.default;
+    if (p.default !== undefined) $(id).value = p.default === null ? "" : p.default; // null: "auto"
     if (p.maximum !== undefined) $(id).max = p.maximum;
   }
   if (props.mixing?.default) $("mixing").value = props.mixing.default;
+  if (props.retrieval?.default) $("retrieval").value = props.retrieval.default;
   syncAlpha("alpha");
   alphaHint();
 }
@@ -47,7 +52,9 @@ function alphaHint() {
 }
 
 // --- errors ----------------------------------------------------------------------------------
-const FIELD_CONTROL = { alpha: "alpha", mixing: "mixing", k: "k", temperature: "temperature" };
+const FIELD_CONTROL = {
+  alpha: "alpha", mixing: "mixing", k: "k", temperature: "temperature", retrieval: "retrieval", lexical_weight: "lexical_weight",
+};
 
 function clearError() {
   $("error").hidden = true;

@@ -143,6 +143,9 @@ const DIAG = [
   ["mixing", "mixing", ""],
   ["k", "k", ""],
   ["temperature", "τ", "k-NN bandwidth"],
+  ["retrieval", "retrieval", "the similarity the k-NN ranked by: hybrid, dense or lexical (BM25)"],
+  ["lexical_weight", "λ", "BM25 weight of the hybrid similarity"],
+  ["nearest_similarity", "nearest similarity", "largest e_q·e_c over the KB (the abstain gate's s₁)"],
   ["kernel", "kernel", ""],
   ["search", "search", "exact, or the ANN index that answered"],
   ["memory_layer", "memory layer", ""],
@@ -240,13 +243,27 @@ function evidenceItem(item, loadEntry) {
     h("p", { class: "nums" },
       h("span", { class: "key w" }, "w_db "), num("weight", item.weight), " · ",
       h("span", { class: "key m" }, "mass share "), num("mass_share", item.mass_share), " · ",
-      "similarity ", num("similarity", item.similarity), " · ",
+      h("span", { title: "the similarity s_c the k-NN ranked and weighted by" }, "s "), num("similarity", item.similarity), " · ",
       h("span", { title: "‖Δout‖/‖out‖ of the memory layer if this chunk were removed" }, "influence "),
       num("influence", item.influence)),
+    why(item),
     chunk,
     detail,
     item.query_tokens.some((q) => q.weight > 0) ? h("p", { class: "pulled muted" }, "pulled most by: ", pulledBy(item.query_tokens)) : null,
     provenance(item, loadEntry));
+}
+
+/** Why the k-NN retrieved the chunk: its dense similarity, its BM25 score and the words that matched. */
+function why(item) {
+  const parts = [h("span", { title: "e_q·e_c, the embeddings' cosine" }, "dense "), num("dense_similarity", item.dense_similarity)];
+  if (item.bm25 !== null && item.bm25 !== undefined) {
+    parts.push(" · ", h("span", { title: "BM25 score of the chunk for the input" }, "BM25 "), num("bm25", item.bm25));
+    const words = item.matched_terms || [];
+    parts.push(" · ", h("span", { title: "the input's words found in the chunk (after stemming)" }, "matched "),
+      words.length ? h("span", { class: "matched", dataset: { field: "matched_terms" } }, words.join(", "))
+        : h("span", { class: "muted", dataset: { field: "matched_terms" } }, "none"));
+  }
+  return h("p", { class: "nums why" }, ...parts);
 }
 
 function evidenceList(result, loadEntry) {
@@ -284,10 +301,12 @@ export function pane(run, loadEntry) {
   const r = run.response.results[0];
   const d = r.diagnostics;
   const p = run.params;
-  const setting = p.mixing === "joint" ? `joint · k ${p.k} · τ ${p.temperature}` : `α ${p.alpha} · fixed · k ${p.k} · τ ${p.temperature}`;
+  const how = d.retrieval === "hybrid" ? `hybrid λ ${d.lexical_weight}` : d.retrieval;
+  const setting = (d.mixing === "joint" ? `joint · k ${d.k}` : `α ${d.alpha} · fixed · k ${d.k}`) + ` · τ ${d.temperature} · ${how}`;
   const el = h("article", {
     class: "pane",
-    dataset: { variant: run.variant, alpha: p.alpha, mixing: p.mixing, k: p.k, temperature: p.temperature, requestId: run.response.request_id },
+    dataset: { variant: run.variant, alpha: p.alpha, mixing: p.mixing, k: p.k, temperature: d.temperature, retrieval: d.retrieval,
+      requestId: run.response.request_id },
   },
   h("header", { class: "pane-head" },
     h("h2", {}, run.title), h("p", { class: "muted" }, setting),

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from softknn.bundle import DATA_FILES, load_bundle, verify_bundle, version_id
+from softknn.lexical import LEXICAL_FILES
 from softknn.errors import BundleError
 from softknn.memory import ChunkIndex, build_index, choose_index
 
@@ -102,7 +103,7 @@ def test_cli_verify_and_info(sample_bundle_path, tmp_path):
     assert info.wait(timeout=60) == 0
     m = json.loads(info.stdout.read())
     assert m["counts"]["chunks"] == 297 and m["index"]["kind"] == "flat" and len(m["labels"]) == 12
-    assert sorted(m["files"]) == sorted(DATA_FILES)
+    assert sorted(m["files"]) == sorted(DATA_FILES + LEXICAL_FILES)  # every file under its checksum
 
 
 def test_build_refuses_to_overwrite_without_force(sample_bundle_path, small_kb):

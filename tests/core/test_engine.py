@@ -122,7 +122,7 @@ def test_batched_inputs_with_different_params_equal_their_solo_results(engine):
 def test_diagnostics_entropy_and_effective_k(engine):
     r = engine.infer([QUERY], InferParams(k=8, temperature=0.05))[0]
     d = r["diagnostics"]
-    w = np.array([e["weight"] for e in engine.infer([QUERY], InferParams(k=8, evidence=8))[0]["evidence"]])
+    w = np.array([e["weight"] for e in engine.infer([QUERY], InferParams(k=8, temperature=0.05, evidence=8))[0]["evidence"]])
     h = float(-(w * np.log(w)).sum())
     assert d["w_db_entropy"] == pytest.approx(h, abs=1e-5)
     assert d["w_db_effective_k"] == pytest.approx(np.exp(h), abs=1e-4)

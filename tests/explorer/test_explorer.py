@@ -164,8 +164,8 @@ def check_evidence(page: Page, scope: str, result: dict) -> None:
 # --- tests -------------------------------------------------------------------------------------
 def test_query_shows_the_evidence_tokens_and_labels_the_api_returned(page, api):
     body = run(page)
-    assert body == {"inputs": [QUERY], "alpha": 0.7, "mixing": "fixed", "k": 8, "temperature": 0.05,
-                    "return_tokens": True}
+    # τ, retrieval and λ left at "auto" (the schema's null defaults): the service picks them per bundle
+    assert body == {"inputs": [QUERY], "alpha": 0.7, "mixing": "fixed", "k": 8, "return_tokens": True}
     r = infer(api, body)
     check_evidence(page, ".pane[data-variant='current']", r)
 
@@ -192,6 +192,29 @@ def test_query_shows_the_evidence_tokens_and_labels_the_api_returned(page, api):
     assert f"{entry['doc_id']}, chars {entry['start']}–{entry['end']}" in prov
     assert str(len(entry["token_spans"])) in prov
     screenshot(page, "explorer-1024-fixed.png")
+
+
+@pytest.mark.parametrize("mode", ["lexical", "dense", "hybrid"])
+def test_retrieval_control_sends_it_and_evidence_shows_why_each_chunk_came(page, api, mode):
+    page.select_option("#retrieval", mode)
+    page.fill("#lexical_weight", "0.3")
+    body = run(page)
+    assert (body["retrieval"], body["lexical_weight"]) == (mode, 0.3)
+    r = infer(api, body)
+    check_evidence(page, ".pane[data-variant='current']", r)
+    assert page.get_attribute(".pane[data-variant='current']", "data-retrieval") == mode
+    assert page.locator(".diag dd[data-field='retrieval']").inner_text() == mode
+    items = page.locator("li.item")
+    for i, ev in enumerate(r["evidence"]):
+        item = items.nth(i)
+        dense = float(item.locator(".num[data-field='dense_similarity']").get_attribute("data-value"))
+        assert dense == pytest.approx(ev["dense_similarity"], abs=TOL)
+        if mode == "dense":
+            assert ev["bm25"] is None and item.locator(".num[data-field='bm25']").count() == 0
+            continue
+        assert float(item.locator(".num[data-field='bm25']").get_attribute("data-value")) == pytest.approx(ev["bm25"], abs=TOL)
+        words = item.locator("[data-field='matched_terms']").inner_text()
+        assert words == (", ".join(ev["matched_terms"]) or "none")
 
 
 def test_changing_alpha_changes_the_evidence_and_compare_shows_alpha_1(page, api):

@@ -27,7 +27,8 @@ class InferRequest:
             similarity computed over every chunk Default: False.
         k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
         kernel (InferRequestKernel | Unset): k-NN kernel (seed 001) Default: 'softmax'.
-        lexical_weight (float | Unset): λ of the hybrid similarity Default: 0.5.
+        lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the bundle's calibrated λ (labelled
+            KBs) or the default
         mixing (InferRequestMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
             (memory share is reported) Default: 'fixed'.
         retrieval (InferRequestRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,
@@ -50,7 +51,7 @@ class InferRequest:
     exact: bool | Unset = False
     k: int | Unset = 8
     kernel: InferRequestKernel | Unset = "softmax"
-    lexical_weight: float | Unset = 0.5
+    lexical_weight: float | None | Unset = UNSET
     mixing: InferRequestMixing | Unset = "fixed"
     retrieval: InferRequestRetrievalType0 | None | Unset = UNSET
     return_tokens: bool | Unset = False
@@ -74,7 +75,11 @@ class InferRequest:
         if not isinstance(self.kernel, Unset):
             kernel = self.kernel
 
-        lexical_weight = self.lexical_weight
+        lexical_weight: float | None | Unset
+        if isinstance(self.lexical_weight, Unset):
+            lexical_weight = UNSET
+        else:
+            lexical_weight = self.lexical_weight
 
         mixing: str | Unset = UNSET
         if not isinstance(self.mixing, Unset):
@@ -162,7 +167,14 @@ class InferRequest:
         else:
             kernel = check_infer_request_kernel(_kernel)
 
-        lexical_weight = d.pop("lexical_weight", UNSET)
+        def _parse_lexical_weight(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        lexical_weight = _parse_lexical_weight(d.pop("lexical_weight", UNSET))
 
         _mixing = d.pop("mixing", UNSET)
         mixing: InferRequestMixing | Unset
