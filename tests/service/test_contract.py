@@ -162,3 +162,65 @@ def test_request_ids_are_echoed_sanitised_and_logged_as_json(inproc, caplog):
     assert {k: line[k] for k in ("level", "msg", "request_id", "method", "route", "status")} == {
         "level": "info", "msg": "GET /v1/index 200", "request_id": "trace-42", "method": "GET",
         "route": "/v1/index", "status": 200}
+
+
+# --- retrieval: hybrid by default, dense as before, old bundles dense-only (issue 13) ----------------
+def test_exact_dense_request_equals_the_brute_force_reference(api, encoder, engine):
+    """What the independent check of the core contract sends: retrieval "dense" with exact."""
+    from softknn.reference import reference_embedding
+
+    text = "Can I bring my dog on the Coral Line ferry to Brindlewick?"
+    n = len(engine.bundle)
+    for mixing in ("fixed", "joint"):
+        body = {"inputs": [text], "exact": True, "k": n, "alpha": 0.6, "mixing": mixing, "temperature": 0.07,
+                "retrieval": "dense", "evidence": 50}  # limits.max_evidence
+        got = api.post("/v1/infer", json=body).json()["results"][0]
+        ref, rows, w = reference_embedding(encoder, engine.bundle, text, alpha=0.6, mixing=mixing, k=n,
+                                           temperature=0.07)
+        assert got["diagnostics"]["retrieval"] == "dense"
+        assert np.abs(np.asarray(got["embedding"]) - ref).max() <= 1e-5
+        ref_w = {engine.bundle.chunks[r]["chunk_id"]: x for r, x in zip(rows, w)}
+        assert max(abs(e["weight"] - ref_w[e["chunk_id"]]) for e in got["evidence"]) <= 1e-6
+
+
+def test_exact_hybrid_request_equals_the_brute_force_reference(api, encoder, engine):
+    from softknn.reference import reference_embedding
+
+    text = "refund for a cancelled sailing in a storm"
+    n = len(engine.bundle)
+    body = {"inputs": [text], "exact": True, "k": n, "retrieval": "hybrid", "lexical_weight": 0.4,
+            "temperature": 0.2, "evidence": 50}
+    got = api.post("/v1/infer", json=body).json()["results"][0]
+    ref, rows, w = reference_embedding(encoder, engine.bundle, text, alpha=0.7, mixing="fixed", k=n,
+                                       temperature=0.2, retrieval="hybrid", lexical_weight=0.4)
+    d = got["diagnostics"]
+    assert (d["retrieval"], d["lexical_weight"], d["candidates"]) == ("hybrid", 0.4, 200)
+    assert np.abs(np.asarray(got["embedding"]) - ref).max() <= 1e-5
+    ref_w = {engine.bundle.chunks[r]["chunk_id"]: x for r, x in zip(rows, w)}
+    assert max(abs(e["weight"] - ref_w[e["chunk_id"]]) for e in got["evidence"]) <= 1e-6
+
+
+def test_default_retrieval_is_hybrid_and_the_index_says_what_it_serves(api, engine):
+    res = api.post("/v1/infer", json={"inputs": ["can my dog come on board?"], "evidence": 3}).json()["results"][0]
+    cal = engine.bundle.manifest["calibration"]["retrieval_defaults"]["hybrid"]
+    d = res["diagnostics"]
+    assert (d["retrieval"], d["lexical_weight"], d["temperature"]) == ("hybrid", cal["lexical_weight"],
+                                                                      cal["temperature"])
+    assert all(e["bm25"] is not None and isinstance(e["matched_terms"], list) for e in res["evidence"])
+    lex = api.get("/v1/index").json()["index"]["lexical"]
+    assert (lex["available"], lex["default_retrieval"], lex["settings"]["library"]) == (True, "hybrid", "bm25s")
+    assert lex["bytes"] > 0 and lex["bytes_per_chunk"] == round(lex["bytes"] / len(engine.bundle), 1)
+
+
+def test_a_bundle_without_a_lexical_index_serves_dense_and_refuses_hybrid_with_a_422(running_app, make_settings,
+                                                                                   dense_only_bundle_path):
+    with running_app(make_settings(dense_only_bundle_path)) as client:
+        lex = client.get("/v1/index").json()["index"]["lexical"]
+        assert (lex["available"], lex["default_retrieval"]) == (False, "dense") and "add-lexical" in lex["note"]
+        ok = client.post("/v1/infer", json={"inputs": ["dogs?"]})
+        assert ok.status_code == 200 and ok.json()["results"][0]["diagnostics"]["retrieval"] == "dense"
+        bad = client.post("/v1/infer", json={"inputs": ["dogs?"], "retrieval": "hybrid"})
+        assert bad.status_code == 422
+        assert bad.json()["error"]["field"] == "retrieval" and "add-lexical" in bad.json()["error"]["message"]
+        wrong = client.post("/v1/infer", json={"inputs": ["dogs?"], "retrieval": "sparse"})
+        assert wrong.status_code == 422 and wrong.json()["error"]["field"] == "retrieval"
