@@ -40,17 +40,36 @@ def _top_k(s: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarr
     return best(s, ids, k)
 
 
-def _vote(scores: np.ndarray, rows: np.ndarray, label_ids: np.ndarray, n_labels: int, tau: float,
-          kernel: str) -> tuple[int, float]:
-    """(top label id or −1, its score) of Σ_R w_db·onehot(label), ties to the lower label id (name order)."""
-    w = knn_weights_row(np.asarray(scores, dtype=np.float32), tau, kernel).astype(np.float64)
+def _votes(scores: np.ndarray, rows: np.ndarray, label_ids: np.ndarray, n_labels: int, taus, kernel: str):
+    """Per τ: (top label id or −1, its score) of Σ_R w_db·onehot(label), ties to the lower label id
+    (name order, as evidence.label_scores). The softmax kernel for every τ at once, with
+    knn_weights_row's arithmetic (float64, rounded to float32); other kernels through it."""
+    s = np.asarray(scores, dtype=np.float32).astype(np.float64)
+    if kernel == "softmax":
+        z = s[None, :] / np.asarray(taus, dtype=np.float64)[:, None]  # (T, k)
+        e = np.exp(z - z.max(1, keepdims=True))
+        w = (e / e.sum(1, keepdims=True)).astype(np.float32).astype(np.float64)
+    else:
+        w = np.stack([knn_weights_row(s, t, kernel).astype(np.float64) for t in taus])
     lab = label_ids[rows]
-    ok = (lab >= 0) & (w > 0)
-    if not ok.any():
-        return -1, 0.0
-    acc = np.bincount(lab[ok], weights=w[ok], minlength=n_labels)
-    top = int(np.argmax(acc))
-    return top, float(acc[top])
+    onehot = np.zeros((len(rows), n_labels))
+    has = lab >= 0
+    onehot[np.flatnonzero(has), lab[has]] = 1.0
+    acc = w @ onehot  # (T, L)
+    top = acc.argmax(1)
+    score = acc[np.arange(len(taus)), top]
+    return [(int(t) if sc > 0 else -1, float(sc)) for t, sc in zip(top, score, strict=True)]
+
+
+def _hybrid_top_k(d: np.ndarray, b: np.ndarray, ids: np.ndarray, lam: float, k: int, m: int, cand: np.ndarray,
+                  d_hat: np.ndarray, b_hat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The top k by the hybrid s among the candidates (both top-m lists), where s = 0 outside them;
+    the whole of d, b when 0-score chunks would compete for the last places (retrieval.topk_fast)."""
+    S, I = best(mix(d_hat, b_hat, lam), ids[cand], k)
+    if len(S) == k and S[-1] > 0:
+        return S, I
+    full = mix(norm_top(d, float(d.max()), kth_largest(d, m)), norm_top(b, float(b.max()), kth_largest(b, m)), lam)
+    return _top_k(full, ids, k)
 
 
 def loo_outcomes(xb: np.ndarray, labels: list[str | None], texts: list[str], lexical, *, k: int, candidates: int,
@@ -87,18 +106,20 @@ def loo_outcomes(xb: np.ndarray, labels: list[str | None], texts: list[str], lex
             s1.append(float(d.max()))
             truth = label_ids[c]
             S, I = _top_k(d, others, k)
-            top, score = _vote(S, I, label_ids, len(names), tau_d, kernel)
+            (top, score), = _votes(S, I, label_ids, len(names), [tau_d], kernel)
             cells[("dense", None, tau_d)]["ok"].append(top == truth)
             cells[("dense", None, tau_d)]["score"].append(score)
             if lexical is None:
                 continue
             b = np.delete(lexical.scores(lexical.analyzer.terms(texts[c])), c).astype(np.float64)
-            d_hat = norm_top(d, float(d.max()), kth_largest(d, candidates))
-            b_hat = norm_top(b, float(b.max()), kth_largest(b, candidates))
+            mm = min(candidates, len(d))
+            cand = np.union1d(np.argpartition(-d, mm - 1)[:mm], np.argpartition(-b, mm - 1)[:mm])
+            d_hat = norm_top(d[cand], float(d.max()), kth_largest(d, candidates))
+            b_hat = norm_top(b[cand], float(b.max()), kth_largest(b, candidates))
             for lam in weights:
-                S, I = _top_k(mix(d_hat, b_hat, lam), others, k)
-                for tau in temperatures:
-                    top, score = _vote(S, I, label_ids, len(names), tau, kernel)
+                S, I = _hybrid_top_k(d, b, others, lam, k, candidates, cand, d_hat, b_hat)
+                for tau, (top, score) in zip(temperatures, _votes(S, I, label_ids, len(names), temperatures, kernel),
+                                             strict=True):
                     cells[("hybrid", lam, tau)]["ok"].append(top == truth)
                     cells[("hybrid", lam, tau)]["score"].append(score)
     return {"rows": rows, "s1": np.asarray(s1), "cells": {key: {"ok": np.asarray(v["ok"], dtype=bool),
