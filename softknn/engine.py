@@ -118,7 +118,8 @@ class Engine:
         groups: dict[tuple[bool, str, int], list[int]] = {}
         for i, p in enumerate(params):
             size = min(n, max(p.k, p.hybrid_pool) if p.threshold is not None else p.k)
-            dsize = size if p.retrieval == "dense" else min(n, max(size, p.candidates))
+            # hybrid: the dense top m are candidates and set the normalisation; lexical: only the nearest (s₁)
+            dsize = {"dense": size, "lexical": 1}.get(p.retrieval, min(n, max(size, p.candidates)))
             groups.setdefault((p.exact, p.retrieval, dsize), []).append(i)
         index = self.bundle.index
         for (exact, mode, dsize), members in groups.items():

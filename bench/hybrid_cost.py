@@ -1,0 +1,784 @@
+"""Cost of hybrid retrieval: per-query latency of the retrieval stage, dense vs hybrid vs lexical, and
+the lexical index's bytes per chunk, at KBs of 10k and 100k chunks (issue 13).
+
+    nice -n 5 python bench/hybrid_cost.py [--sizes 10000,100000] [--queries 200] [--rounds 3]
+                                          [--vectors real|random] [--index auto] [--check 50]
+                                          [--profile] [--name hybrid_cost]
+
+What is timed: `Engine.retrieve(xq[i:i+1], [p], [text])` for one query, exactly the service's
+retrieval stage (the call `Engine._infer` makes between the plain pass and the fused pass), with
+p = `InferParams(k=8, retrieval=mode)` resolved by `Engine.resolve`, exact=False. The Engine is made
+without a model (`Engine.__new__`, `.bundle` set): retrieval never touches the encoder. Per query
+the three modes run back to back in a rotating order (dense, hybrid, lexical; then hybrid, lexical,
+dense; …) so drifting load on this shared box hits each alike; one torch and one faiss thread.
+Reported per (N, mode): p50/p90/p99 of wall ms (and of process CPU ms), hybrid − dense p50, and the
+median of the per-query paired difference. A fourth mode in the same loop, `hybrid_one_partition`,
+is the hybrid retrieval with a bench-local `topk_fast_one_partition` patched in for the library's
+`topk_fast` (same answers, checked on every query): what the profile says would remove most of the
+cost over N (see that function); the library itself is not changed.
+
+The KB, in memory (`softknn.bundle.Bundle` with a real `ChunkIndex` and `LexicalIndex`):
+- texts (real): the 13,012 ObliQA passages (artifacts/eval/obliqa/kb.jsonl, `Passage`) and the
+  Banking77 train texts (../shared/data/banking77/train.csv, `text`), shuffled together with a fixed
+  seed into B base texts. Row i of a KB of N is copy c = i // B of base text i mod B. Copy 0 is the
+  text itself; copy c ≥ 1 is its sentences (split at . ! ? ; and newlines) in a seeded random order,
+  one of them dropped when there are ≥ 3, followed by the token `copy<c>` — so copies are not
+  identical documents for BM25 (lengths and term counts differ), and no query contains the token.
+- embeddings (`--vectors real`, the default): each base text's real all-MiniLM-L6-v2 embedding from
+  the evaluation bundles (artifacts/eval/bundles/obliqa: a passage's first chunk, most passages are
+  one chunk; artifacts/eval/bundles/banking77: the train row); copy c ≥ 1 is that vector plus
+  Gaussian noise σ = 0.02 per dimension, renormalised (near-duplicates, as bench/kb.py's replicas).
+  `--vectors random`: seeded random unit vectors instead of the real ones (no artifacts needed;
+  HNSW on random 384-d vectors is slower and recalls less than on real embeddings).
+- index: `choose_index(N, 384, "auto")`, the service's choice: flat (with the 8-bit prefilter from
+  8,192 chunks) up to 20k chunks, HNSW (M 32, efConstruction 80, efSearch 256) above; built with
+  `softknn.memory.build_index` (one thread) and cached under artifacts/bench/hybrid_cost/.
+- lexical: `LexicalIndex.build(texts)` (timed), saved with `LexicalIndex.save` under
+  artifacts/bench/hybrid_cost/ (its bytes on disk are summed) and loaded back with
+  `LexicalIndex.load` (memory-mapped, as a bundle is served).
+Queries (real texts): ObliQA validation questions (artifacts/eval/obliqa/questions_val.jsonl) and
+Banking77 test texts, half each, seeded choice, interleaved. Their vectors: with real vectors, their
+real embeddings as the service computes them (cached by bench/hybrid_obliqa.py and
+bench/hybrid_banking77.py under artifacts/eval/hybrid_*/); with random ones, the unit vector of a KB
+row holding the question's gold passage (ObliQA) or a train text of the same intent (Banking77),
+any copy, plus noise σ = 0.05 per dimension (cosine ≈ 0.7 to it), renormalised (a random KB row
+where the KB holds none), so every query has a clear nearest neighbour above a flat tail.
+
+Also: how often `topk_fast` certified its answer (vs the brute-force fallback), counted by wrapping
+`softknn.engine.topk_fast` in an untimed pass over the same queries; the flat prefilter's counts;
+the fast path vs `exact=True` on `--check` queries (same ids, scores within 1e-5), and the fast
+path's own algorithm (topk_fast fed with the exact dense top m) vs `topk_reference`; a stage
+breakdown of one hybrid retrieval (the engine's calls, timed between them); posting-list work per
+query; and, when hybrid − dense p50 exceeds the 2 ms target at some size (or with --profile), a
+cProfile of the hybrid retrievals. Bytes per chunk: the lexical index's files beside the FAISS
+index (flat: N·384·4; HNSW: measured), the embeddings and the K/V that docs/benchmarks.md §6 quotes.
+
+Writes bench/results/<name>.json and bench/results/<name>.png (p50 per mode vs N; bytes per chunk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import csv
+import io
+import json
+import os
+import pstats
+import random
+import re
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import RESULTS, write  # noqa: E402
+
+SHARED = ROOT.parent / "shared" / "data"
+OBLIQA = ROOT / "artifacts" / "eval" / "obliqa"
+BUNDLES = ROOT / "artifacts" / "eval" / "bundles"
+SCRATCH = ROOT / "artifacts" / "bench" / "hybrid_cost"
+SEED = 1234
+DIM = 384
+COPY_NOISE = 0.02  # σ per dimension of a copy's vector around its base text's
+QUERY_NOISE = 0.05  # σ per dimension of a query's vector around its neighbour's (cos ≈ 0.7)
+MODES = ("dense", "hybrid", "lexical")
+FIX = "hybrid_one_partition"  # hybrid with the bench-local topk_fast below (what would fix the cost)
+TIMED = (*MODES, FIX)
+TARGET_MS = 2.0
+# docs/benchmarks.md §6: K/V of the real bundle, float32, "≈ 76 KB/chunk (25 memory tokens × 12 heads
+# × 32 × 2 × 4 B)", 76,409 MB at 1M chunks
+KV_BYTES_PER_CHUNK_FORMULA = 25 * 12 * 32 * 2 * 4
+KV_BYTES_PER_CHUNK_QUOTED = 76_409
+SPLIT = re.compile(r"(?<=[.!?;])\s+|\n+")
+
+
+# --- the KB -----------------------------------------------------------------------------------
+def base_texts() -> tuple[list[str], list[str], list[str]]:
+    """(texts, source ids, banking77 intents or "") of the B base texts, seeded order."""
+    recs = []
+    with open(OBLIQA / "kb.jsonl", encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            recs.append((r["Passage"], f"obliqa:{r['ID']}", ""))
+    with open(SHARED / "banking77" / "train.csv", newline="", encoding="utf-8") as f:
+        recs += [(r["text"], f"b77:{i}", r["category"]) for i, r in enumerate(csv.DictReader(f))]
+    random.Random(SEED).shuffle(recs)
+    return [r[0] for r in recs], [r[1] for r in recs], [r[2] for r in recs]
+
+
+def variant(text: str, j: int, c: int) -> str:
+    """Copy c of base text j (module docstring)."""
+    if c == 0:
+        return text
+    sents = [s.strip() for s in SPLIT.split(text) if s.strip()] or [text]
+    rng = random.Random(SEED * 1_000_003 + j * 1_009 + c)
+    rng.shuffle(sents)
+    if len(sents) >= 3:
+        del sents[rng.randrange(len(sents))]
+    return " ".join(sents) + f" copy{c}"
+
+
+def kb_texts(n: int, base: list[str]) -> list[str]:
+    b = len(base)
+    return [variant(base[i % b], i % b, i // b) for i in range(n)]
+
+
+def real_base_vectors(ids: list[str]) -> np.ndarray:
+    """(B, DIM) float32: each base text's real embedding from the evaluation bundles."""
+    need = [BUNDLES / "obliqa" / "embeddings.npy", BUNDLES / "obliqa" / "chunks.jsonl",
+            BUNDLES / "banking77" / "embeddings.npy"]
+    if not all(p.is_file() for p in need):
+        raise SystemExit(f"--vectors real needs {', '.join(str(p.relative_to(ROOT)) for p in need)} "
+                         "(see bench/hybrid_obliqa.py, bench/hybrid_banking77.py); or pass --vectors random")
+    oemb = np.load(need[0], mmap_mode="r")
+    first: dict[str, int] = {}
+    with open(need[1], encoding="utf-8") as f:
+        for r, line in enumerate(f):
+            first.setdefault(str(json.loads(line)["doc_id"]), r)
+    bemb = np.load(need[2], mmap_mode="r")
+    out = np.empty((len(ids), DIM), dtype=np.float32)
+    for j, s in enumerate(ids):
+        src, key = s.split(":", 1)
+        if src == "obliqa":
+            if key not in first:
+                raise SystemExit(f"ObliQA passage {key} has no chunk in {need[1]}")
+            out[j] = oemb[first[key]]
+        else:
+            out[j] = bemb[int(key)]
+    return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def real_query_vectors(qs: list[dict]) -> np.ndarray:
+    """(Q, DIM) float32: the queries' real embeddings (the caches of the hybrid sweeps)."""
+    import glob
+    import hashlib
+
+    fp = json.loads((BUNDLES / "banking77" / "manifest.json").read_text())["model"]["fingerprint"]
+    with open(SHARED / "banking77" / "test.csv", newline="", encoding="utf-8") as f:
+        bt = [r["text"] for r in csv.DictReader(f)]
+    h = hashlib.sha256(("\x00".join(bt) + fp).encode()).hexdigest()[:16]
+    bpath = ROOT / "artifacts" / "eval" / "hybrid_banking77" / f"emb_test_{h}.npy"
+    by_id = {}
+    for path in sorted(glob.glob(str(ROOT / "artifacts" / "eval" / "hybrid_obliqa" / "qemb_*.npz"))):
+        z = np.load(path)
+        by_id.update({str(i): e for i, e in zip(z["ids"], z["emb"], strict=True)})
+    if not bpath.is_file():
+        raise SystemExit(f"--vectors real needs {bpath.relative_to(ROOT)} (bench/hybrid_banking77.py); or --vectors random")
+    bemb = np.load(bpath)
+    out = []
+    for q in qs:
+        if q["source"] == "obliqa_val":
+            if q["key"] not in by_id:
+                raise SystemExit(f"no cached embedding of ObliQA question {q['key']} (bench/hybrid_obliqa.py)")
+            out.append(by_id[q["key"]])
+        else:
+            out.append(bemb[int(q["key"])])
+    x = np.asarray(out, dtype=np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def kb_vectors(n: int, b: int, real: np.ndarray | None = None) -> np.ndarray:
+    """(n, DIM) float32 unit rows: real (or random) per base text, noisy copies beyond (module docstring)."""
+    rng = np.random.default_rng(SEED)
+    if real is not None:
+        base = np.ascontiguousarray(real[: min(n, b)], dtype=np.float32)
+    else:
+        base = rng.standard_normal((min(n, b), DIM), dtype=np.float32)
+        base /= np.linalg.norm(base, axis=1, keepdims=True)
+    xb = np.empty((n, DIM), dtype=np.float32)
+    xb[: len(base)] = base
+    step = 1 << 16
+    for s in range(len(base), n, step):
+        e = min(n, s + step)
+        x = base[np.arange(s, e) % b] + COPY_NOISE * rng.standard_normal((e - s, DIM), dtype=np.float32)
+        xb[s:e] = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return xb
+
+
+def query_set(n_queries: int, ids: list[str], intents: list[str]) -> list[dict]:
+    """Real query texts, half ObliQA validation questions, half Banking77 test texts, interleaved;
+    each with the base rows its vector may sit near (gold passages / same-intent train texts)."""
+    rng = random.Random(SEED + 1)
+    row_of = {s: j for j, s in enumerate(ids)}
+    with open(OBLIQA / "questions_val.jsonl", encoding="utf-8") as f:
+        qa = [json.loads(line) for line in f]
+    rng.shuffle(qa)
+    with open(SHARED / "banking77" / "test.csv", newline="", encoding="utf-8") as f:
+        bt = [dict(r, row=i) for i, r in enumerate(csv.DictReader(f))]
+    rng.shuffle(bt)
+    by_intent: dict[str, list[int]] = {}
+    for j, t in enumerate(intents):
+        if t:
+            by_intent.setdefault(t, []).append(j)
+    oq = [{"text": q["text"], "source": "obliqa_val", "key": str(q["id"]),
+           "near": [row_of[f"obliqa:{g}"] for g in q.get("gold_ids", []) if f"obliqa:{g}" in row_of]} for q in qa]
+    bq = [{"text": r["text"], "source": "banking77_test", "key": str(r["row"]), "near": by_intent.get(r["category"], [])}
+          for r in bt]
+    out = [x for pair in zip(oq, bq) for x in pair]
+    if n_queries > len(out):
+        raise SystemExit(f"--queries {n_queries}: at most {len(out)} real queries")
+    return out[:n_queries]
+
+
+def query_vectors(qs: list[dict], xb: np.ndarray, b: int) -> tuple[np.ndarray, list[int]]:
+    """(Q, DIM) unit rows near a KB row holding one of each query's `near` base texts (any copy)."""
+    n = len(xb)
+    rng = np.random.default_rng(SEED + 2)
+    rows = []
+    for q in qs:
+        cands = [j + c * b for j in q["near"] for c in range((n - 1 - j) // b + 1)] if q["near"] else []
+        cands = [r for r in cands if r < n]
+        rows.append(int(cands[rng.integers(len(cands))]) if cands else int(rng.integers(n)))
+    x = xb[rows] + QUERY_NOISE * rng.standard_normal((len(qs), DIM), dtype=np.float32)
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32), rows
+
+
+def dir_bytes(path: Path) -> dict[str, int]:
+    return {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def dense_index(xb: np.ndarray, kind: str, vectors: str):
+    """(faiss index, spec, build seconds or None when cached, serialized bytes) for choose_index(N, D, kind)."""
+    import faiss
+
+    from softknn.memory import build_index, choose_index
+
+    spec = choose_index(len(xb), xb.shape[1], kind)
+    build = {k: v for k, v in spec.params.items() if k != "efSearch"}
+    tag = "-".join(f"{k}{v}" for k, v in sorted(build.items()))
+    path = SCRATCH / f"index-{len(xb)}-{spec.kind}{'-' + tag if tag else ''}-{vectors}-seed{SEED}.faiss"
+    build_s = None
+    if path.is_file():
+        index = faiss.read_index(str(path))
+    else:
+        t0 = time.perf_counter()
+        index = build_index(xb, spec)
+        build_s = time.perf_counter() - t0
+        tmp = path.with_suffix(".tmp")
+        faiss.write_index(index, str(tmp))
+        os.replace(tmp, path)
+    return index, spec, build_s, path.stat().st_size
+
+
+# --- the candidate fix, measured here (the library is not changed) -----------------------------
+def topk_fast_one_partition(dense_D, dense_I, d_of, b, k, mode, weight, pool):
+    """softknn.retrieval.topk_fast with the same answers, less work over N: BM25's top 1 and m-th
+    come from the top-m argpartition the candidates already need (no second np.partition over N,
+    whose kth near the end is slow on BM25's many tied zeros, no b.max() pass), and the candidate
+    union is a sort + dedup of the ≤ 2m ids (np.union1d goes through np.unique's hash table)."""
+    from softknn.retrieval import best, kth_largest, mix, norm_top
+
+    n = len(b)
+    m = max(1, min(int(pool), n))
+    if m < n:
+        lex = np.argpartition(-b, m - 1)[:m]
+        top = b[lex]
+        b_top1, b_topm = float(top.max()), float(top.min())
+    else:
+        lex = np.arange(n)
+        b_top1, b_topm = float(b.max()), kth_largest(b, pool)
+    c = np.concatenate([dense_I[dense_I >= 0], lex])
+    c.sort()
+    cand = c[np.concatenate(([True], c[1:] != c[:-1]))]
+    b_hat = norm_top(b[cand], b_top1, b_topm)
+    if mode == "lexical":
+        s = b_hat
+    else:
+        valid = dense_I >= 0
+        d_top1 = float(dense_D[valid][0])
+        d_topm = float(dense_D[valid][min(pool, n) - 1]) if valid.sum() >= min(pool, n) else None
+        if d_topm is None:
+            return None
+        s = mix(norm_top(d_of(cand), d_top1, d_topm), b_hat, weight)
+    kk = min(k, n)
+    S, I = best(s, cand, kk)
+    if len(cand) == n or (len(S) == kk and S[-1] > 0):
+        return S, I, cand
+    return None
+
+
+def retrieve_with(engine, fn, *args):
+    """engine.retrieve(*args) with softknn.engine's topk_fast replaced by fn (None: the library's)."""
+    import softknn.engine as eng
+
+    if fn is None:
+        return engine.retrieve(*args)
+    real = eng.topk_fast
+    eng.topk_fast = fn
+    try:
+        return engine.retrieve(*args)
+    finally:
+        eng.topk_fast = real
+
+
+def fix_agrees(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
+    """The candidate fix's answers vs the library's, every query, hybrid and lexical: identical?"""
+    out = {}
+    for m in ("hybrid", "lexical"):
+        same = 0
+        for i, text in enumerate(texts):
+            a = engine.retrieve(xq[i : i + 1], [params[m]], [text])
+            b = retrieve_with(engine, topk_fast_one_partition, xq[i : i + 1], [params[m]], [text])
+            same += a.rows == b.rows and a.scores == b.scores and a.weights == b.weights and a.bm25 == b.bm25
+        out[m] = {"queries": len(texts), "identical": same}
+    return out
+
+
+# --- timing -----------------------------------------------------------------------------------
+def pct(x: list[float]) -> dict:
+    a = np.asarray(x)
+    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
+            "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "min": float(a.min()),
+            "max": float(a.max()), "n": len(a)}
+
+
+def time_modes(engine, params: dict, xq: np.ndarray, texts: list[str], rounds: int) -> dict:
+    """Per mode, wall and CPU ms of each retrieve, modes interleaved per query in rotating order.
+    FIX: the hybrid retrieval with topk_fast_one_partition in place of the library's topk_fast."""
+    import softknn.engine as eng
+
+    real = eng.topk_fast
+    wall = {m: [] for m in TIMED}
+    cpu = {m: [] for m in TIMED}
+    k = 0
+    for _ in range(rounds):
+        for i, text in enumerate(texts):
+            for j in range(len(TIMED)):
+                m = TIMED[(k + j) % len(TIMED)]
+                eng.topk_fast = topk_fast_one_partition if m == FIX else real
+                p = params["hybrid" if m == FIX else m]
+                c0, t0 = time.process_time(), time.perf_counter()
+                engine.retrieve(xq[i : i + 1], [p], [text])
+                wall[m].append((time.perf_counter() - t0) * 1e3)
+                cpu[m].append((time.process_time() - c0) * 1e3)
+                eng.topk_fast = real
+            k += 1
+    return {"wall": wall, "cpu": cpu}
+
+
+def certification(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
+    """How often topk_fast answered (certified) vs returned None (the brute force ran), per mode."""
+    import softknn.engine as eng
+
+    real = eng.topk_fast
+    counts = {"certified": 0, "fallback": 0}
+
+    def counting(*a, **kw):
+        r = real(*a, **kw)
+        counts["certified" if r is not None else "fallback"] += 1
+        return r
+
+    out = {}
+    eng.topk_fast = counting
+    try:
+        for m in ("hybrid", "lexical"):
+            counts.update(certified=0, fallback=0)
+            for i, text in enumerate(texts):
+                engine.retrieve(xq[i : i + 1], [params[m]], [text])
+            out[m] = dict(counts, rate=counts["certified"] / max(1, sum(counts.values())))
+    finally:
+        eng.topk_fast = real
+    return out
+
+
+def exactness(engine, params: dict, xq: np.ndarray, texts: list[str], tol: float = 1e-5) -> dict:
+    """Fast path (exact=False) vs exact=True per mode: same ids and scores within tol; and topk_fast
+    given the exact dense top m vs topk_reference (the fast path's algorithm without ANN error)."""
+    from dataclasses import replace
+
+    from softknn.retrieval import topk_fast, topk_reference
+
+    index, lex = engine.bundle.index, engine.bundle.lexical
+    n = len(engine.bundle)
+    out = {}
+    for m in MODES:
+        same_ids = within = 0
+        worst = 0.0
+        pe = replace(params[m], exact=True)
+        for i, text in enumerate(texts):
+            a = engine.retrieve(xq[i : i + 1], [params[m]], [text])
+            b = engine.retrieve(xq[i : i + 1], [pe], [text])
+            ids_eq = a.rows[0] == b.rows[0]
+            same_ids += ids_eq
+            if ids_eq:
+                d = float(np.abs(np.subtract(a.scores[0], b.scores[0])).max()) if a.scores[0] else 0.0
+                worst = max(worst, d)
+                within += d <= tol
+        out[m] = {"queries": len(texts), "same_ids": same_ids, "same_ids_and_scores": within,
+                  "max_score_diff_when_same_ids": worst}
+    # the fast path's algorithm alone: dense top m taken exactly, so no ANN recall enters
+    for m in ("hybrid", "lexical"):
+        p = params[m]
+        dsize = min(n, max(p.k, p.candidates))
+        agree = certified = 0
+        for i, text in enumerate(texts):
+            q = xq[i]
+            b = lex.scores(lex.analyzer.terms(text))
+            D, I = index.search_exact(q[None], dsize)
+            f = topk_fast(D[0], I[0], lambda ids, q=q: index.rows_dot(ids, q), b, p.k, m, p.lexical_weight, p.candidates)
+            d = index.similarities(q[None])[0].numpy()
+            S, ids = topk_reference(d, b, p.k, m, p.lexical_weight, p.candidates)
+            if f is None:
+                continue
+            certified += 1
+            agree += bool(np.array_equal(f[1], ids) and np.abs(f[0] - S).max() <= tol)
+        out[m]["topk_fast_with_exact_dense_vs_reference"] = {"certified": certified, "agree": agree}
+    # the ANN's part in any difference: recall of the dense top m the hybrid asks for
+    p = params["hybrid"]
+    dsize = min(n, max(p.k, p.candidates))
+    _, I = index.search(xq[: len(texts)], dsize)
+    _, E = index.search_exact(xq[: len(texts)], dsize)
+    out["dense_recall_at_m"] = float(np.mean([len(set(a) & set(b)) / dsize for a, b in zip(I.tolist(), E.tolist(), strict=True)]))
+    out["m"] = dsize
+    out["note"] = ("exact=True ranks by the exact dense top m; exact=False by the index's. With an ANN index "
+                   "(HNSW) the hybrid normalises the dense scores with the ANN's m-th score, so where "
+                   "dense_recall_at_m < 1 its scores can differ from the exact path's beyond 1e-5 with the same "
+                   "ids; topk_fast_with_exact_dense_vs_reference is the fast path's own algorithm without ANN error")
+    k = params["dense"].k
+    _, I = index.search(xq[: len(texts)], k)
+    out["dense_recall_at_k"] = float(np.mean([len(set(a) & set(b[:k])) / k for a, b in zip(I.tolist(), E.tolist(), strict=True)]))
+    return out
+
+
+def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
+    """Median ms of each step of one hybrid retrieval (Engine._lexical_select's calls, timed between
+    them) and of the dense one; plus the BM25 work: query terms and posting entries summed."""
+    from softknn.engine import Retrieval
+    from softknn.retrieval import best, kth_largest, mix, norm_top
+
+    index, lex = engine.bundle.index, engine.bundle.lexical
+    n = len(engine.bundle)
+    p, pd = params["hybrid"], params["dense"]
+    dsize = min(n, max(p.k, p.candidates))
+    names = ("analyze", "bm25_scores", "dense_search_m", "lexical_top_m_argpartition", "bm25_max_and_kth",
+             "candidates_union", "dense_of_candidates_mix_best", "select")
+    st = {s: [] for s in names}
+    dense_st = {"dense_search_k": [], "select": []}
+    terms_n, postings = [], []
+    indptr = lex._indptr
+    for i, text in enumerate(texts):
+        q = xq[i]
+        t = [time.perf_counter()]
+        words = lex.analyzer.words(text)
+        t.append(time.perf_counter())
+        terms = [w for w, _, _ in words]
+        b = lex.scores(terms)
+        t.append(time.perf_counter())
+        D, I = index.search(q[None], dsize)
+        t.append(time.perf_counter())
+        mm = max(1, min(p.candidates, n))
+        lexi = np.argpartition(-b, mm - 1)[:mm]
+        t.append(time.perf_counter())
+        b_top1, b_topm = float(b.max()), kth_largest(b, p.candidates)
+        t.append(time.perf_counter())
+        cand = np.union1d(I[0][I[0] >= 0], lexi)
+        t.append(time.perf_counter())
+        s = mix(norm_top(index.rows_dot(cand, q), float(D[0][0]), float(D[0][dsize - 1])),
+                norm_top(b[cand], b_top1, b_topm), p.lexical_weight)
+        S, ids = best(s, cand, p.k)
+        dense = index.rows_dot(ids, q)
+        t.append(time.perf_counter())
+        out = Retrieval.empty(1)
+        engine._select(out, 0, S, ids, dense, b[ids], p, n, "x")
+        t.append(time.perf_counter())
+        for s_, a, z in zip(names, t, t[1:], strict=False):
+            st[s_].append((z - a) * 1e3)
+        ids_ = lex.term_ids(terms)
+        terms_n.append(len(ids_))
+        postings.append(int(sum(int(indptr[j + 1]) - int(indptr[j]) for j in ids_)))
+        t0 = time.perf_counter()
+        D8, I8 = index.search(q[None], min(n, pd.k))
+        t1 = time.perf_counter()
+        engine._select(out, 0, D8[0], I8[0], D8[0], None, pd, n, "x")
+        t2 = time.perf_counter()
+        dense_st["dense_search_k"].append((t1 - t0) * 1e3)
+        dense_st["select"].append((t2 - t1) * 1e3)
+    med = lambda d: {k: statistics.median(v) for k, v in d.items()}  # noqa: E731
+    return {"hybrid_median_ms": med(st), "dense_median_ms": med(dense_st),
+            "query_terms_in_vocab": pct(terms_n), "posting_entries_per_query": pct(postings),
+            "posting_entries_per_query_over_n": statistics.median(postings) / n}
+
+
+def profile(engine, params: dict, xq: np.ndarray, texts: list[str], top: int = 25) -> dict:
+    """cProfile of the hybrid retrievals of every query: the functions by own time, and a text dump."""
+    pr = cProfile.Profile()
+    pr.enable()
+    for i, text in enumerate(texts):
+        engine.retrieve(xq[i : i + 1], [params["hybrid"]], [text])
+    pr.disable()
+    buf = io.StringIO()
+    ps = pstats.Stats(pr, stream=buf).sort_stats("tottime")
+    ps.print_stats(top)
+    rows = []
+    for (file, line, fn), (cc, nc, tt, ct, _) in sorted(ps.stats.items(), key=lambda kv: -kv[1][2])[:top]:
+        rows.append({"function": f"{Path(file).name}:{line}({fn})", "calls": nc,
+                     "own_ms_per_query": tt * 1e3 / len(texts), "cum_ms_per_query": ct * 1e3 / len(texts)})
+    return {"by_own_time": rows, "text": buf.getvalue()}
+
+
+# --- one size ---------------------------------------------------------------------------------
+def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base, vectors: str,
+             do_profile: bool) -> dict:
+    import gc
+
+    from softknn.bundle import Bundle
+    from softknn.engine import Engine, InferParams
+    from softknn.lexical import LexicalIndex, LexicalSpec
+    from softknn.memory import ChunkIndex, KVStore
+
+    texts_b, ids_b, intents_b, real_b = base
+    b = len(texts_b)
+    t0 = time.perf_counter()
+    texts = kb_texts(n, texts_b)
+    texts_s = time.perf_counter() - t0
+    xb = kb_vectors(n, b, real_b)
+
+    t0 = time.perf_counter()
+    lex_built = LexicalIndex.build(texts)
+    lex_build_s = time.perf_counter() - t0
+    ldir = SCRATCH / f"lexical-{n}"
+    lex_built.save(ldir)
+    files = dir_bytes(ldir)
+    lex_bytes = sum(files.values())
+    vocab = len(lex_built.vocab)
+    nnz = int(lex_built._indptr[-1])
+    del lex_built
+    gc.collect()
+    lex = LexicalIndex.load(ldir, LexicalSpec())
+
+    index, spec, index_build_s, index_file_bytes = dense_index(xb, kind, vectors)
+    t0 = time.perf_counter()
+    cindex = ChunkIndex(index, xb, spec)
+    index_ready_s = time.perf_counter() - t0
+    kv = KVStore(np.zeros((1, 12, 32), np.float16), np.zeros((1, 12, 32), np.float16),
+                 np.zeros(n, np.int64), np.zeros(n, np.int64))
+    manifest = {"version_id": f"hybrid-cost-{n}-{spec.kind}", "memory_layer": 0,
+                "index": {"kind": spec.kind, "params": spec.params, "reason": spec.reason}, "counts": {"chunks": n}}
+    bundle = Bundle(path=SCRATCH, manifest=manifest, index=cindex, kv=kv,
+                    chunks=[{"chunk_id": str(i)} for i in range(n)], token_spans=np.zeros((0, 2), np.int64),
+                    lexical=lex)
+    engine = Engine.__new__(Engine)
+    engine.bundle, engine.encoder, engine.layer = bundle, None, 0
+    params = dict(zip(MODES, engine.resolve([InferParams(k=8, retrieval=m) for m in MODES]), strict=True))
+
+    qs = query_set(n_queries, ids_b, intents_b)
+    qtexts = [q["text"] for q in qs]
+    xq = real_query_vectors(qs) if vectors == "real" else query_vectors(qs, xb, b)[0]
+
+    for i in range(min(10, len(qtexts))):  # warm-up: page in the memory-mapped postings, faiss, numpy
+        for m in MODES:
+            engine.retrieve(xq[i : i + 1], [params[m]], [qtexts[i]])
+    pf0 = dict(cindex.prefilter_counts)
+    t0 = time.perf_counter()
+    timed = time_modes(engine, params, xq, qtexts, rounds)
+    timed_s = time.perf_counter() - t0
+    pf = {c: cindex.prefilter_counts[c] - pf0[c] for c in pf0}
+    modes = {m: {"wall_ms": pct(timed["wall"][m]), "cpu_ms": pct(timed["cpu"][m])} for m in TIMED}
+    paired = [h - d for h, d in zip(timed["wall"]["hybrid"], timed["wall"]["dense"], strict=True)]
+    paired_cpu = [h - d for h, d in zip(timed["cpu"]["hybrid"], timed["cpu"]["dense"], strict=True)]
+    delta = modes["hybrid"]["wall_ms"]["p50"] - modes["dense"]["wall_ms"]["p50"]
+    paired_fix = [h - d for h, d in zip(timed["wall"][FIX], timed["wall"]["dense"], strict=True)]
+    paired_fix_cpu = [h - d for h, d in zip(timed["cpu"][FIX], timed["cpu"]["dense"], strict=True)]
+
+    cert = certification(engine, params, xq, qtexts)
+    exact = exactness(engine, params, xq[:n_check], qtexts[:n_check])
+    stages = stage_breakdown(engine, params, xq, qtexts)
+    prof = profile(engine, params, xq, qtexts) if (do_profile or delta > TARGET_MS) else None
+    if prof is not None:
+        (SCRATCH / f"profile-{n}-{spec.kind}.txt").write_text(prof.pop("text"))
+
+    flat_bytes = n * DIM * 4
+    row = {
+        "size": n,
+        "index": spec.kind,
+        "index_params": spec.params,
+        "vectors": vectors,
+        "kb": {"base_texts": b, "copies": -(-n // b), "texts_s": texts_s,
+               "mean_chars": float(np.mean([len(t) for t in texts]))},
+        "params": {m: {"k": params[m].k, "retrieval": params[m].retrieval, "candidates": params[m].candidates,
+                       "lexical_weight": params[m].lexical_weight, "temperature": params[m].temperature,
+                       "exact": params[m].exact} for m in MODES},
+        "queries": len(qtexts),
+        "rounds": rounds,
+        "timed_s": timed_s,
+        "modes": modes,
+        "hybrid_minus_dense_p50_ms": delta,
+        "hybrid_minus_dense_p50_cpu_ms": modes["hybrid"]["cpu_ms"]["p50"] - modes["dense"]["cpu_ms"]["p50"],
+        "hybrid_minus_dense_paired_median_ms": statistics.median(paired),
+        "hybrid_minus_dense_paired_median_cpu_ms": statistics.median(paired_cpu),
+        "fix": {
+            "what": "hybrid with topk_fast_one_partition (this file) in place of softknn.retrieval.topk_fast: "
+                    "BM25 top 1 / m-th from the candidates' argpartition (no np.partition + max over N), "
+                    "candidate union by sort + dedup (no np.union1d); timed in the same interleaved loop",
+            "agrees_with_library": fix_agrees(engine, params, xq, qtexts),
+            "hybrid_fix_minus_dense_p50_ms": modes[FIX]["wall_ms"]["p50"] - modes["dense"]["wall_ms"]["p50"],
+            "hybrid_fix_minus_dense_p50_cpu_ms": modes[FIX]["cpu_ms"]["p50"] - modes["dense"]["cpu_ms"]["p50"],
+            "hybrid_fix_minus_dense_paired_median_ms": statistics.median(paired_fix),
+            "hybrid_fix_minus_dense_paired_median_cpu_ms": statistics.median(paired_fix_cpu),
+            "saving_mean_cpu_ms": modes["hybrid"]["cpu_ms"]["mean"] - modes[FIX]["cpu_ms"]["mean"],
+        },
+        "lexical_minus_dense_p50_ms": modes["lexical"]["wall_ms"]["p50"] - modes["dense"]["wall_ms"]["p50"],
+        "target_ms": TARGET_MS,
+        "meets_target": {"wall_p50": delta <= TARGET_MS,
+                         "cpu_p50": modes["hybrid"]["cpu_ms"]["p50"] - modes["dense"]["cpu_ms"]["p50"] <= TARGET_MS},
+        "certification": cert,
+        "flat_prefilter_during_timing": pf if any(pf.values()) else None,
+        "exactness": exact,
+        "stages": stages,
+        "profile": prof,
+        "lexical": {"build_s": lex_build_s, "bytes_on_disk": lex_bytes, "files": files,
+                    "bytes_per_chunk": lex_bytes / n, "vocab": vocab, "postings": nnz,
+                    "postings_per_chunk": nnz / n},
+        "dense": {"index_build_s": index_build_s, "index_ready_s": index_ready_s,
+                  "flat_bytes_per_chunk": flat_bytes / n, "index_file_bytes": index_file_bytes,
+                  "index_file_bytes_per_chunk": index_file_bytes / n,
+                  "prefilter_bytes_per_chunk": DIM if cindex._sq is not None else 0,
+                  "embeddings_npy_bytes_per_chunk": DIM * 4},
+        "kv_bytes_per_chunk_float32": {"quoted_docs_benchmarks_s6": KV_BYTES_PER_CHUNK_QUOTED,
+                                       "formula_25x12x32x2x4": KV_BYTES_PER_CHUNK_FORMULA},
+        "lexical_over_flat_bytes": lex_bytes / flat_bytes,
+        "lexical_over_kv_bytes": (lex_bytes / n) / KV_BYTES_PER_CHUNK_QUOTED,
+    }
+    print(json.dumps({"size": n, "index": spec.kind,
+                      **{m: {k: round(v, 3) for k, v in modes[m]["wall_ms"].items() if k in ("p50", "p90", "p99")}
+                         for m in MODES},
+                      FIX: {k: round(v, 3) for k, v in modes[FIX]["wall_ms"].items() if k in ("p50", "p90", "p99")},
+                      "hybrid-dense p50": round(delta, 3),
+                      "cpu p50 dense/hybrid/fix": [round(modes[m]["cpu_ms"]["p50"], 3) for m in ("dense", "hybrid", FIX)], "paired": round(row["hybrid_minus_dense_paired_median_ms"], 3),
+                      "lex B/chunk": round(lex_bytes / n, 1), "lex build s": round(lex_build_s, 1),
+                      "certified": {m: round(cert[m]["rate"], 3) for m in cert},
+                      "stages": {k: round(v, 3) for k, v in stages["hybrid_median_ms"].items()}}), flush=True)
+    return row
+
+
+def plot(name: str, rows: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [1.4, 1]})
+    sizes = [r["size"] for r in rows]
+    colors = {"dense": "#4C72B0", "hybrid": "#DD8452", "lexical": "#55A868", FIX: "#937860"}
+    for m in (m for m in TIMED if m in rows[0]["modes"]):
+        ax.plot(sizes, [r["modes"][m]["wall_ms"]["p50"] for r in rows], "o-", color=colors[m], label=f"{m} p50 wall")
+        ax.plot(sizes, [r["modes"][m]["cpu_ms"]["p50"] for r in rows], "x:", color=colors[m], alpha=0.6,
+                label=f"{m} p50 CPU")
+    lines = [f"{r['size']:,} ({r['index']}): hybrid − dense {r['hybrid_minus_dense_p50_ms']:+.2f} ms wall, "
+             f"{r['hybrid_minus_dense_p50_cpu_ms']:+.2f} CPU; one-partition fix "
+             f"{r['fix']['hybrid_fix_minus_dense_p50_ms']:+.2f} wall, {r['fix']['hybrid_fix_minus_dense_p50_cpu_ms']:+.2f} CPU"
+             for r in rows]
+    fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, va="bottom", family="monospace")
+    ax.set_ylim(bottom=0)
+    ax.set_xscale("log")
+    ax.set_xlabel("KB chunks")
+    ax.set_ylabel("retrieval stage, wall ms per query")
+    ax.set_title(f"Engine.retrieve, one query, k=8, 1 thread, p50 (target: hybrid − dense ≤ {TARGET_MS:g} ms at 100k)",
+                 fontsize=9)
+    ax.legend(fontsize=6.5, ncol=2, loc="upper left")
+    ax.grid(alpha=0.3)
+    labels, vals, cols = [], [], []
+    for r in rows:
+        labels.append(f"lexical\n{r['size'] // 1000}k")
+        vals.append(r["lexical"]["bytes_per_chunk"])
+        cols.append(colors["lexical"])
+    labels += ["FAISS flat\n(N·384·4)"]
+    vals += [DIM * 4]
+    cols += [colors["dense"]]
+    for r in rows:
+        if r["index"] != "flat":
+            labels.append(f"FAISS {r['index']}\n{r['size'] // 1000}k")
+            vals.append(r["dense"]["index_file_bytes_per_chunk"])
+            cols.append("#8172B3")
+    labels.append("K/V f32\n(§6)")
+    vals.append(KV_BYTES_PER_CHUNK_QUOTED)
+    cols.append("#C44E52")
+    x = np.arange(len(vals))
+    bx.bar(x, vals, color=cols)
+    for i, v in enumerate(vals):
+        bx.text(i, v, f"{v:,.0f}", ha="center", va="bottom", fontsize=7)
+    bx.set_yscale("log")
+    bx.set_xticks(x, labels, fontsize=7)
+    bx.set_ylabel("bytes per chunk (log)")
+    bx.set_title("Index bytes per chunk: lexical (BM25 files) vs dense vs K/V", fontsize=9)
+    fig.tight_layout(rect=(0, 0.03 + 0.025 * len(rows), 1, 1))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--queries", type=int, default=200, help="timed queries per size (each runs every mode)")
+    ap.add_argument("--rounds", type=int, default=3, help="passes over the queries")
+    ap.add_argument("--vectors", choices=("real", "random"), default="real",
+                    help="KB base vectors and query vectors: real embeddings (artifacts/eval) or seeded random")
+    ap.add_argument("--index", default="auto", help="comma list of index kinds per size (auto: the service's choice)")
+    ap.add_argument("--check", type=int, default=50, help="queries compared fast vs exact per size")
+    ap.add_argument("--profile", action="store_true", help="cProfile the hybrid retrievals at every size")
+    ap.add_argument("--name", default="hybrid_cost")
+    ap.add_argument("--replot", action="store_true", help="only redraw NAME.png from NAME.json")
+    args = ap.parse_args()
+    if args.replot:
+        plot(args.name, json.loads((RESULTS / f"{args.name}.json").read_text())["rows"])
+        return
+    import faiss
+    import torch
+
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    SCRATCH.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    load0 = [round(x, 2) for x in os.getloadavg()]
+    base = base_texts()
+    base = (*base, real_base_vectors(base[1]) if args.vectors == "real" else None)
+    rows = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        for kind in args.index.split(","):
+            rows.append(run_size(n, kind, args.queries, args.rounds, args.check, base, args.vectors, args.profile))
+    versions = {}
+    for mod in ("numpy", "faiss", "bm25s", "Stemmer"):
+        try:
+            versions[mod] = getattr(__import__(mod), "__version__", None)
+        except ImportError:
+            versions[mod] = None
+    write(args.name, {
+        "command": "nice -n 5 python bench/hybrid_cost.py " + shlex.join(sys.argv[1:]),
+        "loadavg_start": load0,
+        "nice": os.nice(0),
+        "threads": {"torch": torch.get_num_threads(), "faiss": faiss.omp_get_max_threads()},
+        "versions": versions,
+        "total_s": time.perf_counter() - t_start,
+        "kb_construction": {
+            "texts": "ObliQA passages (artifacts/eval/obliqa/kb.jsonl, Passage) + Banking77 train texts, "
+                     f"shuffled with seed {SEED}; row i = copy i // B of base text i mod B; copy c ≥ 1: sentences "
+                     "(split at . ! ? ; and newlines) in a seeded random order, one dropped when ≥ 3, then the "
+                     "token 'copy<c>'",
+            "embeddings": ("real all-MiniLM-L6-v2 embeddings per base text (artifacts/eval/bundles/{obliqa: the "
+                           "passage's first chunk, banking77: the train row})" if args.vectors == "real" else
+                           f"seeded random unit vectors (dim {DIM}) per base text")
+                          + f"; copies: + N(0, {COPY_NOISE}²) per dimension, renormalised",
+            "queries": "real texts: ObliQA validation questions and Banking77 test texts, half each, interleaved; "
+                       + ("vectors: their real embeddings (artifacts/eval/hybrid_obliqa/qemb_*.npz, "
+                          "artifacts/eval/hybrid_banking77/emb_test_*.npy)" if args.vectors == "real" else
+                          f"vectors: a KB row holding the gold passage / a same-intent train text + N(0, {QUERY_NOISE}²) "
+                          "per dimension, renormalised"),
+        },
+        "timed": "Engine.retrieve(xq[i:i+1], [InferParams(k=8, retrieval=mode) resolved], [text]), exact=False; "
+                 "modes interleaved per query in rotating order; wall (perf_counter) and process CPU ms",
+        "rows": rows,
+    })
+    plot(args.name, rows)
+
+
+if __name__ == "__main__":
+    main()
