@@ -1,9 +1,13 @@
 """Cost of hybrid retrieval: per-query latency of the retrieval stage, dense vs hybrid vs lexical, and
-the lexical index's bytes per chunk, at KBs of 10k and 100k chunks (issue 13).
+the lexical index's bytes per chunk, at KBs of 10k and 100k chunks (issue 13), optionally 1M.
 
     nice -n 5 python bench/hybrid_cost.py [--sizes 10000,100000] [--queries 200] [--rounds 3]
                                           [--vectors real|random] [--index auto] [--check 50]
-                                          [--profile] [--name hybrid_cost]
+                                          [--profile] [--merge] [--name hybrid_cost]
+
+e.g. `--sizes 10000,100000`, then `--sizes 1000000 --merge` adds the 1M row to the same JSON
+(rows of other sizes are kept, a row of the same size and index is replaced; each row carries its
+own command and load averages).
 
 What is timed: `Engine.retrieve(xq[i:i+1], [p], [text])` for one query, exactly the service's
 retrieval stage (the call `Engine._infer` makes between the plain pass and the fused pass), with
@@ -12,10 +16,12 @@ without a model (`Engine.__new__`, `.bundle` set): retrieval never touches the e
 the three modes run back to back in a rotating order (dense, hybrid, lexical; then hybrid, lexical,
 dense; …) so drifting load on this shared box hits each alike; one torch and one faiss thread.
 Reported per (N, mode): p50/p90/p99 of wall ms (and of process CPU ms), hybrid − dense p50, and the
-median of the per-query paired difference. A fourth mode in the same loop, `hybrid_one_partition`,
-is the hybrid retrieval with a bench-local `topk_fast_one_partition` patched in for the library's
-`topk_fast` (same answers, checked on every query): what the profile says would remove most of the
-cost over N (see that function); the library itself is not changed.
+median of the per-query paired difference. The hybrid and lexical modes run the library's fast path
+as served: softknn.retrieval.topk_fast takes BM25's top m with one argpartition (`top_m`) and reads
+b_(1) and b_(m) from it, and lexical retrieval asks the dense index for its nearest chunk only.
+Before commit 047e935, which made that change, this bench's runs measured hybrid − dense CPU p50 of 1.88–2.48 ms
+at 100k and 10.3 ms at 1M; a bench-local one-partition topk_fast timed in the same loop then gave
+1.63 ms and 6.57 ms (the JSON's "history" holds the figures).
 
 The KB, in memory (`softknn.bundle.Bundle` with a real `ChunkIndex` and `LexicalIndex`):
 - texts (real): the 13,012 ObliQA passages (artifacts/eval/obliqa/kb.jsonl, `Passage`) and the
@@ -48,7 +54,7 @@ Also: how often `topk_fast` certified its answer (vs the brute-force fallback), 
 `softknn.engine.topk_fast` in an untimed pass over the same queries; the flat prefilter's counts;
 the fast path vs `exact=True` on `--check` queries (same ids, scores within 1e-5), and the fast
 path's own algorithm (topk_fast fed with the exact dense top m) vs `topk_reference`; a stage
-breakdown of one hybrid retrieval (the engine's calls, timed between them); posting-list work per
+breakdown of one hybrid retrieval (the library's steps, timed between them); posting-list work per
 query; and, when hybrid − dense p50 exceeds the 2 ms target at some size (or with --profile), a
 cProfile of the hybrid retrievals. Bytes per chunk: the lexical index's files beside the FAISS
 index (flat: N·384·4; HNSW: measured), the embeddings and the K/V that docs/benchmarks.md §6 quotes.
@@ -90,14 +96,39 @@ DIM = 384
 COPY_NOISE = 0.02  # σ per dimension of a copy's vector around its base text's
 QUERY_NOISE = 0.05  # σ per dimension of a query's vector around its neighbour's (cos ≈ 0.7)
 MODES = ("dense", "hybrid", "lexical")
-FIX = "hybrid_one_partition"  # hybrid with the bench-local topk_fast below (what would fix the cost)
-TIMED = (*MODES, FIX)
 TARGET_MS = 2.0
 # docs/benchmarks.md §6: K/V of the real bundle, float32, "≈ 76 KB/chunk (25 memory tokens × 12 heads
 # × 32 × 2 × 4 B)", 76,409 MB at 1M chunks
 KV_BYTES_PER_CHUNK_FORMULA = 25 * 12 * 32 * 2 * 4
 KV_BYTES_PER_CHUNK_QUOTED = 76_409
 SPLIT = re.compile(r"(?<=[.!?;])\s+|\n+")
+# The library path before commit 047e935 (topk_fast: np.partition(b, N − m) for b_(m) + b.max() over N
+# besides the top-m argpartition; lexical retrieval searched the dense top m), from this bench's last
+# run of it (bench/results/hybrid_cost.json, 2026-12-01T05:21:50Z, `--sizes 10000,100000,1000000`,
+# loadavg 6.0–6.7), with the bench-local one-partition topk_fast ("fix") timed in the same loop.
+HISTORY = {
+    "what": "hybrid − dense p50 (ms, wall and process CPU) and paired medians of the library path before commit "
+            "047e935 (topk_fast took b_(m) with np.partition(b, N − m) and b_(1) with b.max(), over N, besides the "
+            "top-m argpartition; lexical retrieval searched the dense top m), and of the bench-local "
+            "topk_fast_one_partition timed in the same interleaved loop (same answers on every query), which the "
+            "library now implements",
+    "run": {"when": "2026-12-01T05:21:50+00:00", "command": "nice -n 5 python bench/hybrid_cost.py --sizes 10000,100000,1000000",
+            "loadavg_start": [6.03, 6.69, 6.13]},
+    "library_before": {
+        "10000": {"wall_p50": 2.010, "cpu_p50": 1.725, "paired_wall": 1.777, "paired_cpu": 1.692},
+        "100000": {"wall_p50": 4.400, "cpu_p50": 2.482, "paired_wall": 3.834, "paired_cpu": 2.313},
+        "1000000": {"wall_p50": 17.373, "cpu_p50": 10.278, "paired_wall": 16.999, "paired_cpu": 10.198},
+    },
+    "one_partition_fix_same_loop": {
+        "10000": {"wall_p50": 1.716, "cpu_p50": 1.541, "paired_wall": 1.598, "paired_cpu": 1.515},
+        "100000": {"wall_p50": 1.916, "cpu_p50": 1.633, "paired_wall": 1.698, "paired_cpu": 1.599},
+        "1000000": {"wall_p50": 10.453, "cpu_p50": 6.571, "paired_wall": 10.276, "paired_cpu": 6.592},
+    },
+    "library_before_100000_cpu_p50_range_three_runs": [1.88, 2.48],
+    "note": "100k CPU range over that session's three runs as reported by it; the two kept on disk give 1.878 "
+            "(2026-12-01T05:05:53Z, 10k/100k) and 2.482 (the run above). Wall moved more with the shared box's load: "
+            "hybrid − dense wall p50 at 100k 2.70–4.98 ms over its four logged runs",
+}
 
 
 # --- the KB -----------------------------------------------------------------------------------
@@ -268,70 +299,6 @@ def dense_index(xb: np.ndarray, kind: str, vectors: str):
     return index, spec, build_s, path.stat().st_size
 
 
-# --- the candidate fix, measured here (the library is not changed) -----------------------------
-def topk_fast_one_partition(dense_D, dense_I, d_of, b, k, mode, weight, pool):
-    """softknn.retrieval.topk_fast with the same answers, less work over N: BM25's top 1 and m-th
-    come from the top-m argpartition the candidates already need (no second np.partition over N,
-    whose kth near the end is slow on BM25's many tied zeros, no b.max() pass), and the candidate
-    union is a sort + dedup of the ≤ 2m ids (np.union1d goes through np.unique's hash table)."""
-    from softknn.retrieval import best, kth_largest, mix, norm_top
-
-    n = len(b)
-    m = max(1, min(int(pool), n))
-    if m < n:
-        lex = np.argpartition(-b, m - 1)[:m]
-        top = b[lex]
-        b_top1, b_topm = float(top.max()), float(top.min())
-    else:
-        lex = np.arange(n)
-        b_top1, b_topm = float(b.max()), kth_largest(b, pool)
-    c = np.concatenate([dense_I[dense_I >= 0], lex])
-    c.sort()
-    cand = c[np.concatenate(([True], c[1:] != c[:-1]))]
-    b_hat = norm_top(b[cand], b_top1, b_topm)
-    if mode == "lexical":
-        s = b_hat
-    else:
-        valid = dense_I >= 0
-        d_top1 = float(dense_D[valid][0])
-        d_topm = float(dense_D[valid][min(pool, n) - 1]) if valid.sum() >= min(pool, n) else None
-        if d_topm is None:
-            return None
-        s = mix(norm_top(d_of(cand), d_top1, d_topm), b_hat, weight)
-    kk = min(k, n)
-    S, I = best(s, cand, kk)
-    if len(cand) == n or (len(S) == kk and S[-1] > 0):
-        return S, I, cand
-    return None
-
-
-def retrieve_with(engine, fn, *args):
-    """engine.retrieve(*args) with softknn.engine's topk_fast replaced by fn (None: the library's)."""
-    import softknn.engine as eng
-
-    if fn is None:
-        return engine.retrieve(*args)
-    real = eng.topk_fast
-    eng.topk_fast = fn
-    try:
-        return engine.retrieve(*args)
-    finally:
-        eng.topk_fast = real
-
-
-def fix_agrees(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
-    """The candidate fix's answers vs the library's, every query, hybrid and lexical: identical?"""
-    out = {}
-    for m in ("hybrid", "lexical"):
-        same = 0
-        for i, text in enumerate(texts):
-            a = engine.retrieve(xq[i : i + 1], [params[m]], [text])
-            b = retrieve_with(engine, topk_fast_one_partition, xq[i : i + 1], [params[m]], [text])
-            same += a.rows == b.rows and a.scores == b.scores and a.weights == b.weights and a.bm25 == b.bm25
-        out[m] = {"queries": len(texts), "identical": same}
-    return out
-
-
 # --- timing -----------------------------------------------------------------------------------
 def pct(x: list[float]) -> dict:
     a = np.asarray(x)
@@ -341,25 +308,18 @@ def pct(x: list[float]) -> dict:
 
 
 def time_modes(engine, params: dict, xq: np.ndarray, texts: list[str], rounds: int) -> dict:
-    """Per mode, wall and CPU ms of each retrieve, modes interleaved per query in rotating order.
-    FIX: the hybrid retrieval with topk_fast_one_partition in place of the library's topk_fast."""
-    import softknn.engine as eng
-
-    real = eng.topk_fast
-    wall = {m: [] for m in TIMED}
-    cpu = {m: [] for m in TIMED}
+    """Per mode, wall and CPU ms of each retrieve, modes interleaved per query in rotating order."""
+    wall = {m: [] for m in MODES}
+    cpu = {m: [] for m in MODES}
     k = 0
     for _ in range(rounds):
         for i, text in enumerate(texts):
-            for j in range(len(TIMED)):
-                m = TIMED[(k + j) % len(TIMED)]
-                eng.topk_fast = topk_fast_one_partition if m == FIX else real
-                p = params["hybrid" if m == FIX else m]
+            for j in range(len(MODES)):
+                m = MODES[(k + j) % len(MODES)]
                 c0, t0 = time.process_time(), time.perf_counter()
-                engine.retrieve(xq[i : i + 1], [p], [text])
+                engine.retrieve(xq[i : i + 1], [params[m]], [text])
                 wall[m].append((time.perf_counter() - t0) * 1e3)
                 cpu[m].append((time.process_time() - c0) * 1e3)
-                eng.topk_fast = real
             k += 1
     return {"wall": wall, "cpu": cpu}
 
@@ -417,7 +377,7 @@ def exactness(engine, params: dict, xq: np.ndarray, texts: list[str], tol: float
     # the fast path's algorithm alone: dense top m taken exactly, so no ANN recall enters
     for m in ("hybrid", "lexical"):
         p = params[m]
-        dsize = min(n, max(p.k, p.candidates))
+        dsize = 1 if m == "lexical" else min(n, max(p.k, p.candidates))  # as Engine.retrieve asks
         agree = certified = 0
         for i, text in enumerate(texts):
             q = xq[i]
@@ -449,16 +409,17 @@ def exactness(engine, params: dict, xq: np.ndarray, texts: list[str], tol: float
 
 
 def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
-    """Median ms of each step of one hybrid retrieval (Engine._lexical_select's calls, timed between
-    them) and of the dense one; plus the BM25 work: query terms and posting entries summed."""
+    """Median ms of each step of one hybrid retrieval (Engine._lexical_select's calls and
+    softknn.retrieval.topk_fast's steps, timed between them) and of the dense one; plus the BM25
+    work: query terms and posting entries summed."""
     from softknn.engine import Retrieval
-    from softknn.retrieval import best, kth_largest, mix, norm_top
+    from softknn.retrieval import best, candidates, mix, norm_top, top_m
 
     index, lex = engine.bundle.index, engine.bundle.lexical
     n = len(engine.bundle)
     p, pd = params["hybrid"], params["dense"]
     dsize = min(n, max(p.k, p.candidates))
-    names = ("analyze", "bm25_scores", "dense_search_m", "lexical_top_m_argpartition", "bm25_max_and_kth",
+    names = ("analyze", "bm25_scores", "dense_search_m", "lexical_top_m_argpartition", "bm25_top1_topm_of_top_m",
              "candidates_union", "dense_of_candidates_mix_best", "select")
     st = {s: [] for s in names}
     dense_st = {"dense_search_k": [], "select": []}
@@ -474,12 +435,12 @@ def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> d
         t.append(time.perf_counter())
         D, I = index.search(q[None], dsize)
         t.append(time.perf_counter())
-        mm = max(1, min(p.candidates, n))
-        lexi = np.argpartition(-b, mm - 1)[:mm]
+        lexi = top_m(b, p.candidates)
         t.append(time.perf_counter())
-        b_top1, b_topm = float(b.max()), kth_largest(b, p.candidates)
+        b_lex = b[lexi]
+        b_top1, b_topm = float(b_lex.max()), float(b_lex.min())
         t.append(time.perf_counter())
-        cand = np.union1d(I[0][I[0] >= 0], lexi)
+        cand = candidates(I[0], lexi)
         t.append(time.perf_counter())
         s = mix(norm_top(index.rows_dot(cand, q), float(D[0][0]), float(D[0][dsize - 1])),
                 norm_top(b[cand], b_top1, b_topm), p.lexical_weight)
@@ -526,7 +487,7 @@ def profile(engine, params: dict, xq: np.ndarray, texts: list[str], top: int = 2
 
 # --- one size ---------------------------------------------------------------------------------
 def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base, vectors: str,
-             do_profile: bool) -> dict:
+             do_profile: bool, command: str) -> dict:
     import gc
 
     from softknn.bundle import Bundle
@@ -535,6 +496,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     from softknn.memory import ChunkIndex, KVStore
 
     texts_b, ids_b, intents_b, real_b = base
+    load_start = [round(x, 2) for x in os.getloadavg()]
     b = len(texts_b)
     t0 = time.perf_counter()
     texts = kb_texts(n, texts_b)
@@ -581,12 +543,11 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     timed = time_modes(engine, params, xq, qtexts, rounds)
     timed_s = time.perf_counter() - t0
     pf = {c: cindex.prefilter_counts[c] - pf0[c] for c in pf0}
-    modes = {m: {"wall_ms": pct(timed["wall"][m]), "cpu_ms": pct(timed["cpu"][m])} for m in TIMED}
+    load_timed = [round(x, 2) for x in os.getloadavg()]
+    modes = {m: {"wall_ms": pct(timed["wall"][m]), "cpu_ms": pct(timed["cpu"][m])} for m in MODES}
     paired = [h - d for h, d in zip(timed["wall"]["hybrid"], timed["wall"]["dense"], strict=True)]
     paired_cpu = [h - d for h, d in zip(timed["cpu"]["hybrid"], timed["cpu"]["dense"], strict=True)]
     delta = modes["hybrid"]["wall_ms"]["p50"] - modes["dense"]["wall_ms"]["p50"]
-    paired_fix = [h - d for h, d in zip(timed["wall"][FIX], timed["wall"]["dense"], strict=True)]
-    paired_fix_cpu = [h - d for h, d in zip(timed["cpu"][FIX], timed["cpu"]["dense"], strict=True)]
 
     cert = certification(engine, params, xq, qtexts)
     exact = exactness(engine, params, xq[:n_check], qtexts[:n_check])
@@ -601,6 +562,8 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
         "index": spec.kind,
         "index_params": spec.params,
         "vectors": vectors,
+        "command": command,
+        "loadavg": {"size_start": load_start, "after_timing": load_timed, "size_end": [round(x, 2) for x in os.getloadavg()]},
         "kb": {"base_texts": b, "copies": -(-n // b), "texts_s": texts_s,
                "mean_chars": float(np.mean([len(t) for t in texts]))},
         "params": {m: {"k": params[m].k, "retrieval": params[m].retrieval, "candidates": params[m].candidates,
@@ -614,17 +577,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
         "hybrid_minus_dense_p50_cpu_ms": modes["hybrid"]["cpu_ms"]["p50"] - modes["dense"]["cpu_ms"]["p50"],
         "hybrid_minus_dense_paired_median_ms": statistics.median(paired),
         "hybrid_minus_dense_paired_median_cpu_ms": statistics.median(paired_cpu),
-        "fix": {
-            "what": "hybrid with topk_fast_one_partition (this file) in place of softknn.retrieval.topk_fast: "
-                    "BM25 top 1 / m-th from the candidates' argpartition (no np.partition + max over N), "
-                    "candidate union by sort + dedup (no np.union1d); timed in the same interleaved loop",
-            "agrees_with_library": fix_agrees(engine, params, xq, qtexts),
-            "hybrid_fix_minus_dense_p50_ms": modes[FIX]["wall_ms"]["p50"] - modes["dense"]["wall_ms"]["p50"],
-            "hybrid_fix_minus_dense_p50_cpu_ms": modes[FIX]["cpu_ms"]["p50"] - modes["dense"]["cpu_ms"]["p50"],
-            "hybrid_fix_minus_dense_paired_median_ms": statistics.median(paired_fix),
-            "hybrid_fix_minus_dense_paired_median_cpu_ms": statistics.median(paired_fix_cpu),
-            "saving_mean_cpu_ms": modes["hybrid"]["cpu_ms"]["mean"] - modes[FIX]["cpu_ms"]["mean"],
-        },
+        "lexical_minus_dense_p50_cpu_ms": modes["lexical"]["cpu_ms"]["p50"] - modes["dense"]["cpu_ms"]["p50"],
         "lexical_minus_dense_p50_ms": modes["lexical"]["wall_ms"]["p50"] - modes["dense"]["wall_ms"]["p50"],
         "target_ms": TARGET_MS,
         "meets_target": {"wall_p50": delta <= TARGET_MS,
@@ -650,9 +603,11 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     print(json.dumps({"size": n, "index": spec.kind,
                       **{m: {k: round(v, 3) for k, v in modes[m]["wall_ms"].items() if k in ("p50", "p90", "p99")}
                          for m in MODES},
-                      FIX: {k: round(v, 3) for k, v in modes[FIX]["wall_ms"].items() if k in ("p50", "p90", "p99")},
                       "hybrid-dense p50": round(delta, 3),
-                      "cpu p50 dense/hybrid/fix": [round(modes[m]["cpu_ms"]["p50"], 3) for m in ("dense", "hybrid", FIX)], "paired": round(row["hybrid_minus_dense_paired_median_ms"], 3),
+                      "cpu p50 dense/hybrid/lexical": [round(modes[m]["cpu_ms"]["p50"], 3) for m in MODES],
+                      "hybrid-dense cpu p50": round(row["hybrid_minus_dense_p50_cpu_ms"], 3),
+                      "paired": round(row["hybrid_minus_dense_paired_median_ms"], 3),
+                      "paired cpu": round(row["hybrid_minus_dense_paired_median_cpu_ms"], 3),
                       "lex B/chunk": round(lex_bytes / n, 1), "lex build s": round(lex_build_s, 1),
                       "certified": {m: round(cert[m]["rate"], 3) for m in cert},
                       "stages": {k: round(v, 3) for k, v in stages["hybrid_median_ms"].items()}}), flush=True)
@@ -667,14 +622,14 @@ def plot(name: str, rows: list[dict]) -> None:
 
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5), gridspec_kw={"width_ratios": [1.4, 1]})
     sizes = [r["size"] for r in rows]
-    colors = {"dense": "#4C72B0", "hybrid": "#DD8452", "lexical": "#55A868", FIX: "#937860"}
-    for m in (m for m in TIMED if m in rows[0]["modes"]):
+    colors = {"dense": "#4C72B0", "hybrid": "#DD8452", "lexical": "#55A868"}
+    for m in MODES:
         ax.plot(sizes, [r["modes"][m]["wall_ms"]["p50"] for r in rows], "o-", color=colors[m], label=f"{m} p50 wall")
         ax.plot(sizes, [r["modes"][m]["cpu_ms"]["p50"] for r in rows], "x:", color=colors[m], alpha=0.6,
                 label=f"{m} p50 CPU")
     lines = [f"{r['size']:,} ({r['index']}): hybrid − dense {r['hybrid_minus_dense_p50_ms']:+.2f} ms wall, "
-             f"{r['hybrid_minus_dense_p50_cpu_ms']:+.2f} CPU; one-partition fix "
-             f"{r['fix']['hybrid_fix_minus_dense_p50_ms']:+.2f} wall, {r['fix']['hybrid_fix_minus_dense_p50_cpu_ms']:+.2f} CPU"
+             f"{r['hybrid_minus_dense_p50_cpu_ms']:+.2f} CPU, paired median {r['hybrid_minus_dense_paired_median_ms']:+.2f} "
+             f"wall / {r['hybrid_minus_dense_paired_median_cpu_ms']:+.2f} CPU"
              for r in rows]
     fig.text(0.01, 0.01, "\n".join(lines), fontsize=7, va="bottom", family="monospace")
     ax.set_ylim(bottom=0)
@@ -726,6 +681,8 @@ def main() -> None:
     ap.add_argument("--check", type=int, default=50, help="queries compared fast vs exact per size")
     ap.add_argument("--profile", action="store_true", help="cProfile the hybrid retrievals at every size")
     ap.add_argument("--name", default="hybrid_cost")
+    ap.add_argument("--merge", action="store_true",
+                    help="add this run's rows to NAME.json (a row of the same size and index is replaced)")
     ap.add_argument("--replot", action="store_true", help="only redraw NAME.png from NAME.json")
     args = ap.parse_args()
     if args.replot:
@@ -739,12 +696,27 @@ def main() -> None:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     load0 = [round(x, 2) for x in os.getloadavg()]
+    command = "nice -n 5 python bench/hybrid_cost.py " + shlex.join(sys.argv[1:])
+    prev = None
+    if args.merge:
+        path = RESULTS / f"{args.name}.json"
+        prev = json.loads(path.read_text()) if path.is_file() else None
+        if prev is not None and "history" not in prev:
+            raise SystemExit(f"--merge: {path} is from an older version of this bench; run without --merge")
     base = base_texts()
     base = (*base, real_base_vectors(base[1]) if args.vectors == "real" else None)
     rows = []
     for n in (int(s) for s in args.sizes.split(",")):
         for kind in args.index.split(","):
-            rows.append(run_size(n, kind, args.queries, args.rounds, args.check, base, args.vectors, args.profile))
+            rows.append(run_size(n, kind, args.queries, args.rounds, args.check, base, args.vectors, args.profile,
+                                 command))
+    runs = [{"command": command, "loadavg_start": load0, "total_s": time.perf_counter() - t_start,
+             "sizes": [r["size"] for r in rows]}]
+    if prev is not None:
+        new = {(r["size"], r["index"]) for r in rows}
+        rows = sorted([r for r in prev["rows"] if (r["size"], r["index"]) not in new] + rows,
+                      key=lambda r: (r["size"], r["index"]))
+        runs = prev.get("runs", []) + runs
     versions = {}
     for mod in ("numpy", "faiss", "bm25s", "Stemmer"):
         try:
@@ -752,12 +724,13 @@ def main() -> None:
         except ImportError:
             versions[mod] = None
     write(args.name, {
-        "command": "nice -n 5 python bench/hybrid_cost.py " + shlex.join(sys.argv[1:]),
-        "loadavg_start": load0,
+        "command": " && ".join(r["command"] for r in runs),  # with --merge: every run behind the rows
+        "loadavg_start": runs[0]["loadavg_start"],
+        "runs": runs,
         "nice": os.nice(0),
         "threads": {"torch": torch.get_num_threads(), "faiss": faiss.omp_get_max_threads()},
         "versions": versions,
-        "total_s": time.perf_counter() - t_start,
+        "total_s": sum(r["total_s"] for r in runs),
         "kb_construction": {
             "texts": "ObliQA passages (artifacts/eval/obliqa/kb.jsonl, Passage) + Banking77 train texts, "
                      f"shuffled with seed {SEED}; row i = copy i // B of base text i mod B; copy c ≥ 1: sentences "
@@ -776,6 +749,7 @@ def main() -> None:
         "timed": "Engine.retrieve(xq[i:i+1], [InferParams(k=8, retrieval=mode) resolved], [text]), exact=False; "
                  "modes interleaved per query in rotating order; wall (perf_counter) and process CPU ms",
         "rows": rows,
+        "history": HISTORY,
     })
     plot(args.name, rows)
 
