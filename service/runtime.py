@@ -185,7 +185,7 @@ class Runtime:
         else:
             texts, tokens, cut_here = await asyncio.to_thread(self.admit, texts, truncate)
         n = len(engine.bundle)
-        slots = [min(n, max(p.k, p.hybrid_pool) if p.threshold is not None else p.k) for p in params]
+        slots = [p.search_size(n) for p in params]
         timeout = self.settings.batching.request_timeout_s - (time.monotonic() - start)
         try:
             results = await self.batcher.run(engine, texts, params, tokens, slots, timeout=timeout,

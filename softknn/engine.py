@@ -55,6 +55,10 @@ class InferParams:
         lam = self.lexical_weight if self.lexical_weight is not None else own.get("lexical_weight", LEXICAL_WEIGHT)
         return replace(self, retrieval=mode, temperature=tau, lexical_weight=lam)
 
+    def search_size(self, n: int) -> int:
+        """How many ranked chunks R is chosen from: k, or the pool when a threshold is set (≤ n)."""
+        return min(n, max(self.k, self.hybrid_pool) if self.threshold is not None else self.k)
+
     def validate(self) -> InferParams:
         if not (0.0 <= self.alpha <= 1.0) or math.isnan(self.alpha):
             raise InvalidInput(f"alpha must be in [0, 1], got {self.alpha}", field="alpha")
@@ -117,7 +121,7 @@ class Engine:
         out = Retrieval.empty(len(params))
         groups: dict[tuple[bool, str, int], list[int]] = {}
         for i, p in enumerate(params):
-            size = min(n, max(p.k, p.hybrid_pool) if p.threshold is not None else p.k)
+            size = p.search_size(n)
             # hybrid: the dense top m are candidates and set the normalisation; lexical: only the nearest (s₁)
             dsize = {"dense": size, "lexical": 1}.get(p.retrieval, min(n, max(size, p.candidates)))
             groups.setdefault((p.exact, p.retrieval, dsize), []).append(i)
@@ -147,7 +151,7 @@ class Engine:
         lex, index = self.bundle.lexical, self.bundle.index
         words = lex.analyzer.words(text)
         b = lex.scores([t for t, _, _ in words])  # (N,) BM25 over every chunk
-        size = min(n, max(p.k, p.hybrid_pool) if p.threshold is not None else p.k)
+        size = p.search_size(n)
         found = None
         if dense_top is not None:
             found = topk_fast(dense_top[0], dense_top[1], lambda ids: index.rows_dot(ids, q), b, size,
