@@ -175,6 +175,8 @@ def query(
         mix = f" λ={dg['lexical_weight']}" if dg["retrieval"] == "hybrid" else ""
         typer.echo(f"  retrieval {dg['retrieval']}{mix}  memory share {dg['memory_share']:.3f}  "
                    f"w_db eff-k {dg['w_db_effective_k']:.2f}  prediction {r['prediction']!r}")
+        if r.get("abstained"):
+            typer.echo(f"  abstained: {r['abstain_reason']}")
         for ev in r["evidence"]:
             spans = ", ".join(repr(s["text"]) for s in ev["spans"][:3])
             bm25 = "" if ev["bm25"] is None else f" bm25 {ev['bm25']:.2f}"
