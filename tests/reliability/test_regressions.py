@@ -29,7 +29,8 @@ def client(encoder, small_bundle):
     with TestClient(create_app(settings_for(small_bundle), encoder=encoder)) as c:
         c.headers.update(bearer(c.app.state.settings.auth.api_key.get_secret_value()))
         deadline = time.monotonic() + 60
-        while c.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+        while c.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline, "not ready within 60 s"
             time.sleep(0.05)
         yield c
 
