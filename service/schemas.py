@@ -134,7 +134,7 @@ def infer_request_model(settings: Settings) -> type[InferRequestBase]:
                               description="evidence items returned per input")
         spans: Int = Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")
         return_tokens: bool = Field(False, description="also return per-token outputs: tokens, token_embeddings, "
-                                    "head_memory_share")
+                                    "head_memory_share, and versus_plain (the change against the plain model)")
         truncate: bool = Field(False, description="cut inputs over the character or token limit instead of "
                                "refusing them (413)")
 
@@ -237,6 +237,19 @@ class Token(_Out):
     memory_share: float = Field(description="memory gate mass at this token, mean over heads")
 
 
+class Neighbour(_Out):
+    chunk_id: str
+    label: str | None
+    similarity: float = Field(description="e·e_c, the embedding's dot product with the chunk's (exact search)")
+
+
+class VersusPlain(_Out):
+    cosine: float = Field(description="cos(e, e') of the plain model's embedding e and the knowledge-augmented e'")
+    l2: float = Field(description="‖e' − e‖")
+    nearest_plain: list[Neighbour] = Field(description="the KB chunks nearest e (the plain model's embedding)")
+    nearest_augmented: list[Neighbour] = Field(description="the KB chunks nearest e' (the knowledge-augmented one)")
+
+
 class InferResult(_Out):
     embedding: list[float] = Field(description="knowledge-augmented sentence embedding (pooled, normalised)")
     evidence: list[EvidenceItem]
@@ -249,6 +262,8 @@ class InferResult(_Out):
     tokens: list[Token] | None = Field(None, description="with return_tokens: the input's tokens")
     token_embeddings: list[list[float]] | None = Field(None, description="with return_tokens: (n_tokens, dim)")
     head_memory_share: list[list[float]] | None = Field(None, description="with return_tokens: (heads, n_tokens)")
+    versus_plain: VersusPlain | None = Field(None, description="with return_tokens: what the KB changed against the "
+                                             "plain model's own output (label scores come from w_db and do not)")
 
 
 class Served(_Out):

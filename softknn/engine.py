@@ -21,6 +21,7 @@ from softknn.evidence import effective_k, evidence_items, label_scores, weight_e
 from softknn.retrieval import CANDIDATES, DEFAULT_TEMPERATURE, LEXICAL_WEIGHT, RETRIEVALS, topk_fast, topk_reference
 
 MIXING = ("fixed", "joint")
+NEAREST_SHOWN = 5  # with return_tokens: KB chunks nearest the plain and the augmented embedding
 GROUP_SIZE = 4  # texts per forward pass when a batch is split by length (Engine.infer)
 
 
@@ -247,9 +248,24 @@ class Engine:
 
         emb, tokens = self.encoder.forward_fused(batch, self.layer, fuse, plain)
         fr = captured["fr"]
-        return [self._result(b, batch, fr, emb, tokens, retr, params[b]) for b in range(len(params))]
+        return [self._result(b, batch, fr, emb, tokens, retr, params[b], plain.embedding) for b in range(len(params))]
 
-    def _result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: InferParams) -> dict:
+    def versus_plain(self, e_plain: np.ndarray, e_aug: np.ndarray, n: int = NEAREST_SHOWN) -> dict:
+        """What the KB changed in one input's output: cos(e, e') and ‖e' − e‖ between the plain
+        model's embedding e and the knowledge-augmented e', and the n nearest KB chunks of each by
+        exact search (e·e_c, e'·e_c). The label scores are not here: they come from w_db over R,
+        which is retrieved with e and so is the same with or without the memory."""
+        e, e2 = np.asarray(e_plain, dtype=np.float64), np.asarray(e_aug, dtype=np.float64)  # (D,)
+        D, I = self.bundle.index.search(np.stack([e, e2]), n, exact=True)  # (2, n)
+
+        def near(j: int) -> list[dict]:
+            return [{"chunk_id": self.bundle.chunks[i]["chunk_id"], "label": self.bundle.chunks[i].get("label"),
+                     "similarity": float(s)} for s, i in zip(D[j], I[j], strict=True) if i >= 0]
+
+        return {"cosine": float(e @ e2 / (np.linalg.norm(e) * np.linalg.norm(e2))), "l2": float(np.linalg.norm(e2 - e)),
+                "nearest_plain": near(0), "nearest_augmented": near(1)}
+
+    def _result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: InferParams, plain_emb=None) -> dict:
         valid = batch.mask[b].to(fr.out.device)
         rows = retr.rows[b]
         w = retr.weights[b]
@@ -307,6 +323,8 @@ class Engine:
             ]
             result["token_embeddings"] = tokens[b, :n].float().cpu().tolist()
             result["head_memory_share"] = mem_share_tok[:, :n].float().cpu().tolist()  # (nh, n)
+            if plain_emb is not None:
+                result["versus_plain"] = self.versus_plain(plain_emb[b].float().cpu().numpy(), emb[b].float().cpu().numpy())
         return result
 
     def _why(self, retr: Retrieval, b: int, s: int) -> dict:

@@ -1,9 +1,10 @@
 // The explorer's wiring: the form → POST v1/infer (twice when comparing with α = 1) → render.js.
 import { ApiError, entry, getKey, indexSummary, infer, inferSchema, setKey } from "./api.js";
-import { bundleLine, compareStrip, h, pane } from "./render.js";
+import { bundleLine, compareStrip, h, kbChange, pane } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 const CONTROLS = ["alpha", "mixing", "k", "temperature", "retrieval", "lexical_weight"];
+const PAGE_MIXING = "joint";
 let runSeq = 0; // a slower, older answer never overwrites a newer one
 
 // --- form values -----------------------------------------------------------------------------
@@ -32,7 +33,9 @@ async function applySchema() {
     if (p.default !== undefined) $(id).value = p.default === null ? "" : p.default; // null: "auto"
     if (p.maximum !== undefined) $(id).max = p.maximum;
   }
-  if (props.mixing?.default) $("mixing").value = props.mixing.default;
+  // The page's own default is joint mixing, not the API's fixed α: under the α rule every head and
+  // token gets exactly 1 − α of memory mass (a flat map); joint mixing shows where the KB was used.
+  $("mixing").value = PAGE_MIXING;
   if (props.retrieval?.default) $("retrieval").value = props.retrieval.default;
   syncAlpha("alpha");
   alphaHint();
@@ -109,7 +112,8 @@ async function run(ev) {
     const [cur, base] = await Promise.all([infer(body(p)), compare ? infer(body(baseP)) : null]);
     if (seq !== runSeq) return;
     const runs = [{ variant: "current", title: "Current setting", params: p, response: cur, input }];
-    if (base) runs.unshift({ variant: "baseline", title: "α = 1 · no KB", params: baseP, response: base, input });
+    if (base) runs.unshift({ variant: "baseline", title: "Plain model · α = 1, no KB", params: baseP, response: base, input });
+    if (base) runs[1].title = "With the KB";
     show(runs, compare);
     $("status").textContent = `done in ${Math.round(performance.now() - t0)} ms`;
   } catch (err) {
@@ -132,7 +136,8 @@ function show(runs, compare) {
   out.className = `results ${compare ? "compare" : "single"}`;
   const panes = runs.map((r) => pane(r, entry));
   const strip = compare ? compareStrip(runs[0], runs[1]) : null;
-  out.replaceChildren(...(strip ? [strip] : []), h("div", { class: "panes" }, panes));
+  const change = kbChange(runs[runs.length - 1].response.results[0]);
+  out.replaceChildren(...[change, strip].filter(Boolean), h("div", { class: "panes" }, panes));
 }
 
 // --- header: bundle summary and API key --------------------------------------------------------
@@ -163,6 +168,7 @@ function init() {
   CONTROLS.forEach((id) => $(id).addEventListener("input", () => $(id).removeAttribute("aria-invalid")));
   $("query").addEventListener("submit", run);
   $("text").addEventListener("keydown", (ev) => { if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) run(ev); });
+  alphaHint();
   loadIndex();
   applySchema().finally(() => { document.body.dataset.ready = "1"; });
 }

@@ -312,7 +312,7 @@ export function pane(run, loadEntry) {
     h("h2", {}, run.title), h("p", { class: "muted" }, setting),
     h("p", { class: "muted small" }, `request ${run.response.request_id} · bundle ${run.response.bundle_version} · ${run.response.model}`)),
   h("div", { class: "col-a" },
-    section("Label scores", verdict(r)),
+    section("Label scores · from the k-NN weights w_db", verdict(r)),
     section("Input tokens · memory mass share", tokensView(r, run.input), legend()),
     section("Heads × tokens · memory mass share", heatmap(r)),
     section("Diagnostics", diagnostics(d))),
@@ -328,7 +328,7 @@ function cosine(a, b) {
   return dot / Math.sqrt(na * nb || 1);
 }
 
-/** The side-by-side summary: how far the KB moved the output from the plain model. */
+/** The side-by-side summary: how far the KB moved the output from the plain model (two requests). */
 export function compareStrip(base, cur) {
   const a = base.response.results[0], b = cur.response.results[0];
   const cos = cosine(a.embedding, b.embedding);
@@ -337,7 +337,43 @@ export function compareStrip(base, cur) {
     h("span", {}, "cos(embedding, α = 1 embedding) ", num("cosine", cos, 4)),
     h("span", {}, "memory share ", num("memory_share_base", a.diagnostics.memory_share), " → ",
       num("memory_share_current", b.diagnostics.memory_share)),
-    h("span", {}, "prediction ", h("strong", {}, pred(a)), " → ", h("strong", {}, pred(b))));
+    h("span", { title: LABELS_NOTE }, "prediction ", h("strong", {}, pred(a)), " → ", h("strong", {}, pred(b)),
+      h("span", { class: "muted" }, " (from the k-NN weights)")));
+}
+
+export const LABELS_NOTE = "Label scores are Σ w_db(c)·onehot(label_c): the k-NN weights over the chunks retrieved "
+  + "with the plain model's embedding. They do not depend on α or the mixing, so they are the same with and without "
+  + "the KB; what the KB changes is the model's own output.";
+
+function nearList(field, items, other) {
+  const ids = new Set(other.map((x) => x.chunk_id));
+  return h("ol", { class: "near", dataset: { field } }, items.map((x) => h("li", {
+    class: ids.has(x.chunk_id) ? null : "moved", dataset: { chunkId: x.chunk_id, value: x.similarity },
+    title: ids.has(x.chunk_id) ? "among the nearest in both" : "only among the nearest on this side",
+  }, h("span", { class: "cid" }, x.chunk_id), " ", h("span", { class: "muted" }, x.label ?? ""), " ",
+  num("near_similarity", x.similarity))));
+}
+
+/** What the KB changed, from one result's versus_plain: the plain model's output e against the
+ * knowledge-augmented e' — their cosine and distance, the KB entries nearest each — and where the
+ * label scores come from. */
+export function kbChange(result) {
+  const v = result.versus_plain;
+  if (!v) return null;
+  const same = v.nearest_plain.map((x) => x.chunk_id).join() === v.nearest_augmented.map((x) => x.chunk_id).join();
+  return h("section", { class: "kb-change", "aria-label": "what the KB changed" },
+    h("h2", {}, "What the KB changed"),
+    h("p", { class: "nums" },
+      h("span", { title: "cos(e, e'): the plain model's sentence embedding against the knowledge-augmented one" },
+        "cos(plain, augmented) "), num("vp_cosine", v.cosine, 4), " · ",
+      h("span", { title: "‖e' − e‖ of the two normalised embeddings" }, "distance ‖e′ − e‖ "), num("vp_l2", v.l2, 4),
+      " · memory share ", num("vp_memory_share", result.diagnostics.memory_share)),
+    h("div", { class: "near-pair" },
+      h("div", {}, h("h3", {}, "Nearest KB entries · plain model"), nearList("nearest_plain", v.nearest_plain, v.nearest_augmented)),
+      h("div", {}, h("h3", {}, "Nearest KB entries · with the KB"), nearList("nearest_augmented", v.nearest_augmented, v.nearest_plain))),
+    h("p", { class: "muted small" }, same ? "The same entries in the same order: this setting moved the embedding "
+      + "but not its neighbourhood." : "Entries shaded are among the nearest on one side only."),
+    h("p", { class: "note muted small", dataset: { field: "labels_note" } }, LABELS_NOTE));
 }
 
 /** The bundle line in the header, from GET /v1/index. */

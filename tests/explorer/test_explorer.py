@@ -4,7 +4,7 @@ Debian's headless Chromium (`apt-get install chromium chromium-driver`), driven 
 Python package through `executable_path` (never `playwright install`), against a real uvicorn
 server on a free port serving the sample bundle. Every number the page shows is checked against
 the same request sent with httpx. Screenshots (1024 px and 390 px) go to artifacts/explorer/, and
-the 1024 px joint-mixing one is copied to docs/explorer.png for the README when that file is
+the 1024 px default view is copied to docs/explorer.png for the README when that file is
 missing or SOFTKNN_UPDATE_DOCS_SCREENSHOT=1. SOFTKNN_CHROMIUM overrides /usr/bin/chromium.
 """
 
@@ -101,6 +101,13 @@ def page(browser, server) -> Iterator[Page]:
     p.close()
 
 
+def classic(page: Page) -> None:
+    """Leave the page's defaults (joint mixing, side by side with the plain model) for the API's:
+    fixed mixing, one pane."""
+    page.select_option("#mixing", "fixed")
+    page.uncheck("#compare")
+
+
 def run(page: Page) -> dict:
     """Click Run, wait until the page has finished this run; the JSON body the page sent (the first
     one, when it sends two)."""
@@ -163,6 +170,7 @@ def check_evidence(page: Page, scope: str, result: dict) -> None:
 
 # --- tests -------------------------------------------------------------------------------------
 def test_query_shows_the_evidence_tokens_and_labels_the_api_returned(page, api):
+    classic(page)
     body = run(page)
     # τ, retrieval and λ left at "auto" (the schema's null defaults): the service picks them per bundle
     assert body == {"inputs": [QUERY], "alpha": 0.7, "mixing": "fixed", "k": 8, "return_tokens": True}
@@ -194,8 +202,55 @@ def test_query_shows_the_evidence_tokens_and_labels_the_api_returned(page, api):
     screenshot(page, "explorer-1024-fixed.png")
 
 
+def test_default_view_shows_what_the_kb_changed_against_the_plain_model(page, api):
+    """The page as it opens (issue 17): joint mixing, side by side with the plain model (α = 1), and
+    the KB's effect on the model's own output: e against e', their nearest KB entries, the heat map."""
+    with page.expect_request(lambda q: "/v1/infer" in q.url and q.post_data_json["alpha"] == 1) as base_req:
+        body = run(page)
+    assert body == {"inputs": [QUERY], "alpha": 0.7, "mixing": "joint", "k": 8, "return_tokens": True}
+    assert base_req.value.post_data_json["mixing"] == "fixed"
+    r, base = infer(api, body), infer(api, base_req.value.post_data_json)
+    cur = ".pane[data-variant='current']"
+    check_evidence(page, cur, r)
+    check_evidence(page, ".pane[data-variant='baseline']", base)
+    v = r["versus_plain"]
+    # e is the plain model's own output: the α = 1 answer's embedding, to float round-off
+    cos = sum(a * b for a, b in zip(base["embedding"], r["embedding"], strict=True))
+    assert v["cosine"] == pytest.approx(cos, abs=1e-5)
+    assert v["l2"] == pytest.approx(math.sqrt(max(0.0, 2 - 2 * cos)), abs=1e-4)
+    assert float(page.get_attribute(".kb-change .num[data-field='vp_cosine']", "data-value")) == pytest.approx(v["cosine"], abs=TOL)
+    assert float(page.get_attribute(".kb-change .num[data-field='vp_l2']", "data-value")) == pytest.approx(v["l2"], abs=TOL)
+    assert page.locator(".kb-change").is_visible()
+    # a visible difference: the embedding moved, and its nearest KB entries with it
+    assert v["l2"] > 0.05
+    near = {f: page.eval_on_selector_all(f".near[data-field='{f}'] li", "els => els.map(e => e.dataset.chunkId)")
+            for f in ("nearest_plain", "nearest_augmented")}
+    assert near == {f: [x["chunk_id"] for x in v[f]] for f in near}
+    dense = {e["chunk_id"]: e["dense_similarity"] for e in base["evidence"]}  # e·e_c of the α = 1 answer
+    both = [x for x in v["nearest_plain"] if x["chunk_id"] in dense]
+    assert both and all(x["similarity"] == pytest.approx(dense[x["chunk_id"]], abs=1e-5) for x in both)
+    assert near["nearest_plain"] != near["nearest_augmented"]
+    moved = page.eval_on_selector_all(".near li.moved", "els => els.map(e => e.dataset.chunkId)")
+    assert set(moved) == set(near["nearest_plain"]) ^ set(near["nearest_augmented"]) != set()
+    assert page.locator(".near li.moved").first.is_visible()
+    # the heat map is not one flat block: joint mixing spreads the memory share over heads and tokens
+    lo = float(page.get_attribute(f"{cur} .num[data-field='heat_min']", "data-value"))
+    hi = float(page.get_attribute(f"{cur} .num[data-field='heat_max']", "data-value"))
+    flat = [x for row in r["head_memory_share"] for x in row]
+    assert (lo, hi) == pytest.approx((min(flat), max(flat)), abs=TOL) and hi - lo > 0.1
+    # and the page says where the label scores come from
+    assert "k-NN weights" in page.locator(".kb-change [data-field='labels_note']").inner_text()
+    assert page.locator(f"{cur} .scores li").count() == len(r["label_scores"])
+    shot = screenshot(page, "explorer-1024-default.png")
+    # The README's picture is this view: written when missing or when asked, so a test run does not
+    # dirty the work tree with a new PNG (request id and timing differ every run).
+    if not DOCS_SHOT.exists() or os.environ.get("SOFTKNN_UPDATE_DOCS_SCREENSHOT") == "1":
+        shutil.copyfile(shot, DOCS_SHOT)
+
+
 @pytest.mark.parametrize("mode", ["lexical", "dense", "hybrid"])
 def test_retrieval_control_sends_it_and_evidence_shows_why_each_chunk_came(page, api, mode):
+    classic(page)
     page.select_option("#retrieval", mode)
     page.fill("#lexical_weight", "0.3")
     body = run(page)
@@ -218,6 +273,7 @@ def test_retrieval_control_sends_it_and_evidence_shows_why_each_chunk_came(page,
 
 
 def test_changing_alpha_changes_the_evidence_and_compare_shows_alpha_1(page, api):
+    classic(page)
     run(page)
     before = values(page, ".num[data-field='mass_share']")
     page.fill("#alpha", "0.2")
@@ -249,6 +305,7 @@ def test_changing_alpha_changes_the_evidence_and_compare_shows_alpha_1(page, api
 
 
 def test_joint_mixing_heat_map_spans_the_head_range(page, api):
+    page.uncheck("#compare")
     page.select_option("#mixing", "joint")
     body = run(page)
     assert body["mixing"] == "joint"
@@ -258,15 +315,12 @@ def test_joint_mixing_heat_map_spans_the_head_range(page, api):
     assert float(page.get_attribute(".num[data-field='heat_min']", "data-value")) == pytest.approx(min(flat), abs=TOL)
     assert float(page.get_attribute(".num[data-field='heat_max']", "data-value")) == pytest.approx(max(flat), abs=TOL)
     assert page.get_attribute(".diag dd[data-field='alpha']", "data-value") == "null"
-    shot = screenshot(page, "explorer-1024-joint.png")
-    # The README's picture: written when missing or when asked, so a test run does not dirty the
-    # work tree with a new PNG (request id and timing differ every run).
-    if not DOCS_SHOT.exists() or os.environ.get("SOFTKNN_UPDATE_DOCS_SCREENSHOT") == "1":
-        shutil.copyfile(shot, DOCS_SHOT)
+    screenshot(page, "explorer-1024-joint.png")
 
 
 @pytest.mark.parametrize(("control", "bad", "field"), [("#k", "0", "k"), ("#temperature", "-1", "temperature")])
 def test_an_invalid_value_shows_the_services_422_message(page, api, control, bad, field):
+    page.uncheck("#compare")
     page.fill(control, bad)
     body = run(page)
     r = api.post("/v1/infer", json=body)
@@ -324,6 +378,7 @@ def test_api_key_is_kept_in_local_storage_and_sent_as_bearer(page, server):
 
 def test_phone_width_has_no_horizontal_scroll(browser, server, api):
     page = open_page(browser, server, width=390, height=844)
+    classic(page)
     body = run(page)
     check_evidence(page, ".pane", infer(api, body))
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
