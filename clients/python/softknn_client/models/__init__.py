@@ -26,6 +26,7 @@ from .infer_request_retrieval_type_0 import InferRequestRetrievalType0
 from .infer_response import InferResponse
 from .infer_result import InferResult
 from .infer_result_label_scores_type_0 import InferResultLabelScoresType0
+from .neighbour import Neighbour
 from .query_token import QueryToken
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .reload_request import ReloadRequest
@@ -34,6 +35,7 @@ from .span import Span
 from .token import Token
 from .validation_error import ValidationError
 from .validation_error_context import ValidationErrorContext
+from .versus_plain import VersusPlain
 
 __all__ = (
     "BundleSummary",
@@ -62,6 +64,7 @@ __all__ = (
     "InferResponse",
     "InferResult",
     "InferResultLabelScoresType0",
+    "Neighbour",
     "QueryToken",
     "ReadyzResponseReadyz",
     "ReloadRequest",
@@ -70,4 +73,5 @@ __all__ = (
     "Token",
     "ValidationError",
     "ValidationErrorContext",
+    "VersusPlain",
 )

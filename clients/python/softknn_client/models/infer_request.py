@@ -34,8 +34,8 @@ class InferRequest:
         retrieval (InferRequestRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,
             lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid
             where the bundle has a lexical index, else dense
-        return_tokens (bool | Unset): also return per-token outputs: tokens, token_embeddings, head_memory_share
-            Default: False.
+        return_tokens (bool | Unset): also return per-token outputs: tokens, token_embeddings, head_memory_share, and
+            versus_plain (the change against the plain model) Default: False.
         spans (int | Unset): highlighted word spans per evidence item Default: 5.
         temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel; null = the
             retrieval's default

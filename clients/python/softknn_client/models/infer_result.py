@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from ..models.evidence_item import EvidenceItem
     from ..models.infer_result_label_scores_type_0 import InferResultLabelScoresType0
     from ..models.token import Token
+    from ..models.versus_plain import VersusPlain
 
 
 T = TypeVar("T", bound="InferResult")
@@ -32,6 +33,8 @@ class InferResult:
         head_memory_share (list[list[float]] | None | Unset): with return_tokens: (heads, n_tokens)
         token_embeddings (list[list[float]] | None | Unset): with return_tokens: (n_tokens, dim)
         tokens (list[Token] | None | Unset): with return_tokens: the input's tokens
+        versus_plain (None | Unset | VersusPlain): with return_tokens: what the KB changed against the plain model's own
+            output (label scores come from w_db and do not)
     """
 
     abstained: bool
@@ -44,9 +47,11 @@ class InferResult:
     head_memory_share: list[list[float]] | None | Unset = UNSET
     token_embeddings: list[list[float]] | None | Unset = UNSET
     tokens: list[Token] | None | Unset = UNSET
+    versus_plain: None | Unset | VersusPlain = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         from ..models.infer_result_label_scores_type_0 import InferResultLabelScoresType0  # noqa: PLC0415
+        from ..models.versus_plain import VersusPlain  # noqa: PLC0415
 
         abstained = self.abstained
 
@@ -112,6 +117,14 @@ class InferResult:
         else:
             tokens = self.tokens
 
+        versus_plain: dict[str, Any] | None | Unset
+        if isinstance(self.versus_plain, Unset):
+            versus_plain = UNSET
+        elif isinstance(self.versus_plain, VersusPlain):
+            versus_plain = self.versus_plain.to_dict()
+        else:
+            versus_plain = self.versus_plain
+
         field_dict: dict[str, Any] = {}
 
         field_dict.update(
@@ -132,6 +145,8 @@ class InferResult:
             field_dict["token_embeddings"] = token_embeddings
         if tokens is not UNSET:
             field_dict["tokens"] = tokens
+        if versus_plain is not UNSET:
+            field_dict["versus_plain"] = versus_plain
 
         return field_dict
 
@@ -141,6 +156,7 @@ class InferResult:
         from ..models.evidence_item import EvidenceItem  # noqa: PLC0415
         from ..models.infer_result_label_scores_type_0 import InferResultLabelScoresType0  # noqa: PLC0415
         from ..models.token import Token  # noqa: PLC0415
+        from ..models.versus_plain import VersusPlain  # noqa: PLC0415
 
         d = dict(src_dict)
         abstained = d.pop("abstained")
@@ -253,6 +269,23 @@ class InferResult:
 
         tokens = _parse_tokens(d.pop("tokens", UNSET))
 
+        def _parse_versus_plain(data: object) -> None | Unset | VersusPlain:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                versus_plain_type_0 = VersusPlain.from_dict(data)
+
+                return versus_plain_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(None | Unset | VersusPlain, data)
+
+        versus_plain = _parse_versus_plain(d.pop("versus_plain", UNSET))
+
         infer_result = cls(
             abstained=abstained,
             diagnostics=diagnostics,
@@ -264,6 +297,7 @@ class InferResult:
             head_memory_share=head_memory_share,
             token_embeddings=token_embeddings,
             tokens=tokens,
+            versus_plain=versus_plain,
         )
 
         return infer_result
