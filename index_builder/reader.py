@@ -88,7 +88,7 @@ def _json(path: Path, fields: Fields) -> Iterator[Document]:
 def _csv(path: Path, fields: Fields) -> Iterator[Document]:
     reader = csv.DictReader(_read_text(path).splitlines())
     if not reader.fieldnames or fields.text not in reader.fieldnames:
-        raise KBFormatError(f"{path}:1: no column {fields.text!r} (columns: {reader.fieldnames})")
+        raise KBFormatError(_missing_text(path, fields, list(reader.fieldnames or []), [], True))
     for n, row in enumerate(reader, start=2):
         yield _record(row, f"{path}:{n}", fields, f"{path.stem}-{n - 1}")
 
@@ -111,6 +111,91 @@ def _files(root: Path) -> list[Path]:
     if not found:
         raise KBFormatError(f"{root}: no .jsonl, .json, .csv, .txt or .md files")
     return found
+
+
+# --- field names: checked (and the text column inferred) before anything heavy loads (issue 17) ---
+PEEK_RECORDS = 20  # records per file looked at to tell a text column from a short label-like one
+
+
+def _peek(path: Path) -> list[dict]:
+    """The first PEEK_RECORDS records of a record file (dicts only; the full read reports the rest)."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        reader = csv.DictReader(_read_text(path).splitlines())
+        return [row for _, row in zip(range(PEEK_RECORDS), reader, strict=False)] or [dict.fromkeys(reader.fieldnames or [])]
+    if suffix == ".jsonl":
+        recs = []
+        for line in _read_text(path).splitlines():
+            if line.strip():
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # the full read names the line
+            if len(recs) == PEEK_RECORDS:
+                break
+        return [r for r in recs if isinstance(r, dict)]
+    try:
+        data = json.loads(_read_text(path))
+    except json.JSONDecodeError:
+        return []
+    return [r for r in data[:PEEK_RECORDS] if isinstance(r, dict)] if isinstance(data, list) else []
+
+
+def _columns(recs: list[dict]) -> list[str]:
+    return list(dict.fromkeys(k for r in recs for k in r))
+
+
+def _mean_len(recs: list[dict], col: str) -> float:
+    vals = [r.get(col) for r in recs]
+    return sum(len(v) for v in vals if isinstance(v, str)) / max(1, len(vals))
+
+
+def resolve_fields(root: Path, fields: Fields, *, text_given: bool = False) -> tuple[Fields, list[str]]:
+    """Check the field names against the KB's record files (their first records) and return
+    (fields to read with, notes for the user).
+
+    - the text field missing, not named by the user, and one column left that holds text (not the
+      id or label field): that column is the text, and a note says so;
+    - otherwise a missing text field is a KBFormatError naming the columns and the flags to pass;
+    - no id field in the records: a note says ids are filled in (`<file stem>-<row>`).
+    """
+    root = Path(root)
+    notes: list[str] = []
+    files = [p for p in _files(root) if p.suffix.lower() in RECORD_SUFFIXES]
+    for path in files:
+        recs = _peek(path)
+        cols = _columns(recs)
+        if not cols or fields.text in cols:
+            pass
+        else:
+            rest = [c for c in cols if c not in (fields.id, fields.label, "metadata")]
+            texty = [c for c in rest if any(isinstance(r.get(c), str) and r.get(c).strip() for r in recs)]
+            if len(texty) == 1 and not text_given:
+                notes.append(f"{path.name}: no column {fields.text!r}; using {texty[0]!r} as the text "
+                             f"(--text-field {texty[0]})")
+                fields = Fields(fields.id, texty[0], fields.label)
+            else:
+                raise KBFormatError(_missing_text(path, fields, cols, recs, text_given))
+        if fields.id and cols and fields.id not in cols:
+            notes.append(f"{path.name}: no {fields.id!r} column: ids are filled in from the file name and the row "
+                         f"({path.stem}-1, {path.stem}-2, …); --id-field names a column to use instead")
+    return fields, notes
+
+
+def _missing_text(path: Path, fields: Fields, cols: list[str], recs: list[dict], text_given: bool) -> str:
+    """The error for a missing text field: the columns, and a command line that would read them."""
+    where = f"{path}:1" if path.suffix.lower() == ".csv" else str(path)
+    msg = f"{where}: no {'column' if path.suffix.lower() == '.csv' else 'field'} {fields.text!r} " \
+          f"(columns: {', '.join(cols)})."
+    by_len = sorted((c for c in cols if c not in (fields.id, "metadata")), key=lambda c: -_mean_len(recs, c))
+    if not by_len:
+        return msg + " Name the text column with --text-field."
+    flags = [f"--text-field {by_len[0]}"]
+    if fields.label not in cols and len(by_len) > 1:
+        flags.append(f"--label-field {by_len[-1]}")
+    hint = "the longest column" if len(by_len) > 1 else "the only column"
+    return (msg + f" Name the text column with --text-field (and the label and id columns with --label-field, "
+            f"--id-field), e.g. {' '.join(flags)} ({hint} as the text" + (", the shortest as the label)" if len(flags) > 1 else ")"))
 
 
 def read_kb(root: Path, fields: Fields = Fields()) -> list[Document]:

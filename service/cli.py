@@ -25,6 +25,10 @@ def serve(
     Every other setting is a SOFTKNN_* environment variable (see the README's table), e.g.
     SOFTKNN_AUTH__API_KEY, SOFTKNN_MODEL__THREADS, SOFTKNN_BATCHING__QUEUE_SIZE.
     """
+    if bundle is not None:  # answered before FastAPI, torch and the model load
+        from softknn.cli import need_bundle
+
+        need_bundle(bundle)
     import uvicorn
     from pydantic import ValidationError
 

@@ -4,14 +4,31 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from typer.core import TyperArgument, TyperCommand
 
 from softknn.errors import SoftKNNError
+
+
+class Command(TyperCommand):
+    """Usage lines in click's convention, `softknn query [OPTIONS] BUNDLE TEXTS...`, where typer ≥ 0.24
+    prints a required argument as `{bundle}` (issue 17)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        rv = [self.options_metavar] if self.options_metavar else []
+        for p in self.get_params(ctx):
+            if isinstance(p, TyperArgument):
+                name = (p.metavar or p.name or "").upper()
+                rv.append((name if p.required else f"[{name}]") + ("..." if p.nargs != 1 else ""))
+            else:
+                rv.extend(p.get_usage_pieces(ctx))
+        return rv
 
 app = typer.Typer(
     help="softknn: attention over a FAISS-indexed knowledge base, with evidence.",
@@ -19,6 +36,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def _options(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the model loader's progress "
+                                                   "bars (quiet by default)")] = False) -> None:
+    """softknn: attention over a FAISS-indexed knowledge base, with evidence."""
+    if not verbose:  # read when huggingface_hub is first imported, which is after this: no import here
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def sample_kb_path() -> Path:
@@ -52,10 +77,22 @@ def _fail(e: Exception) -> None:
     raise typer.Exit(2)
 
 
+def _note(msg: str) -> None:
+    typer.secho(f"note: {msg}", fg=typer.colors.YELLOW, err=True)
+
+
+def need_bundle(path: Path) -> None:
+    """Fail fast, before the model or torch loads, when PATH is not a bundle folder."""
+    if not path.exists():
+        _fail(f"{path}: no such bundle folder (build one with `softknn build KB --out {path}`)")
+    if not (path / "manifest.json").is_file():
+        _fail(f"{path}: not a bundle (no manifest.json)")
+
+
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help="sentence-transformers model path (default: packaged all-MiniLM-L6-v2)")]
 
 
-@app.command()
+@app.command(cls=Command)
 def build(
     kb: Annotated[Path, typer.Argument(help="KB: a .jsonl/.json/.csv file, or a folder of them and .txt/.md files")],
     out: Annotated[Path, typer.Option("--out", "-o", help="bundle directory to write")],
@@ -66,22 +103,33 @@ def build(
     overlap: Annotated[int, typer.Option(help="tokens shared by consecutive chunks")] = 32,
     batch_size: Annotated[int, typer.Option(help="chunks per model pass")] = 32,
     kv_dtype: Annotated[str, typer.Option(help="float32 | float16 for stored keys/values")] = "float32",
-    id_field: Annotated[str, typer.Option(help="record field/column holding the id")] = "id",
-    text_field: Annotated[str, typer.Option(help="record field/column holding the text")] = "text",
+    id_field: Annotated[str, typer.Option(help="record field/column holding the id (missing: ids are filled in "
+                                                "as <file>-<row>)")] = "id",
+    text_field: Annotated[Optional[str], typer.Option(help="record field/column holding the text [default: text; "
+                                                         "where it is missing and one other column holds text, that one]")] = None,
     label_field: Annotated[str, typer.Option(help="record field/column holding the label")] = "label",
     lexical: Annotated[bool, typer.Option(help="write the BM25 index too (hybrid and lexical retrieval)")] = True,
     force: Annotated[bool, typer.Option(help="replace an existing bundle")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it (FAISS and BM25)."""
+    from index_builder.reader import Fields, resolve_fields
+
+    if out.exists() and not force:  # the checks that need no model come first
+        _fail(f"{out}: already exists; pass --force to replace it")
+    try:
+        fields, notes = resolve_fields(kb, Fields(id=id_field, text=text_field or "text", label=label_field),
+                                       text_given=text_field is not None)
+    except SoftKNNError as e:
+        _fail(e)
+    for n in notes:
+        _note(n)
     from index_builder.pipeline import BuildConfig, build_bundle
-    from index_builder.reader import Fields
 
     try:
         settings = _settings(model__name=model)
         cfg = BuildConfig(layer=layer, index_type=index, chunk_tokens=chunk_tokens, overlap=overlap,
-                          batch_size=batch_size, kv_dtype=kv_dtype, lexical=lexical,
-                          fields=Fields(id=id_field, text=text_field, label=label_field))
+                          batch_size=batch_size, kv_dtype=kv_dtype, lexical=lexical, fields=fields)
         manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
@@ -90,9 +138,10 @@ def build(
                f"index {manifest['index']['kind']} ({manifest['index']['reason']})")
 
 
-@app.command("add-lexical")
+@app.command("add-lexical", cls=Command)
 def add_lexical(bundle: Annotated[Path, typer.Argument(help="bundle directory built without a lexical index")]) -> None:
     """Add the BM25 index to an older bundle (no re-encoding); it then serves hybrid retrieval."""
+    need_bundle(bundle)
     from index_builder.pipeline import add_lexical as add
 
     try:
@@ -102,9 +151,10 @@ def add_lexical(bundle: Annotated[Path, typer.Argument(help="bundle directory bu
     typer.echo(f"{bundle}: lexical index added ({m['lexical']['vocabulary']} terms), version {m['version_id']}")
 
 
-@app.command()
+@app.command(cls=Command)
 def verify(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> None:
     """Check a bundle's manifest and every file's sha256."""
+    need_bundle(bundle)
     from softknn.bundle import verify_bundle
 
     try:
@@ -114,9 +164,10 @@ def verify(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> 
     typer.echo(f"ok: {bundle} version {m['version_id']}, {len(m['files'])} files verified")
 
 
-@app.command()
+@app.command(cls=Command)
 def info(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> None:
     """Print a bundle's manifest summary as JSON (no checksum pass; see `verify`)."""
+    need_bundle(bundle)
     from softknn.bundle import read_manifest
 
     try:
@@ -126,7 +177,7 @@ def info(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> No
     typer.echo(json.dumps(m, indent=2, sort_keys=True))
 
 
-@app.command()
+@app.command(cls=Command)
 def query(
     bundle: Annotated[Path, typer.Argument(help="bundle directory")],
     texts: Annotated[list[str], typer.Argument(help="input texts")],
@@ -147,6 +198,7 @@ def query(
     as_json: Annotated[bool, typer.Option("--json", help="print the result objects as JSON")] = False,
 ) -> None:
     """Run knowledge-augmented inference on TEXTS against BUNDLE; prints one result per input."""
+    need_bundle(bundle)
     from softknn.bundle import load_bundle
     from softknn.engine import Engine, InferParams
 
@@ -173,10 +225,11 @@ def query(
         typer.secho(f"\n> {text}", bold=True)
         dg = r["diagnostics"]
         mix = f" λ={dg['lexical_weight']}" if dg["retrieval"] == "hybrid" else ""
+        pred = "— abstained" if r.get("abstained") else repr(r["prediction"])
         typer.echo(f"  retrieval {dg['retrieval']}{mix}  memory share {dg['memory_share']:.3f}  "
-                   f"w_db eff-k {dg['w_db_effective_k']:.2f}  prediction {r['prediction']!r}")
+                   f"w_db eff-k {dg['w_db_effective_k']:.2f}  prediction {pred}")
         if r.get("abstained"):
-            typer.echo(f"  abstained: {r['abstain_reason']}")
+            typer.echo(f"  abstained (no prediction): {r['abstain_reason']}")
         for ev in r["evidence"]:
             spans = ", ".join(repr(s["text"]) for s in ev["spans"][:3])
             bm25 = "" if ev["bm25"] is None else f" bm25 {ev['bm25']:.2f}"
@@ -185,7 +238,7 @@ def query(
             typer.echo(f"          s {ev['similarity']:.3f}  dense {ev['dense_similarity']:.3f}{bm25}{words}")
 
 
-@app.command()
+@app.command(cls=Command)
 def sample_kb() -> None:
     """Print the path of the bundled sample KB."""
     typer.echo(str(sample_kb_path()))
@@ -196,9 +249,9 @@ def _register_edge_commands() -> None:
     from service.cli import serve
     from softknn.eval_cli import calibrate_command, eval_command
 
-    app.command("serve")(serve)
-    app.command("eval")(eval_command)
-    app.command("calibrate")(calibrate_command)
+    app.command("serve", cls=Command)(serve)
+    app.command("eval", cls=Command)(eval_command)
+    app.command("calibrate", cls=Command)(calibrate_command)
 
 
 _register_edge_commands()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -64,6 +65,33 @@ def prepare_validation(kb: Path, fields, bundle_manifest: dict, work: Path, enco
     return out, [Query(d.doc_id, d.text, d.label) for d in held]
 
 
+def min_validation(target_loss: float) -> int:
+    """The fewest validation queries a threshold is set from: ⌈1/target_loss⌉ (100 at 1%).
+
+    The threshold is the largest t whose in-scope loss stays within target_loss, and each right
+    answer it rejects costs 1/n; below 1/target_loss it can reject none, so it lands on the lowest
+    right answer's score, an extreme of a tiny sample (issue 17: 5 rows gave 0.935, and in-scope
+    questions were then refused)."""
+    return math.ceil(1 / target_loss - 1e-9)
+
+
+def small_validation(record: dict, target_loss: float) -> dict:
+    """The record as stored: unchanged with enough validation queries; below min_validation the
+    thresholds are not set (the engine then answers every query, as an uncalibrated bundle does),
+    the ones computed kept under validation.unapplied, and validation.too_small says why."""
+    n, need = record["validation"]["n"], min_validation(target_loss)
+    record["validation"]["min_n"] = need
+    if n >= need:
+        return record
+    keys = ("abstain_threshold", "min_similarity", "abstain_threshold_gated")
+    record["validation"]["unapplied"] = {k: record[k] for k in keys}
+    record["validation"]["too_small"] = (
+        f"only {n} validation queries (< {need} = 1/target_loss): too few to set an abstain threshold, "
+        f"so none is set and every query is answered; calibrate on a larger labelled KB (or a larger "
+        f"--fraction), or pass a threshold per request")
+    return {**record, **dict.fromkeys(keys)}
+
+
 def calibrate(bundle_path: Path, kb: Path, fields, encoder, params, *, work: Path, fraction: float = 0.1,
               seed: int = 0, target_loss: float = 0.01, batch_size: int = 32, progress: bool = True) -> dict:
     """Choose the abstain threshold on a KB-side validation split and store it in the bundle."""
@@ -80,7 +108,8 @@ def calibrate(bundle_path: Path, kb: Path, fields, encoder, params, *, work: Pat
     run = run_variants(engine, held, [(params, Strategy())], batch_size=batch_size,
                        progress=progress, desc="calibration")
     base = baseline_outcomes(run, val.chunks, params.k, DEFAULT_TEMPERATURE["dense"], params.kernel)
-    record = calibration_record(run.outcomes[0], base, held, params, target_loss, fraction, seed)
+    record = small_validation(calibration_record(run.outcomes[0], base, held, params, target_loss, fraction, seed),
+                              target_loss)
     write_calibration(bundle_path, record)
     (Path(work) / "calibration.json").write_text(json.dumps(record, indent=2))
     return record
@@ -290,6 +319,9 @@ def eval_command(
 ) -> None:
     """Evaluate BUNDLE on QUERIES beside the plain embedding k-NN baseline: accuracy, macro-F1, abstain
     trade-off, OOD rejection, recall@k / nDCG@10 / MRR@10 of the evidence. Writes a JSON report and plots."""
+    from softknn.cli import need_bundle
+
+    need_bundle(bundle)
     from index_builder.reader import Fields
     from softknn.bundle import load_bundle
     from softknn.cli import _encoder, _fail, _settings
@@ -340,30 +372,44 @@ def calibrate_command(
     bundle: Annotated[Path, typer.Argument(help="bundle directory (its manifest gets the threshold)")],
     kb: Annotated[Path, typer.Argument(help="the KB the bundle was built from")],
     work: Annotated[Path, Opt("--work", help="folder for the split and the validation bundle")] = Path("calibration"),
-    id_field: Annotated[str, Opt(help="KB id field")] = "id",
-    text_field: Annotated[str, Opt(help="KB text field")] = "text",
-    label_field: Annotated[str, Opt(help="KB label field")] = "label",
+    id_field: Annotated[Optional[str], Opt(help="KB id field [default: the one the bundle was built with]")] = None,
+    text_field: Annotated[Optional[str], Opt(help="KB text field [default: the one the bundle was built with]")] = None,
+    label_field: Annotated[Optional[str], Opt(help="KB label field [default: the one the bundle was built with]")] = None,
     fraction: Annotated[float, Opt(help="share of each label held out")] = 0.1,
     seed: Annotated[int, Opt(help="split seed")] = 0,
     target_loss: Annotated[float, Opt(help="in-scope accuracy the threshold may cost on validation")] = 0.01,
     model: Annotated[Optional[str], Opt("--model", help="sentence-transformers model path")] = None,
     progress: Annotated[bool, Opt(help="show progress bars")] = True,
 ) -> None:
-    """Calibrate BUNDLE's abstain threshold on a validation split of KB (never the test queries)."""
+    """Calibrate BUNDLE's abstain threshold on a validation split of KB (never the test queries).
+
+    The field names default to those stored in the bundle's manifest at build time. Below
+    ⌈1/target_loss⌉ validation queries no threshold is set (see `calibrate`)."""
+    from softknn.cli import need_bundle
+
+    need_bundle(bundle)
     from index_builder.reader import Fields
+    from softknn.bundle import read_manifest
     from softknn.cli import _encoder, _fail, _settings
     from softknn.engine import InferParams
 
     try:
+        built = read_manifest(bundle)["build"].get("fields") or {}
+        fields = Fields(id_field or built.get("id", "id"), text_field or built.get("text", "text"),
+                        label_field or built.get("label", "label"))
         settings = _settings(model__name=model)
         d = settings.defaults
         params = InferParams(alpha=d.alpha, mixing=d.mixing, k=d.k, temperature=d.temperature, kernel=d.kernel)
-        record = calibrate(bundle, kb, Fields(id_field, text_field, label_field), _encoder(settings), params,
+        record = calibrate(bundle, kb, fields, _encoder(settings), params,
                            work=work, fraction=fraction, seed=seed, target_loss=target_loss, progress=progress)
     except SoftKNNError as e:
         _fail(e)
     typer.echo(json.dumps(record, indent=2))
-
+    v = record["validation"]
+    if v.get("too_small"):
+        typer.secho(f"warning: {v['too_small']}", fg=typer.colors.YELLOW, err=True)
+    typer.echo(f"calibrated {bundle} on {v['n']} validation queries (fields: text {fields.text!r}, label "
+               f"{fields.label!r}): abstain threshold {record['abstain_threshold']}", err=True)
 
 
 if __name__ == "__main__":  # `python -m softknn.eval_cli eval ...` works before cli.py registers the commands
