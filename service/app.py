@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 
 import softknn
 from service import errors
@@ -73,8 +74,10 @@ def operation_id(route: APIRoute) -> str:
 def create_app(settings: Settings, *, encoder: Encoder | None = None) -> FastAPI:
     """The service app. Pass `encoder` to share an already loaded model (tests, several apps)."""
     check_settings(settings)
-    app = FastAPI(title="softknn", version=softknn.__version__, description=DESCRIPTION, lifespan=lifespan,
-                  generate_unique_id_function=operation_id)
+    # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's packaged copy
+    # (/static-offline-docs), not a CDN: the API docs work without internet (issue 17)
+    app: FastAPI = FastAPIOffline(title="softknn", version=softknn.__version__, description=DESCRIPTION,
+                                  lifespan=lifespan, generate_unique_id_function=operation_id)
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.runtime = Runtime(settings, app.state.metrics, encoder=encoder)

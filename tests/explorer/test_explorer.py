@@ -386,3 +386,27 @@ def test_phone_width_has_no_horizontal_scroll(browser, server, api):
     screenshot(page, "explorer-390.png")
     assert page.errors == []
     page.close()
+
+
+def test_api_docs_render_with_no_network(browser, server):
+    """/docs is Swagger UI from the packaged copy (fastapi-offline), not a CDN: with every request
+    that leaves the server refused, the page still lists the operations (issue 17)."""
+    page = browser.new_page(viewport={"width": 1024, "height": 900})
+    outside: list[str] = []
+
+    def only_the_server(route):
+        if route.request.url.startswith(server):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort("internetdisconnected")
+
+    page.route("**/*", only_the_server)
+    page.goto(server + "/docs")
+    page.wait_for_selector(".swagger-ui .opblock-summary-path", timeout=30_000)
+    paths = page.eval_on_selector_all(".opblock-summary-path", "els => els.map(e => e.dataset.path || e.textContent)")
+    assert {"/v1/infer", "/v1/index", "/healthz"} <= {p.replace("\u200b", "") for p in paths}
+    assert page.locator(".swagger-ui .info .title").inner_text().startswith("softknn")
+    assert outside == []
+    screenshot(page, "docs-offline.png")
+    page.close()
