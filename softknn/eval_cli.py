@@ -66,35 +66,38 @@ def prepare_validation(kb: Path, fields, bundle_manifest: dict, work: Path, enco
 
 
 def min_validation(target_loss: float) -> int:
-    """The fewest validation queries a threshold is set from: ⌈1/target_loss⌉ (100 at 1%).
+    """The fewest validation queries a threshold is set from by default: ⌈1/target_loss⌉ (100 at
+    the default 1%, never more than 100).
 
     The threshold is the largest t whose in-scope loss stays within target_loss, and each right
     answer it rejects costs 1/n; below 1/target_loss it can reject none, so it lands on the lowest
     right answer's score, an extreme of a tiny sample (issue 17: 5 rows gave 0.935, and in-scope
-    questions were then refused)."""
-    return math.ceil(1 / target_loss - 1e-9)
+    questions were then refused). A zero budget is treated as 1% here."""
+    return math.ceil(1 / max(target_loss, 0.01) - 1e-9)
 
 
-def small_validation(record: dict, target_loss: float) -> dict:
-    """The record as stored: unchanged with enough validation queries; below min_validation the
+def small_validation(record: dict, need: int) -> dict:
+    """The record as stored: unchanged with at least `need` validation queries; with fewer the
     thresholds are not set (the engine then answers every query, as an uncalibrated bundle does),
     the ones computed kept under validation.unapplied, and validation.too_small says why."""
-    n, need = record["validation"]["n"], min_validation(target_loss)
+    n = record["validation"]["n"]
     record["validation"]["min_n"] = need
     if n >= need:
         return record
     keys = ("abstain_threshold", "min_similarity", "abstain_threshold_gated")
     record["validation"]["unapplied"] = {k: record[k] for k in keys}
     record["validation"]["too_small"] = (
-        f"only {n} validation queries (< {need} = 1/target_loss): too few to set an abstain threshold, "
+        f"only {n} validation queries (< {need}, see --min-validation): too few to set an abstain threshold, "
         f"so none is set and every query is answered; calibrate on a larger labelled KB (or a larger "
         f"--fraction), or pass a threshold per request")
     return {**record, **dict.fromkeys(keys)}
 
 
 def calibrate(bundle_path: Path, kb: Path, fields, encoder, params, *, work: Path, fraction: float = 0.1,
-              seed: int = 0, target_loss: float = 0.01, batch_size: int = 32, progress: bool = True) -> dict:
-    """Choose the abstain threshold on a KB-side validation split and store it in the bundle."""
+              seed: int = 0, target_loss: float = 0.01, batch_size: int = 32, progress: bool = True,
+              min_n: int | None = None) -> dict:
+    """Choose the abstain threshold on a KB-side validation split and store it in the bundle; with
+    fewer than `min_n` validation queries (default min_validation) store none (small_validation)."""
     from softknn.bundle import load_bundle, read_manifest
     from softknn.engine import Engine
     from softknn.evaluation import Strategy, baseline_outcomes, calibration_record, run_variants, write_calibration
@@ -109,7 +112,7 @@ def calibrate(bundle_path: Path, kb: Path, fields, encoder, params, *, work: Pat
                        progress=progress, desc="calibration")
     base = baseline_outcomes(run, val.chunks, params.k, DEFAULT_TEMPERATURE["dense"], params.kernel)
     record = small_validation(calibration_record(run.outcomes[0], base, held, params, target_loss, fraction, seed),
-                              target_loss)
+                              min_validation(target_loss) if min_n is None else min_n)
     write_calibration(bundle_path, record)
     (Path(work) / "calibration.json").write_text(json.dumps(record, indent=2))
     return record
@@ -346,9 +349,12 @@ def eval_command(
                                params, work=calibration_work or out / "calibration", fraction=calibrate_fraction, seed=seed,
                                target_loss=target_loss, batch_size=batch_size, progress=progress)
             v = record["validation"]["score_rule"]
-            typer.echo(f"calibrated {bundle}: abstain threshold {record['abstain_threshold']:.4f} "
-                       f"(validation n={record['validation']['n']}: loss {v['accuracy_loss']:.4f}, "
-                       f"rejects {v['rejection_rate']:.4f})")
+            if record["validation"].get("too_small"):
+                typer.secho(f"warning: {record['validation']['too_small']}", fg=typer.colors.YELLOW, err=True)
+            else:
+                typer.echo(f"calibrated {bundle}: abstain threshold {record['abstain_threshold']:.4f} "
+                           f"(validation n={record['validation']['n']}: loss {v['accuracy_loss']:.4f}, "
+                           f"rejects {v['rejection_rate']:.4f})")
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         engine = Engine(encoder, b)
         t0 = time.perf_counter()
@@ -378,13 +384,15 @@ def calibrate_command(
     fraction: Annotated[float, Opt(help="share of each label held out")] = 0.1,
     seed: Annotated[int, Opt(help="split seed")] = 0,
     target_loss: Annotated[float, Opt(help="in-scope accuracy the threshold may cost on validation")] = 0.01,
+    min_validation_n: Annotated[Optional[int], Opt("--min-validation", help="fewest validation queries a threshold "
+                                                   "is set from [default: ⌈1/target-loss⌉, at most 100]")] = None,
     model: Annotated[Optional[str], Opt("--model", help="sentence-transformers model path")] = None,
     progress: Annotated[bool, Opt(help="show progress bars")] = True,
 ) -> None:
     """Calibrate BUNDLE's abstain threshold on a validation split of KB (never the test queries).
 
     The field names default to those stored in the bundle's manifest at build time. Below
-    ⌈1/target_loss⌉ validation queries no threshold is set (see `calibrate`)."""
+    --min-validation queries (default ⌈1/target_loss⌉) no threshold is set (see small_validation)."""
     from softknn.cli import need_bundle
 
     need_bundle(bundle)
@@ -401,7 +409,8 @@ def calibrate_command(
         d = settings.defaults
         params = InferParams(alpha=d.alpha, mixing=d.mixing, k=d.k, temperature=d.temperature, kernel=d.kernel)
         record = calibrate(bundle, kb, fields, _encoder(settings), params,
-                           work=work, fraction=fraction, seed=seed, target_loss=target_loss, progress=progress)
+                           work=work, fraction=fraction, seed=seed, target_loss=target_loss, progress=progress,
+                           min_n=min_validation_n)
     except SoftKNNError as e:
         _fail(e)
     typer.echo(json.dumps(record, indent=2))

@@ -131,7 +131,7 @@ def test_build_then_calibrate_reuses_the_field_names_and_refuses_a_threshold_fro
     # no field flags: the bundle's are used (the KB has no 'text' or 'label' column to fall back on)
     r = runner.invoke(app, ["calibrate", str(bundle), str(faq), "--work", str(tmp_path / "cal"), "--no-progress"])
     assert r.exit_code == 0, r.output
-    assert "warning: only 3 validation queries (< 100 = 1/target_loss): too few to set an abstain threshold" in r.output
+    assert "warning: only 3 validation queries (< 100, see --min-validation): too few to set an abstain threshold" in r.output
     assert f"calibrated {bundle} on 3 validation queries (fields: text 'question', label 'topic')" in r.output
     cal = json.loads((bundle / "manifest.json").read_text())["calibration"]
     assert (cal["abstain_threshold"], cal["min_similarity"], cal["abstain_threshold_gated"]) == (None, None, None)
@@ -148,8 +148,10 @@ def test_build_then_calibrate_reuses_the_field_names_and_refuses_a_threshold_fro
 def test_enough_validation_rows_keep_the_threshold():
     from softknn.eval_cli import min_validation, small_validation
 
-    assert (min_validation(0.01), min_validation(0.05), min_validation(0.03)) == (100, 20, 34)
+    assert [min_validation(t) for t in (0.01, 0.05, 0.03, 0.0, 0.001)] == [100, 20, 34, 100, 100]
     rec = {"abstain_threshold": 0.4, "min_similarity": 0.3, "abstain_threshold_gated": 0.2, "validation": {"n": 20}}
-    assert small_validation(json.loads(json.dumps(rec)), 0.05) == {**rec, "validation": {"n": 20, "min_n": 20}}
-    small = small_validation(json.loads(json.dumps(rec)), 0.01)
-    assert small["abstain_threshold"] is None and small["validation"]["unapplied"]["abstain_threshold"] == 0.4
+    assert small_validation(json.loads(json.dumps(rec)), 20) == {**rec, "validation": {"n": 20, "min_n": 20}}
+    small = small_validation(json.loads(json.dumps(rec)), 21)
+    assert (small["abstain_threshold"], small["min_similarity"], small["abstain_threshold_gated"]) == (None, None, None)
+    assert small["validation"]["unapplied"] == {"abstain_threshold": 0.4, "min_similarity": 0.3, "abstain_threshold_gated": 0.2}
+    assert small["validation"]["too_small"].startswith("only 20 validation queries (< 21, see --min-validation)")

@@ -1,6 +1,11 @@
 """The README stays true: its settings table is the one the Settings model produces."""
 
+import json
+import re
+import shlex
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,3 +29,52 @@ def test_readme_first_commands_set_up_serve_and_test():
     assert "softknn serve --bundle bundles/sample" in blocks[0] and "sample-kb" in blocks[0]
     assert blocks[1].strip().endswith("python -m pytest")
     assert "python -m pytest" in (ROOT / ".ci" / "run").read_text()
+
+
+# --- the samples print what the commands print (issue 17) -------------------------------------
+NUM = re.compile(r"-?\d+\.\d+")
+
+
+def _fence(readme: str, opener: str) -> str:
+    start = readme.index(opener) + len(opener)
+    return readme[start : readme.index("```", start)]
+
+
+def test_readme_query_sample_is_what_the_command_prints(sample_bundle_path, encoder, monkeypatch):
+    from typer.testing import CliRunner
+
+    from softknn.cli import app
+
+    block = _fence((ROOT / "README.md").read_text(), "```text\n")
+    cmd, *want = block.strip("\n").splitlines()
+    args = shlex.split(cmd.removeprefix("$ softknn "))
+    assert args[:2] == ["query", "bundles/sample"]
+    args[1] = str(sample_bundle_path)  # the quick start's bundle, built by the fixture the same way
+    monkeypatch.setattr("softknn.cli._encoder", lambda settings: encoder)
+    r = CliRunner().invoke(app, args, prog_name="softknn")
+    assert r.exit_code == 0, r.output
+    got = r.output.strip("\n").splitlines()
+    assert len(got) == len(want)  # every evidence line, and no more
+    for g, w in zip(got, want, strict=True):
+        assert NUM.sub("#", g) == NUM.sub("#", w)  # chunk ids, labels, words, "abstained", … exactly
+        assert [float(x) for x in NUM.findall(g)] == pytest.approx([float(x) for x in NUM.findall(w)], abs=0.0015)
+
+
+def test_readme_curl_sample_is_what_the_service_answers(engine):
+    from softknn.engine import InferParams
+
+    readme = (ROOT / "README.md").read_text()
+    request = json.loads(re.search(r"-d '(\{.*?\})'", readme).group(1))
+    shown = json.loads(_fence(readme, "[.spans[:2][] | .text]}]}'\n"))
+    r = engine.infer(request["inputs"], InferParams(evidence=request["evidence"]))[0]
+    assert re.fullmatch(r"[0-9a-f]{16}", shown["bundle_version"])  # a content hash: it varies, and the README says so
+    assert "`bundle_version` is the bundle's content hash, which includes its build time" in readme
+    assert shown["prediction"] == r["prediction"]
+    assert shown["label_scores"] == pytest.approx(r["label_scores"], abs=1e-4)
+    assert list(shown["label_scores"]) == list(r["label_scores"])
+    assert shown["memory_share"] == pytest.approx(r["diagnostics"]["memory_share"], abs=1e-6)
+    assert len(shown["evidence"]) == len(r["evidence"]) == 2
+    for s, e in zip(shown["evidence"], r["evidence"], strict=True):
+        assert (s["chunk_id"], s["label"], s["spans"]) == (e["chunk_id"], e["label"], [x["text"] for x in e["spans"][:2]])
+        for k in ("similarity", "weight", "mass_share"):
+            assert s[k] == pytest.approx(e[k], abs=1e-4), (s["chunk_id"], k)

@@ -225,10 +225,11 @@ def test_calibrate_command_splits_the_kb_and_writes_the_threshold(tmp_path, enco
     kb = _jsonl(tmp_path / "kb.jsonl", [r for label in sorted(by_label)[:3] for r in by_label[label][:8]])
     build_bundle(kb, tmp_path / "bundle", BuildConfig(), encoder, progress=False)
     r = CliRunner().invoke(_app(), ["calibrate", str(tmp_path / "bundle"), str(kb), "--work", str(tmp_path / "work"),
-                                    "--fraction", "0.25", "--target-loss", "0.0", "--no-progress"])
+                                    "--fraction", "0.25", "--target-loss", "0.0", "--min-validation", "6",
+                                    "--no-progress"])
     assert r.exit_code == 0, r.output
     cal = verify_bundle(tmp_path / "bundle")["calibration"]
-    assert cal["validation"]["n"] == 6  # 2 of 8 in each of 3 labels
+    assert cal["validation"]["n"] == 6 == cal["validation"]["min_n"]  # 2 of 8 in each of 3 labels
     assert cal["validation"]["score_rule"]["accuracy_loss"] == 0.0  # the target
     assert cal["validation"]["gated_rule"]["accuracy_loss"] == 0.0
     assert cal["abstain_threshold"] > 0.0
