@@ -155,3 +155,24 @@ def test_enough_validation_rows_keep_the_threshold():
     assert (small["abstain_threshold"], small["min_similarity"], small["abstain_threshold_gated"]) == (None, None, None)
     assert small["validation"]["unapplied"] == {"abstain_threshold": 0.4, "min_similarity": 0.3, "abstain_threshold_gated": 0.2}
     assert small["validation"]["too_small"].startswith("only 20 validation queries (< 21, see --min-validation)")
+
+
+LOADER = """
+import sys
+from softknn.cli import app
+try:
+    app(sys.argv[1:] + ["sample-kb"], prog_name="softknn")  # the callback runs first, as before any command
+except SystemExit:
+    pass
+from softknn.encoder import Encoder
+Encoder()
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_the_model_loader_bar_shows_only_with_verbose(verbose):
+    env = {"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())}
+    r = subprocess.run([sys.executable, "-c", LOADER, *(["--verbose"] if verbose else [])], capture_output=True,
+                       text=True, cwd=REPO, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    assert ("Loading weights" in r.stderr) == verbose, r.stderr[-2000:]

@@ -378,6 +378,9 @@ def test_api_key_is_kept_in_local_storage_and_sent_as_bearer(page, server):
 
 def test_phone_width_has_no_horizontal_scroll(browser, server, api):
     page = open_page(browser, server, width=390, height=844)
+    run(page)  # the default view: two panes stacked, the KB-change panel above them
+    assert page.locator(".kb-change").is_visible() and page.locator(".pane").count() == 2
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
     classic(page)
     body = run(page)
     check_evidence(page, ".pane", infer(api, body))
