@@ -194,8 +194,9 @@ def _missing_text(path: Path, fields: Fields, cols: list[str], recs: list[dict],
     if fields.label not in cols and len(by_len) > 1:
         flags.append(f"--label-field {by_len[-1]}")
     hint = "the longest column" if len(by_len) > 1 else "the only column"
-    return (msg + f" Name the text column with --text-field (and the label and id columns with --label-field, "
-            f"--id-field), e.g. {' '.join(flags)} ({hint} as the text" + (", the shortest as the label)" if len(flags) > 1 else ")"))
+    why = f"({hint} as the text" + (", the shortest as the label)" if len(flags) > 1 else ")")
+    return (msg + " Name the text column with --text-field (and the label and id columns with --label-field, "
+            f"--id-field), e.g. {' '.join(flags)} {why}")
 
 
 def read_kb(root: Path, fields: Fields = Fields()) -> list[Document]:

@@ -105,8 +105,9 @@ def build(
     kv_dtype: Annotated[str, typer.Option(help="float32 | float16 for stored keys/values")] = "float32",
     id_field: Annotated[str, typer.Option(help="record field/column holding the id (missing: ids are filled in "
                                                 "as <file>-<row>)")] = "id",
-    text_field: Annotated[Optional[str], typer.Option(help="record field/column holding the text [default: text; "
-                                                         "where it is missing and one other column holds text, that one]")] = None,
+    text_field: Annotated[Optional[str], typer.Option(
+        help="record field/column holding the text [default: text; where it is missing and one other column "
+             "holds text, that one]")] = None,
     label_field: Annotated[str, typer.Option(help="record field/column holding the label")] = "label",
     lexical: Annotated[bool, typer.Option(help="write the BM25 index too (hybrid and lexical retrieval)")] = True,
     force: Annotated[bool, typer.Option(help="replace an existing bundle")] = False,

@@ -218,8 +218,8 @@ def test_default_view_shows_what_the_kb_changed_against_the_plain_model(page, ap
     cos = sum(a * b for a, b in zip(base["embedding"], r["embedding"], strict=True))
     assert v["cosine"] == pytest.approx(cos, abs=1e-5)
     assert v["l2"] == pytest.approx(math.sqrt(max(0.0, 2 - 2 * cos)), abs=1e-4)
-    assert float(page.get_attribute(".kb-change .num[data-field='vp_cosine']", "data-value")) == pytest.approx(v["cosine"], abs=TOL)
-    assert float(page.get_attribute(".kb-change .num[data-field='vp_l2']", "data-value")) == pytest.approx(v["l2"], abs=TOL)
+    for field, want in (("vp_cosine", v["cosine"]), ("vp_l2", v["l2"])):
+        assert float(page.get_attribute(f".kb-change .num[data-field='{field}']", "data-value")) == pytest.approx(want, abs=TOL)
     assert page.locator(".kb-change").is_visible()
     # a visible difference: the embedding moved, and its nearest KB entries with it
     assert v["l2"] > 0.05
