@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 from importlib import resources
@@ -137,6 +138,22 @@ def build(
     c = manifest["counts"]
     typer.echo(f"built {out}: version {manifest['version_id']}, {c['chunks']} chunks, {c['tokens']} memory tokens, "
                f"index {manifest['index']['kind']} ({manifest['index']['reason']})")
+    _report_loo(manifest.get("calibration") or {})
+
+
+def _report_loo(cal: dict) -> None:
+    """Say how many labelled chunks the build's abstain thresholds come from, and warn below the
+    number at which the loss budget could pay for one refused right answer (issue 17)."""
+    loo = cal.get("leave_one_out")
+    if not loo:
+        return
+    n, need = loo["n"], math.ceil(1 / (cal["budget_margin"] * cal["target_loss"]) - 1e-9)
+    typer.echo(f"abstain thresholds: leave-one-out over {n} labelled chunks (score ≥ {cal['abstain_threshold']:.3f}, "
+               f"nearest similarity ≥ {cal['min_similarity']:.3f})")
+    if n < need:
+        typer.secho(f"warning: only {n} labelled chunks (< {need}): each threshold sits at the lowest score of a "
+                    f"right answer, so about 1 in {n + 1} in-scope queries may be refused; the reason is in "
+                    "abstain_reason, and a request's abstain_threshold overrides it", fg=typer.colors.YELLOW, err=True)
 
 
 @app.command("add-lexical", cls=Command)

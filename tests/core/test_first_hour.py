@@ -124,6 +124,8 @@ def test_build_then_calibrate_reuses_the_field_names_and_refuses_a_threshold_fro
     assert r.exit_code == 0, r.output
     assert "note: faq.csv: no column 'text'; using 'question' as the text (--text-field question)" in r.output
     assert "ids are filled in from the file name and the row (faq-1, faq-2, …)" in r.output
+    assert "abstain thresholds: leave-one-out over 30 labelled chunks" in r.output
+    assert "warning: only 30 labelled chunks (< 134): each threshold sits at the lowest score" in r.output
     m = json.loads((bundle / "manifest.json").read_text())
     assert m["build"]["fields"] == {"id": "id", "text": "question", "label": "topic"}
     assert m["labels"] == ["luggage", "schedule", "tickets"]
