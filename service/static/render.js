@@ -105,7 +105,11 @@ function heatmap(result) {
   const key = spread
     ? h("div", { class: "legend" }, num("heat_min", lo), h("span", { class: "ramp" }), num("heat_max", hi),
       h("span", { class: "muted" }, " colour spans this map's range"))
-    : h("div", { class: "legend" }, h("span", { class: "muted" }, "every head and token: "), num("heat_min", lo));
+    : h("div", { class: "legend" }, h("span", { class: "muted" }, "every head and token: "), num("heat_min", lo),
+      result.diagnostics.mixing === "fixed" && lo > 0
+        ? h("span", { class: "muted", dataset: { field: "flat_note" } },
+          " — the α rule gives each exactly 1 − α; joint mixing shows where the KB was used")
+        : null);
   return h("div", {}, h("div", { class: "heat-wrap" }, grid), key);
 }
 

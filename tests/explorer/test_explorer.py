@@ -182,6 +182,7 @@ def test_query_shows_the_evidence_tokens_and_labels_the_api_returned(page, api):
     nh, n = len(r["head_memory_share"]), len(r["tokens"])
     assert values(page, ".heat .cell") == pytest.approx([v for row in r["head_memory_share"] for v in row], abs=TOL)
     assert len(values(page, ".heat .cell")) == nh * n == 12 * n
+    assert "joint mixing shows where the KB was used" in page.locator("[data-field='flat_note']").inner_text()
     d = r["diagnostics"]
     for field in ("memory_share", "w_db_entropy", "w_db_effective_k", "attention_effective_k"):
         assert float(page.get_attribute(f".diag dd[data-field='{field}']", "data-value")) == pytest.approx(d[field], abs=TOL)
