@@ -5,6 +5,7 @@ Registered in softknn/cli.py as the `serve` command; also runnable as `python -m
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -25,10 +26,11 @@ def serve(
     Every other setting is a SOFTKNN_* environment variable (see the README's table), e.g.
     SOFTKNN_AUTH__API_KEY, SOFTKNN_MODEL__THREADS, SOFTKNN_BATCHING__QUEUE_SIZE.
     """
-    if bundle is not None:  # answered before FastAPI, torch and the model load
+    given = bundle if bundle is not None else os.environ.get("SOFTKNN_BUNDLE")
+    if given:  # answered before FastAPI, torch and the model load
         from softknn.cli import need_bundle
 
-        need_bundle(bundle)
+        need_bundle(Path(given))
     import uvicorn
     from pydantic import ValidationError
 
