@@ -11,6 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from softknn.console import encoder_for, fail, settings_from
 from softknn.errors import SoftKNNError
 
 app = typer.Typer(
@@ -26,30 +27,7 @@ def sample_kb_path() -> Path:
     return Path(str(resources.files("softknn") / "sample_kb" / "kb"))
 
 
-def _settings(**overrides):
-    from softknn.settings import Settings, apply_threads
-
-    s = Settings()
-    for key, value in overrides.items():
-        if value is not None:
-            section, _, name = key.partition("__")
-            if name:
-                setattr(getattr(s, section), name, value)
-            else:
-                setattr(s, section, value)
-    apply_threads(s)
-    return s
-
-
-def _encoder(settings):
-    from softknn.encoder import Encoder
-
-    return Encoder(settings.model.name, device=settings.device())
-
-
-def _fail(e: Exception) -> None:
-    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+_settings, _encoder, _fail = settings_from, encoder_for, fail  # the names the commands below use
 
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help="sentence-transformers model path (default: packaged all-MiniLM-L6-v2)")]
@@ -192,9 +170,10 @@ def sample_kb() -> None:
 
 
 def _register_edge_commands() -> None:
-    """Commands whose code lives at the edges (the service), registered without importing FastAPI."""
+    """Commands whose code lives in the apps (service/, evaluation/), registered without importing
+    FastAPI or matplotlib (service/__init__.py loads the app lazily; tests/test_layering.py)."""
+    from evaluation.cli import calibrate_command, eval_command
     from service.cli import serve
-    from softknn.eval_cli import calibrate_command, eval_command
 
     app.command("serve")(serve)
     app.command("eval")(eval_command)

@@ -1,0 +1,34 @@
+"""What every command shares (softknn/cli.py, evaluation/cli.py): Settings from the options, the
+encoder, the error exit. Its own module so the command modules import it, never each other."""
+
+from __future__ import annotations
+
+import typer
+
+
+def settings_from(**overrides):
+    """Settings from the environment, then the options given (`section__name=value`; None = unset)."""
+    from softknn.settings import Settings, apply_threads
+
+    s = Settings()
+    for key, value in overrides.items():
+        if value is not None:
+            section, _, name = key.partition("__")
+            if name:
+                setattr(getattr(s, section), name, value)
+            else:
+                setattr(s, section, value)
+    apply_threads(s)
+    return s
+
+
+def encoder_for(settings):
+    from softknn.encoder import Encoder
+
+    return Encoder(settings.model.name, device=settings.device())
+
+
+def fail(e: Exception) -> None:
+    """Print the error in red on stderr and exit with status 2."""
+    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
