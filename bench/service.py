@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,29 +38,9 @@ import httpx
 
 from bench.common import RESULTS, write
 from bench.kb import set_threads
+from service.testing import HOST, free_port, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not get ready; see {log}")
 
 
 class Server:
@@ -76,7 +55,8 @@ class Server:
         self.ready_path = ready
 
     def wait(self) -> Server:
-        wait_ready(self.url + self.ready_path, self.proc, self.log)
+        with httpx.Client(base_url=self.url, timeout=2) as client:
+            wait_ready(client, 600, path=self.ready_path, proc=self.proc, log_path=self.log, interval=0.5)
         return self
 
     def stop(self) -> None:

@@ -70,3 +70,12 @@ def test_the_softknn_command_loads_no_web_framework_until_serve_runs():
     loaded = loaded_after_importing(["softknn.cli"])
     assert "service.cli" in loaded and "evaluation.cli" in loaded  # the edge commands are registered
     assert [m for m in loaded if m.split(".")[0] in ("fastapi", "starlette", "uvicorn", "matplotlib")] == []
+
+
+def test_no_test_imports_the_benchmarks():
+    """Tests use the one server harness (service/testing.py) and their own helpers, never bench/."""
+    tests = sorted((ROOT / "tests").rglob("*.py"))
+    assert len(tests) >= 20
+    bad = [f"{p.relative_to(ROOT)}:{n} imports {m}" for p in tests for n, m in imported_names(p)
+           if m.split(".")[0] == "bench"]
+    assert bad == []
