@@ -241,7 +241,7 @@ class Engine:
         captured = {}
 
         def fuse(q, k, v, scaling):  # the memory layer's attention, memory passed in
-            fr = fused_attention(q, k, v, batch.mask.to(dev), memory, alpha, joint, scaling)
+            fr = fused_attention(q, k, v, batch.mask.to(dev), memory, alpha=alpha, joint=joint, scaling=scaling)
             captured["fr"] = fr
             return fr.out
 
@@ -286,9 +286,9 @@ class Engine:
         labels = [self.bundle.chunks[r].get("label") for r in rows]
         result = {
             "embedding": emb[b].float().cpu().tolist(),
-            "evidence": evidence_items(fr, b, batch, self.bundle, rows, retr.scores[b], weights,
-                                       p.alpha, p.mixing == "joint", p.evidence, p.spans,
-                                       why=lambda s: self._why(retr, b, s)),
+            "evidence": evidence_items(fr, b, batch=batch, bundle=self.bundle, rows=rows, scores=retr.scores[b],
+                                       weights=weights, alpha=p.alpha, joint=p.mixing == "joint",
+                                       n_items=p.evidence, n_spans=p.spans, why=lambda s: self._why(retr, b, s)),
             "diagnostics": diag,
             "label_scores": None,
             "prediction": None,
