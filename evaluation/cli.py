@@ -167,12 +167,9 @@ def eval_command(
 
     try:
         settings = settings_from(model__name=model)
-        d = settings.defaults
-        params = InferParams(alpha=d.alpha if alpha is None else alpha, mixing=mixing or d.mixing, k=k or d.k,
-                             temperature=temperature or d.temperature, kernel=kernel or d.kernel,
-                             hybrid_pool=d.hybrid_pool, retrieval=retrieval or d.retrieval,
-                             lexical_weight=d.lexical_weight if lexical_weight is None else lexical_weight,
-                             candidates=d.candidates).validate()
+        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--temperature: the default
+            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=temperature or None,
+            kernel=kernel or None, retrieval=retrieval or None, lexical_weight=lexical_weight)
         wanted = [r.strip() for r in compare.split(",") if r.strip()]
         strategy = Strategy(rounds, requery).validate()
         qs = sample(read_queries(queries, Fields(id_field, text_field, label_field), gold_field), limit, seed)
@@ -224,8 +221,7 @@ def calibrate_command(
 
     try:
         settings = settings_from(model__name=model)
-        d = settings.defaults
-        params = InferParams(alpha=d.alpha, mixing=d.mixing, k=d.k, temperature=d.temperature, kernel=d.kernel)
+        params = InferParams.from_defaults(settings.defaults)
         record = calibrate(bundle, kb, Fields(id_field, text_field, label_field), encoder_for(settings), params,
                            work=work, fraction=fraction, seed=seed, target_loss=target_loss, progress=progress)
     except SoftKNNError as e:

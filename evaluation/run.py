@@ -178,7 +178,7 @@ def run_variants(engine: Engine, queries: list[Query], variants: list[tuple[Infe
     for start in range(0, n, batch_size):
         rows = order[start : start + batch_size]
         batch = enc.tokenize([queries[i].text for i in rows], truncate=True)
-        plain = enc.forward_plain(batch, keep_hidden=True)
+        plain = enc.forward_plain(batch, keep_hidden=True, capture_layer=engine.layer)  # as Engine._infer
         xq = plain.embedding.float().cpu().numpy()  # (B, D)
         D[rows], I[rows] = engine.bundle.index.search(xq, K, exact=any(p.exact for p, _ in variants))
         for v, (params, strategy) in enumerate(variants):

@@ -130,14 +130,10 @@ def query(
 
     try:
         settings = _settings(model__name=model)
-        d = settings.defaults
-        params = InferParams(
-            alpha=d.alpha if alpha is None else alpha, mixing=mixing or d.mixing, k=k or d.k,
-            temperature=temperature or d.temperature, kernel=kernel or d.kernel, exact=exact,
-            threshold=threshold, hybrid_pool=d.hybrid_pool, evidence=d.evidence if evidence is None else evidence,
-            spans=d.spans, return_tokens=tokens, truncate=truncate, retrieval=retrieval or d.retrieval,
-            lexical_weight=d.lexical_weight if lexical_weight is None else lexical_weight, candidates=d.candidates,
-        ).validate()
+        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--temperature: the default
+            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=temperature or None,
+            kernel=kernel or None, exact=exact, threshold=threshold, evidence=evidence, return_tokens=tokens,
+            truncate=truncate, retrieval=retrieval or None, lexical_weight=lexical_weight)
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         results = Engine(encoder, b).infer(list(texts), params)

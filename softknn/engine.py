@@ -8,7 +8,7 @@ the same object `softknn query --json` prints and `POST /v1/infer` returns.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -42,6 +42,16 @@ class InferParams:
     retrieval: str | None = None  # hybrid | dense | lexical; None: hybrid where the bundle has a lexical index
     lexical_weight: float | None = None  # λ of the hybrid similarity; None: the bundle's calibrated λ, else LEXICAL_WEIGHT
     candidates: int = CANDIDATES  # m: each retriever's top m are the hybrid candidates and its normalisation
+
+    @classmethod
+    def from_defaults(cls, defaults, **given) -> InferParams:
+        """The settings' request defaults (`Settings.defaults`, softknn.settings.InferDefaults) with
+        the `given` values that are not None on top, validated: how every command builds its
+        parameters (the service's request model bakes the same defaults in, service/schemas.py)."""
+        known = {f.name for f in fields(cls)}
+        values = {name: v for name, v in defaults.model_dump().items() if name in known}
+        values.update({name: v for name, v in given.items() if v is not None})
+        return cls(**values).validate()
 
     def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> InferParams:
         """With `retrieval`, `temperature` and `lexical_weight` filled in for a bundle with or without

@@ -192,7 +192,7 @@ def test_shared_plain_pass_reads_out_what_engine_infer_returns(engine):
     p = InferParams(k=6, evidence=6)
     want = engine.infer(texts, p)
     batch = engine.encoder.tokenize(texts, truncate=True)
-    plain = engine.encoder.forward_plain(batch, keep_hidden=True)
+    plain = engine.encoder.forward_plain(batch, keep_hidden=True, capture_layer=engine.layer)  # as Engine._infer
     got = _fused(engine, batch, plain, plain.embedding.float().cpu().numpy(), p, Strategy())
     for g, w in zip(got, want, strict=True):
         assert np.abs(np.array(g["embedding"]) - np.array(w["embedding"])).max() <= 1e-6
