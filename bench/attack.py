@@ -16,7 +16,7 @@ per phase the well-formed latency (p50/p95/p99/max) and statuses, the RSS (MB), 
 kind the statuses it got and how fast (p50/p99). Every hostile request must get its expected
 status; every well-formed one 200.
 
-HOSTILE is also the table of tests/reliability/test_hostile.py.
+HOSTILE (service/testing.py) is also the table of tests/reliability/test_hostile.py.
 """
 
 from __future__ import annotations
@@ -25,169 +25,19 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import httpx
 
 if __package__ in (None, ""):  # python bench/attack.py
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.live_server import API_KEY, REPO, LiveServer, ensure_bundle, latency_summary, rss_bytes  # noqa: E402
-
-MB = 1_000_000
-JSON = {"content-type": "application/json"}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """The server limits the catalogue is written against (Settings.limits and the schema bounds)."""
-
-    max_k: int = 256
-    max_evidence: int = 50
-    max_body_bytes: int = 2_000_000
-
-
-@dataclass(frozen=True)
-class Hostile:
-    name: str
-    body: Callable[[Limits], bytes]  # the raw request body
-    status: int  # the expected answer
-    kind: str | None  # the expected error.type (None for a 200)
-    streamed: bool = False  # sent without Content-Length, in 100 kB pieces
-
-    def content(self, lim: Limits, *, asynchronous: bool = False):
-        """The body: bytes, or (streamed) an iterator of pieces, async for an httpx.AsyncClient."""
-        raw = self.body(lim)
-        if not self.streamed:
-            return raw
-        pieces = [raw[i : i + 100_000] for i in range(0, len(raw), 100_000)]
-        if not asynchronous:
-            return iter(pieces)
-
-        async def agen():
-            for p in pieces:
-                yield p
-
-        return agen()
-
-
-def _j(obj: dict) -> bytes:
-    return json.dumps(obj).encode()
-
-
-def _raw(text: str) -> Callable[[Limits], bytes]:
-    return lambda lim: text.encode()
-
-
-HOSTILE: list[Hostile] = [
-    # size
-    Hostile("body_10MB", lambda lim: b" " * (10 * MB), 413, "payload_too_large"),
-    Hostile("body_10MB_streamed", lambda lim: b" " * (10 * MB), 413, "payload_too_large", streamed=True),
-    Hostile("inputs_10000", lambda lim: _j({"inputs": ["a"] * 10_000}), 413, "input_too_large"),
-    Hostile("string_1MB", lambda lim: _j({"inputs": ["x" * MB]}), 413, "input_too_large"),
-    Hostile("string_1MB_truncate", lambda lim: _j({"inputs": ["ferry " * (MB // 6)], "truncate": True,
-                                                   "evidence": 0}), 200, None),
-    # structure and encoding
-    Hostile("nested_arrays_100k", lambda lim: b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-            400, "malformed_json"),
-    Hostile("nested_objects_50k", lambda lim: b'{"inputs": ["a"], "x": ' + b'{"a":' * 50_000 + b"1"
-            + b"}" * 50_000 + b"}", 400, "malformed_json"),
-    Hostile("nested_arrays_200", lambda lim: b'{"inputs": ' + b"[" * 200 + b"]" * 200 + b"}", 422,
-            "validation_error"),
-    Hostile("invalid_utf8", lambda lim: b'{"inputs": ["\xff\xfe caf\xe9"]}', 400, "malformed_json"),
-    Hostile("raw_nul_byte", lambda lim: b'{"inputs": ["a\x00b"]}', 400, "malformed_json"),
-    Hostile("nul_char_text", _raw('{"inputs": ["\\u0000 ferry"], "evidence": 0}'), 200, None),
-    Hostile("lone_surrogate", _raw('{"inputs": ["a\\udc80"]}'), 422, "validation_error"),
-    Hostile("int_5000_digits", lambda lim: b'{"inputs": ["a"], "k": ' + b"9" * 5000 + b"}", 400, "malformed_json"),
-    # numbers at and past their bounds
-    Hostile("k_1", lambda lim: _j({"inputs": ["dogs?"], "k": 1, "evidence": 0}), 200, None),
-    Hostile("k_max", lambda lim: _j({"inputs": ["dogs?"], "k": lim.max_k, "evidence": 1}), 200, None),
-    Hostile("k_max_plus_1", lambda lim: _j({"inputs": ["dogs?"], "k": lim.max_k + 1}), 422, "validation_error"),
-    Hostile("k_0", lambda lim: _j({"inputs": ["dogs?"], "k": 0}), 422, "validation_error"),
-    Hostile("k_negative", lambda lim: _j({"inputs": ["dogs?"], "k": -1}), 422, "validation_error"),
-    Hostile("k_2_pow_64", lambda lim: _j({"inputs": ["dogs?"], "k": 2**64}), 422, "validation_error"),
-    Hostile("alpha_0", lambda lim: _j({"inputs": ["dogs?"], "alpha": 0, "evidence": 0}), 200, None),
-    Hostile("alpha_1", lambda lim: _j({"inputs": ["dogs?"], "alpha": 1, "evidence": 0}), 200, None),
-    Hostile("alpha_below_0", lambda lim: _j({"inputs": ["dogs?"], "alpha": -1e-9}), 422, "validation_error"),
-    Hostile("alpha_above_1", lambda lim: _j({"inputs": ["dogs?"], "alpha": 1.000001}), 422, "validation_error"),
-    Hostile("alpha_NaN", _raw('{"inputs": ["dogs?"], "alpha": NaN}'), 422, "validation_error"),
-    Hostile("alpha_minus_Infinity", _raw('{"inputs": ["dogs?"], "alpha": -Infinity}'), 422, "validation_error"),
-    Hostile("temperature_Infinity", _raw('{"inputs": ["dogs?"], "temperature": Infinity}'), 422,
-            "validation_error"),
-    Hostile("temperature_1e999", _raw('{"inputs": ["dogs?"], "temperature": 1e999}'), 422, "validation_error"),
-    Hostile("temperature_min", lambda lim: _j({"inputs": ["dogs?"], "temperature": 1e-6, "evidence": 0}), 200, None),
-    Hostile("temperature_max", lambda lim: _j({"inputs": ["dogs?"], "temperature": 1e6, "evidence": 0}), 200, None),
-    Hostile("temperature_below_min", lambda lim: _j({"inputs": ["dogs?"], "temperature": 1e-7}), 422,
-            "validation_error"),
-    Hostile("threshold_1", lambda lim: _j({"inputs": ["dogs?"], "threshold": 1}), 422, "validation_error"),
-    Hostile("evidence_past_max", lambda lim: _j({"inputs": ["dogs?"], "evidence": lim.max_evidence + 1}), 422,
-            "validation_error"),
-]
-
-
-async def send_hostile(client: httpx.AsyncClient, h: Hostile, lim: Limits) -> tuple[int | str, float, str | None]:
-    """(status or transport error name, seconds, error.type)."""
-    t0 = time.perf_counter()
-    try:
-        r = await client.post("/v1/infer", content=h.content(lim, asynchronous=True), headers=JSON)
-    except httpx.TransportError as e:
-        return type(e).__name__, time.perf_counter() - t0, None
-    dt = time.perf_counter() - t0
-    kind = r.json()["error"]["type"] if r.status_code >= 400 else None
-    return r.status_code, dt, kind
-
-
-class SlowBody(NamedTuple):
-    status: int | str  # the HTTP status, or the exception's name when no answer could be read
-    seconds: float  # until the answer's head arrived
-    closed: bool  # the server then closed the connection (EOF)
-    error: str | None  # the JSON error body's error.type; None if there was no such body
-
-
-async def slow_body(url: str, *, byte_every_s: float = 0.25, give_up_s: float = 60.0) -> SlowBody:
-    """A slow-loris client: headers at once, then one body byte every `byte_every_s`, reading the
-    answer as soon as one arrives (it keeps sending until then, like a client behind a slow link)."""
-    host, port = url.removeprefix("http://").split(":")
-    body = _j({"inputs": ["a slow client is sending this text"]})
-    reader, writer = await asyncio.open_connection(host, int(port))
-    head = (f"POST /v1/infer HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {API_KEY}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode()
-    t0 = time.perf_counter()
-    writer.write(head)
-    await writer.drain()
-    try:
-        read = asyncio.ensure_future(reader.readuntil(b"\r\n\r\n"))
-        for b in body:
-            done, _ = await asyncio.wait({read}, timeout=byte_every_s)
-            if done:
-                break
-            writer.write(bytes([b]))
-            await writer.drain()
-        head_bytes = await asyncio.wait_for(read, give_up_s)
-        dt = time.perf_counter() - t0
-        status = int(head_bytes.split(b" ", 2)[1])
-        length = re.search(rb"(?im)^content-length:\s*(\d+)\r$", head_bytes)
-        payload = await asyncio.wait_for(reader.readexactly(int(length.group(1))), 5.0) if length else b""
-        rest = await asyncio.wait_for(reader.read(), 5.0)  # b"" … EOF: the server closed it
-        closed = reader.at_eof() and rest == b""
-    except (OSError, asyncio.IncompleteReadError, TimeoutError) as e:
-        return SlowBody(type(e).__name__, time.perf_counter() - t0, True, None)
-    finally:
-        writer.close()
-    try:
-        error = json.loads(payload)["error"]["type"]
-    except (ValueError, KeyError, TypeError):
-        error = None
-    return SlowBody(status, dt, closed, error)
-
+from service.testing import (API_KEY, HOSTILE, REPO, Limits, LiveServer, ensure_bundle,  # noqa: E402
+                             latency_summary, rss_bytes, send_hostile, slow_body)
 
 # --- the load ---------------------------------------------------------------------------------
 QUERIES = ["Can I bring my dog?", "How long does a refund take?", "Is the ferry cancelled in a storm?",

@@ -59,7 +59,7 @@ def stage_times(engine, text: str, params) -> dict[str, dict[str, float]]:
     alpha, joint, cap = torch.tensor([params.alpha], device=enc.device), torch.tensor([False], device=enc.device), {}
 
     def fuse(q, k, v, scaling):
-        cap["fr"] = fused_attention(q, k, v, batch.mask.to(enc.device), memory, alpha, joint, scaling)
+        cap["fr"] = fused_attention(q, k, v, batch.mask.to(enc.device), memory, alpha=alpha, joint=joint, scaling=scaling)
         return cap["fr"].out
 
     emb, tokens = enc.forward_fused(batch, engine.layer, fuse, plain)

@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import RESULTS, write  # noqa: E402
 from softknn.attention import knn_weights  # noqa: E402
-from softknn.evaluation import (  # noqa: E402
+from evaluation.metrics import (  # noqa: E402
     abstain_point,
     auroc,
     calibrate_rules,

@@ -9,7 +9,7 @@ service ranks by) for the three modes
 
 over every chunk of the ObliQA bundle. Each question's top 10 chunks by s (score desc, then chunk
 id asc) become passage ids (doc_id, first occurrence kept) and are scored against gold_ids with
-`softknn.evaluation.retrieval_metrics` (nDCG@10, recall@1/5/10, MRR@10).
+`evaluation.metrics.retrieval_metrics` (nDCG@10, recall@1/5/10, MRR@10).
 
 On the 500 validation questions only it sweeps λ ∈ {0.2..0.7} × pool m ∈ {10, 20, 50, 100, 200},
 the BM25 parameters k1 ∈ {0.9, 1.2, 1.5} × b ∈ {0.4, 0.75} (`LexicalSpec`), and, for the record,
@@ -58,9 +58,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import RESULTS, write  # noqa: E402
+from evaluation.metrics import ndcg_at_k, retrieval_metrics  # noqa: E402
+from evaluation.run import _ranked_ids, read_queries, sample  # noqa: E402
 from index_builder.reader import Fields  # noqa: E402
-from softknn.evaluation import (_ranked_ids, ndcg_at_k, read_queries, retrieval_metrics,  # noqa: E402
-                                sample)
 from softknn.lexical import LexicalIndex, LexicalSpec  # noqa: E402
 from softknn.retrieval import scores_reference  # noqa: E402
 
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
             "rrf": f"(b) (1−λ)/({RRF_C} + r_dense) + λ/({RRF_C} + r_bm25) over the two top-m lists (BM25 list: "
                    "b > 0), rank from 1; λ = 0.5 is plain RRF",
             "ranking": f"top {K} chunks by s (score desc, chunk row asc), then doc ids deduplicated (first kept), "
-                       "softknn.evaluation.retrieval_metrics against gold_ids",
+                       "evaluation.metrics.retrieval_metrics against gold_ids",
         },
         "grid": {"weights": WEIGHTS, "pools": POOLS, "k1": K1S, "b": BS, "baseline_bm25": spec_name(default)},
         "module_defaults_at_run": module_defaults(),

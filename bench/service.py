@@ -19,15 +19,26 @@ in-process Engine.infer (the fused forward the service wraps) and the in-process
 Phase 2 (throughput): for each client count c, each server in turn for --duration s under c
 asyncio+httpx clients sending back to back (the load client shares the 2 cores; indicative).
 Peers missing from --peers are skipped and reported as missing.
+
+Two smaller modes of the same script (they were bench/service_quick.py and bench/service_wait.py):
+
+    python -m bench.service --quick [--quick-threads 1,2] [--clients 1,4,16] [--duration 10]
+        softknn alone on the sample KB's bundle (built if missing; --bundle), for each torch thread
+        count: latency and requests/s at each client level, and the mean micro-batch. Prints JSON
+        (--out writes it too); a check of a change in minutes, not a figure for the docs.
+    python -m bench.service --fill-wait [--rounds 2] [--requests 120] [--threads 1]
+        where a one-client request's time goes with the batcher's fill wait at 2 ms and at 0: the
+        server's own mean queue wait and inference time (/metrics) beside the client's p50, on
+        the 10k real bundle, the two settings alternated --rounds times (bench/results/service_wait.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import csv
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,29 +50,9 @@ import httpx
 
 from bench.common import RESULTS, write
 from bench.kb import set_threads
+from service.testing import HOST, free_port, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
-HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        if proc.poll() is not None:
-            break
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not get ready; see {log}")
 
 
 class Server:
@@ -76,7 +67,8 @@ class Server:
         self.ready_path = ready
 
     def wait(self) -> Server:
-        wait_ready(self.url + self.ready_path, self.proc, self.log)
+        with httpx.Client(base_url=self.url, timeout=2) as client:
+            wait_ready(client, 600, path=self.ready_path, proc=self.proc, log_path=self.log, interval=0.5)
         return self
 
     def stop(self) -> None:
@@ -282,6 +274,91 @@ def plot(name: str, seq: dict, levels: list[dict]) -> None:
     plt.close(fig)
 
 
+# --- --fill-wait: the batcher's fill wait, 2 ms against 0 ------------------------------------------
+def server_metrics(c: httpx.Client) -> dict[str, float]:
+    """The unlabelled softknn_* _sum and _count samples of /metrics."""
+    out = {}
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith("softknn_") and "{" not in line and line.split()[0].endswith(("_sum", "_count")):
+            k, v = line.split()
+            out[k] = float(v)
+    return out
+
+
+def fill_wait_probe(bundle: Path, queries: list[str], wait_ms: str, n: int) -> dict:
+    srv = Server(f"wait{wait_ms}", [sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port", "{port}",
+                                    "--log-level", "warning"], "/readyz", env={"SOFTKNN_BATCHING__MAX_WAIT_MS": wait_ms}).wait()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as c:
+            body = lambda q: {"inputs": [q], "k": 8, "evidence": 5}  # noqa: E731
+            for q in queries[:10]:
+                c.post("/v1/infer", json=body(q)).raise_for_status()
+            m0, lat = server_metrics(c), []
+            for q in queries[10 : 10 + n]:
+                t0 = time.perf_counter()
+                c.post("/v1/infer", json=body(q)).raise_for_status()
+                lat.append(time.perf_counter() - t0)
+            m1 = server_metrics(c)
+    finally:
+        srv.stop()
+    d = {k: m1[k] - m0.get(k, 0.0) for k in m1}
+    mean = lambda name: 1e3 * d[f"{name}_sum"] / d[f"{name}_count"]  # noqa: E731
+    return {"max_wait_ms": float(wait_ms), "client_p50_ms": statistics.median(lat) * 1e3,
+            "queue_wait_ms": mean("softknn_queue_wait_seconds"), "inference_ms": mean("softknn_inference_seconds")}
+
+
+def fill_wait(args) -> None:
+    from bench.kb import SHARED, bundle_path
+
+    with open(SHARED / "banking77" / "test.csv", newline="", encoding="utf-8") as f:
+        queries = [r["text"] for r in csv.DictReader(f)][:200]
+    rows = []
+    for _ in range(args.rounds):
+        for wait in ("2", "0"):
+            rows.append(fill_wait_probe(bundle_path(10_000), queries, wait, args.requests))
+            print(json.dumps({k: round(v, 2) for k, v in rows[-1].items()}), flush=True)
+    write("service_wait", {"command": f"python -m bench.service --fill-wait --rounds {args.rounds} "
+                                      f"--requests {args.requests} --threads {args.threads}", "rows": rows})
+
+
+# --- --quick: softknn alone on the sample bundle ---------------------------------------------------
+def quick(args) -> None:
+    from service.testing import ensure_bundle
+    from softknn.cli import sample_kb_path
+
+    bundle = ensure_bundle(args.bundle)
+    queries = [json.loads(line)["text"] for line in (sample_kb_path().parent / "queries.jsonl").read_text().splitlines()
+               if line.strip()]
+    runs = []
+    for threads in [int(t) for t in args.quick_threads.split(",")]:
+        srv = Server(f"quick{threads}", [sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port", "{port}",
+                                         "--log-level", "warning"], "/readyz",
+                     env={"SOFTKNN_MODEL__THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}).wait()
+        try:
+            for q in queries[:10]:  # warm-up
+                httpx.post(f"{srv.url}/v1/infer", json={"inputs": [q]}, timeout=60).raise_for_status()
+            levels = []
+            for c in [int(x) for x in args.clients.split(",")]:
+                before = batches_run(srv.url)
+                r = asyncio.run(load(srv.url, "POST", "/v1/infer", lambda q: {"json": {"inputs": [q]}}, queries, c,
+                                     args.duration))
+                nb = batches_run(srv.url) - before
+                r["mean_batch_size"] = r["requests"] / nb if nb else None
+                levels.append({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()})
+            runs.append({"torch_threads": threads, "levels": levels})
+        finally:
+            srv.stop()
+    out = {"benchmark": "service --quick", "command": " ".join(["python -m bench.service", *sys.argv[1:]]),
+           "request": {"inputs": 1, "params": "defaults (k 8, alpha 0.7, fixed, 5 evidence)"},
+           "duration_s_per_level": args.duration, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+           "runs": runs}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clients", default="1,4,16,64")
@@ -293,13 +370,26 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
     ap.add_argument("--softknn-workers", type=int, default=0,
                     help="also run softknn as `softknn-wN` with SOFTKNN_BATCHING__WORKERS=N inference threads (0 = not)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="softknn alone on the sample bundle (see above)")
+    mode.add_argument("--fill-wait", action="store_true", help="the batcher's fill wait, 2 ms against 0 (see above)")
+    ap.add_argument("--quick-threads", default="1", help="--quick: torch thread counts to compare, e.g. 1,2")
+    ap.add_argument("--bundle", type=Path, default=Path("/tmp/svc_bundle"), help="--quick: bundle (built from the "
+                    "sample KB if missing)")
+    ap.add_argument("--out", type=Path, help="--quick: also write the JSON here")
+    ap.add_argument("--rounds", type=int, default=2, help="--fill-wait: rounds of (2 ms, 0)")
+    ap.add_argument("--requests", type=int, default=120, help="--fill-wait: sequential requests per server")
     args = ap.parse_args()
+    if args.quick:
+        args.clients = args.clients if args.clients != "1,4,16,64" else "1,4,16"
+        args.duration = args.duration if args.duration != 8.0 else 10.0
+        return quick(args)
     set_threads(args.threads)
     if args.threads:  # the same for every server started below
         os.environ.update(OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads),
                           SOFTKNN_MODEL__THREADS=str(args.threads))
-
-    import csv
+    if args.fill_wait:
+        return fill_wait(args)
 
     from bench.kb import SHARED, bundle_path, device
     from softknn.bundle import load_bundle

@@ -28,8 +28,8 @@ from index_builder.reader import Fields
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import Engine, InferParams
-from softknn.evaluation import (Strategy, _ranked_ids, baseline_outcomes, read_queries, retrieval_metrics,
-                                run_variants, sample)
+from evaluation.metrics import retrieval_metrics
+from evaluation.run import Strategy, _ranked_ids, baseline_outcomes, read_queries, run_variants, sample
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "artifacts" / "eval" / "bundles" / "obliqa"

@@ -25,7 +25,7 @@ from index_builder.reader import Fields, read_kb
 from softknn.bundle import DATA_FILES, atomic_write_bytes, finalize, verify_bundle
 from softknn.encoder import Encoder
 from softknn.errors import BundleError, KBFormatError
-from softknn.calibration import calibrate_loo
+from evaluation.calibration import calibrate_loo
 from softknn.engine import InferParams
 from softknn.lexical import LexicalIndex, LexicalSpec
 from softknn.retrieval import CANDIDATES
@@ -46,7 +46,7 @@ class BuildConfig:
     kv_dtype: str = "float32"
     fields: Fields = field(default_factory=Fields)
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
-    calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (softknn.calibration)
+    calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (evaluation.calibration)
 
 
 def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int) -> str:

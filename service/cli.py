@@ -28,7 +28,7 @@ def serve(
     """
     given = bundle if bundle is not None else os.environ.get("SOFTKNN_BUNDLE")
     if given:  # answered before FastAPI, torch and the model load
-        from softknn.cli import need_bundle
+        from softknn.console import need_bundle
 
         need_bundle(Path(given))
     import uvicorn

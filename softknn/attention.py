@@ -11,12 +11,19 @@ Both are one form, out_i = g_in·attn_intra(i) + Σ_c g_c·attn_c(i), with the g
 fixed: g_in = α, g_c = (1−α)·w_db(c);  joint: g_in = Z_in/Z, g_c = Z_c/Z (each part's share of
 the joint partition function). The fast path computes that form batched; the reference loops.
 An input whose R is empty (a compact kernel with no chunk in its window) keeps the plain layer.
+
+Naming: `x` is the path the engine runs and `x_reference` the plain version beside it that a test
+compares it with (`fused_attention` / `fused_attention_reference`); `x_row` is the numpy form of
+the batched torch `x` for one input's scores, the per-request path (`knn_weights_row`,
+`truncation_bound_row`; tests/core/test_fast_paths.py compares the two). The kernel K is written
+once per backend (`_kernel`, `_kernel_row`).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -57,10 +64,18 @@ class FusedResult:
         """
         return torch.einsum("htsl,hsld->htsd", self.p_mem[b], self.mem_value[b])
 
-    @property
-    def attn_mem(self) -> torch.Tensor:
-        """attn_c for every input and slot, (B, nh, T, S, hs); computed on each access."""
-        return torch.einsum("bhtsl,bhsld->bhtsd", self.p_mem, self.mem_value)
+
+def _kernel(scores: torch.Tensor, temperature: float, kernel: str) -> torch.Tensor:
+    """K(u) of a compact kernel on float64 scores: epanechnikov max(0, 1 − d²/τ), uniform 1[d² ≤ τ],
+    with d² = 2 − 2s (see knn_weights)."""
+    u2 = (2.0 - 2.0 * scores) / temperature
+    return (1.0 - u2).clamp(min=0.0) if kernel == "epanechnikov" else (u2 <= 1.0).double()
+
+
+def _kernel_row(scores: np.ndarray | float, temperature: float, kernel: str) -> np.ndarray:
+    """`_kernel` in numpy (float64), for the one-row path."""
+    u2 = (2.0 - 2.0 * scores) / temperature
+    return np.clip(1.0 - u2, 0.0, None) if kernel == "epanechnikov" else (u2 <= 1.0).astype(np.float64)
 
 
 def knn_weights(scores: torch.Tensor, valid: torch.Tensor, temperature: float, kernel: str = "softmax") -> torch.Tensor:
@@ -78,9 +93,7 @@ def knn_weights(scores: torch.Tensor, valid: torch.Tensor, temperature: float, k
         logits = (scores / temperature).masked_fill(~valid, -math.inf)
         w = torch.softmax(logits, dim=-1)
         return torch.nan_to_num(w, nan=0.0).float()  # a row with no valid slot is all zero
-    u2 = (2.0 - 2.0 * scores) / temperature
-    k = (1.0 - u2).clamp(min=0.0) if kernel == "epanechnikov" else (u2 <= 1.0).double()
-    k = k * valid
+    k = _kernel(scores, temperature, kernel) * valid
     total = k.sum(-1, keepdim=True)
     return torch.where(total > 0, k / total.clamp(min=1e-300), torch.zeros_like(k)).float()
 
@@ -100,11 +113,8 @@ def truncation_bound(scores: torch.Tensor, valid: torch.Tensor, n_total: int, te
         dropped = torch.log(rest) + s_min / temperature
         bound = torch.exp(dropped - torch.logaddexp(kept, dropped))
     else:
-        u2 = (2.0 - 2.0 * scores) / temperature
-        kv = (1.0 - u2).clamp(min=0.0) if kernel == "epanechnikov" else (u2 <= 1.0).double()
-        kept = (kv * valid).sum(-1)
-        u2min = (2.0 - 2.0 * s_min) / temperature
-        kmin = (1.0 - u2min).clamp(min=0.0) if kernel == "epanechnikov" else (u2min <= 1.0).double()
+        kept = (_kernel(scores, temperature, kernel) * valid).sum(-1)
+        kmin = _kernel(s_min, temperature, kernel)
         denom = kept + rest * kmin
         bound = torch.where(denom > 0, rest * kmin / denom.clamp(min=1e-300), torch.zeros_like(denom))
     bound = torch.where((rest > 0) & (r > 0), bound, torch.zeros_like(bound))
@@ -126,8 +136,7 @@ def knn_weights_row(scores: np.ndarray, temperature: float, kernel: str = "softm
     if kernel == "softmax":
         e = np.exp(s / temperature - (s / temperature).max())
         return (e / e.sum()).astype(np.float32)
-    u2 = (2.0 - 2.0 * s) / temperature
-    k = np.clip(1.0 - u2, 0.0, None) if kernel == "epanechnikov" else (u2 <= 1.0).astype(np.float64)
+    k = _kernel_row(s, temperature, kernel)
     total = k.sum()
     return (k / total if total > 0 else np.zeros_like(k)).astype(np.float32)
 
@@ -146,12 +155,7 @@ def truncation_bound_row(scores: np.ndarray, n_total: int, temperature: float, k
         dropped = math.log(rest) + s_min / temperature
         bound = math.exp(dropped - np.logaddexp(kept, dropped))
     else:
-        u2 = (2.0 - 2.0 * s) / temperature
-        u2min = (2.0 - 2.0 * s_min) / temperature
-        if kernel == "epanechnikov":
-            kept, kmin = np.clip(1.0 - u2, 0.0, None).sum(), max(0.0, 1.0 - u2min)
-        else:
-            kept, kmin = float((u2 <= 1.0).sum()), float(u2min <= 1.0)
+        kept, kmin = _kernel_row(s, temperature, kernel).sum(), float(_kernel_row(s_min, temperature, kernel))
         denom = kept + rest * kmin
         bound = rest * kmin / denom if denom > 0 else 0.0
     return 0.0 if math.isnan(bound) else float(np.float32(bound))
@@ -162,36 +166,24 @@ def entropy(p: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return torch.special.entr(p).sum(dim)
 
 
-def fused_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor,
-    memory: MemoryBatch,
-    alpha: torch.Tensor,
-    joint: torch.Tensor,
-    scaling: float,
-) -> FusedResult:
-    """Fast, batched fused attention. q, k, v (B, nh, T, hs); mask (B, T) bool; alpha (B,); joint (B,) bool.
+class MemorySoftmax(NamedTuple):
+    """Each retrieved chunk's own softmax for every query position (`memory_softmax`)."""
 
-    The memory scores of all S·Lm memory tokens are one matmul per (input, head); the per-chunk
-    softmax is one max, one exp and one sum over a view (B, nh, T, S, Lm) of them, and the chunk
-    entropies come from the same pass, H(p_c) = log Z_c − Σ_t p_t (s_t − m_c). Σ_c g_c·attn_c is
-    a second matmul of the gated weights with all memory values; the per-chunk attn_c is
-    computed only when evidence asks (`FusedResult.slot_attention`). Joint-mode gates are
-    computed only when some input asks for joint mode. `fused_attention_reference` is the
-    plain loop version; tests/core/test_attention.py compares every field.
+    p: torch.Tensor  # (B, nh, T, S, Lm) softmax_{t∈c}(q_i·k_t·scale); 0 on pad tokens and empty slots
+    lse: torch.Tensor  # (B, nh, T, S) log Z_c = log Σ_{t∈c} exp(q_i·k_t·scale); −inf on empty slots
+    entropy: torch.Tensor  # (B, nh, T, S) H(p_c); 0 on empty slots
+    scratch: torch.Tensor  # (B, nh, T, S, Lm) a spent buffer of p's shape, free for the caller to reuse
+
+
+def memory_softmax(qs: torch.Tensor, memory: MemoryBatch) -> MemorySoftmax:
+    """The per-chunk softmax of the scaled queries qs (B, nh, T, hs) over each slot's memory tokens.
+
+    The scores of all S·Lm memory tokens are one matmul per (input, head); the softmax is one max,
+    one exp and one sum over a view (B, nh, T, S, Lm) of them, and the chunk entropies come from
+    the same pass, H(p_c) = log Z_c − Σ_t p_t (s_t − m_c).
     """
-    B, nh, T, hs = q.shape
+    B, nh, T, hs = qs.shape
     S, Lm = memory.token_mask.shape[1:]
-    qs = q * scaling
-    s_in = qs @ k.transpose(-1, -2)  # (B, nh, T, T)
-    s_in.masked_fill_(~mask[:, None, None, :], -math.inf)
-    lse_in = torch.logsumexp(s_in, -1)  # (B, nh, T)
-    p_in = torch.exp(s_in - lse_in[..., None])  # (B, nh, T, T)
-    attn_in = p_in @ v  # (B, nh, T, hs)
-    h_in = entropy(p_in)  # (B, nh, T)
-
     # (B, nh, T, hs) @ (B, nh, hs, S·Lm). Pad memory tokens get a finite floor (not −inf) so that
     # no pass below meets inf − inf. s − m_c is clamped at −80 before exp: torch's vectorised exp
     # leaves its fast path below ≈ −87.3 (measured 5–25× slower per element, −inf included), and
@@ -206,20 +198,31 @@ def fused_attention(
     z = p.sum(-1, keepdim=True).clamp_(min=1.0)  # Z_c·e^{−m_c} ≥ 1 (an empty slot's 0 → 1; zeroed below)
     p.div_(z)
     log_z = z.log_().squeeze(-1)  # (B, nh, T, S)
-    lse_mem = m.squeeze(-1) + log_z
-    h_mem = log_z - x.mul_(p).sum(-1)  # H(p_c); x is spent (in place: no second big buffer)
+    lse = m.squeeze(-1) + log_z
+    h = log_z - x.mul_(p).sum(-1)  # H(p_c); x is spent (in place: no second big buffer)
     slot = memory.slot_mask  # (B, S)
     if not bool(slot.all()):  # slots beyond an input's |R| (or R = ∅): no mass, Z_c = 0
         p.mul_(slot[:, None, None, :, None])
-        lse_mem.masked_fill_(~slot[:, None, None, :], -math.inf)
-        h_mem.masked_fill_(~slot[:, None, None, :], 0.0)
+        lse.masked_fill_(~slot[:, None, None, :], -math.inf)
+        h.masked_fill_(~slot[:, None, None, :], 0.0)
+    return MemorySoftmax(p, lse, h, x)
 
-    has_mem = slot.any(-1)  # (B,)
-    a = torch.where(has_mem, alpha.to(q.dtype), torch.ones_like(alpha, dtype=q.dtype))  # (B,)
+
+def gates(alpha: torch.Tensor, joint: torch.Tensor, *, has_memory: torch.Tensor, weight: torch.Tensor,
+          lse_in: torch.Tensor, lse_mem: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g_in (B, nh, T), g_c (B, nh, T, S)) of out_i = g_in·attn_intra(i) + Σ_c g_c·attn_c(i).
+
+    fixed: g_in = α, g_c = (1−α)·w_db(c); joint: g_in = Z_in/Z, g_c = Z_c/Z. alpha (B,), joint (B,)
+    bool, has_memory (B,) bool (R ≠ ∅; an input without memory gets g_in = 1), weight (B, S) w_db,
+    lse_in (B, nh, T), lse_mem (B, nh, T, S). Joint-mode gates are computed only when some input
+    asks for joint mode.
+    """
+    B, nh, T, S = lse_mem.shape
+    a = torch.where(has_memory, alpha.to(lse_in.dtype), torch.ones_like(alpha, dtype=lse_in.dtype))  # (B,)
     any_joint, all_joint = bool(joint.any()), bool(joint.all())
     if not all_joint:  # fixed: g_in = α, g_c = (1−α)·w_db(c)
         gate_in = a[:, None, None].expand(B, nh, T)
-        gate_mem = ((1 - a)[:, None] * memory.weight.to(q.dtype))[:, None, None, :].expand(B, nh, T, S)
+        gate_mem = ((1 - a)[:, None] * weight.to(lse_in.dtype))[:, None, None, :].expand(B, nh, T, S)
     if any_joint:  # joint: each part's share of the joint partition function
         lse_all = torch.logsumexp(torch.cat([lse_in[..., None], lse_mem], -1), -1)  # (B, nh, T)
         g_in_joint = torch.exp(lse_in - lse_all)
@@ -230,13 +233,48 @@ def fused_attention(
             j = joint[:, None, None]
             gate_in = torch.where(j, g_in_joint, gate_in)
             gate_mem = torch.where(j[..., None], g_mem_joint, gate_mem)
+    return gate_in, gate_mem
 
-    gp = torch.mul(p, gate_mem[..., None], out=x).view(B, nh, T, S * Lm)  # g_c·p_c, in x's buffer
+
+def fused_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    memory: MemoryBatch,
+    *,
+    alpha: torch.Tensor,
+    joint: torch.Tensor,
+    scaling: float,
+) -> FusedResult:
+    """Fast, batched fused attention. q, k, v (B, nh, T, hs); mask (B, T) bool; alpha (B,); joint (B,) bool.
+
+    The input's own softmax, each chunk's softmax (`memory_softmax`) and the gates (`gates`); then
+    Σ_c g_c·attn_c as one matmul of the gated weights with all memory values. The per-chunk
+    attn_c is computed only when evidence asks (`FusedResult.slot_attention`).
+    `fused_attention_reference` is the plain loop version; tests/core/test_attention.py compares
+    every field.
+    """
+    B, nh, T, hs = q.shape
+    S, Lm = memory.token_mask.shape[1:]
+    qs = q * scaling
+    s_in = qs @ k.transpose(-1, -2)  # (B, nh, T, T)
+    s_in.masked_fill_(~mask[:, None, None, :], -math.inf)
+    lse_in = torch.logsumexp(s_in, -1)  # (B, nh, T)
+    p_in = torch.exp(s_in - lse_in[..., None])  # (B, nh, T, T)
+    attn_in = p_in @ v  # (B, nh, T, hs)
+    h_in = entropy(p_in)  # (B, nh, T)
+
+    mem = memory_softmax(qs, memory)
+    gate_in, gate_mem = gates(alpha, joint, has_memory=memory.slot_mask.any(-1), weight=memory.weight,
+                              lse_in=lse_in, lse_mem=mem.lse)
+
+    gp = torch.mul(mem.p, gate_mem[..., None], out=mem.scratch).view(B, nh, T, S * Lm)  # g_c·p_c
     out = gate_in[..., None] * attn_in + gp @ memory.value.reshape(B, nh, S * Lm, hs)  # (B, nh, T, hs)
     # chain rule: H(fused) = H(gates) + g_in·H(p_in) + Σ_c g_c·H(p_c)
     h_gates = torch.special.entr(gate_in) + entropy(gate_mem)
-    h = h_gates + gate_in * h_in + (gate_mem * h_mem).sum(-1)
-    return FusedResult(out, attn_in, p, gate_in, gate_mem, h, h_in, lse_mem, memory.value)
+    h = h_gates + gate_in * h_in + (gate_mem * mem.entropy).sum(-1)
+    return FusedResult(out, attn_in, mem.p, gate_in, gate_mem, h, h_in, mem.lse, memory.value)
 
 
 def fused_attention_reference(
@@ -244,6 +282,7 @@ def fused_attention_reference(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor,
+    *,
     chunks: list[list[tuple[torch.Tensor, torch.Tensor]]],
     weights: list[list[float]],
     alpha: list[float],

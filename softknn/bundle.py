@@ -103,6 +103,19 @@ def finalize(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False) -
     return manifest
 
 
+def write_calibration(bundle: Path, calibration: dict) -> dict:
+    """Set the manifest's calibration section, recompute version_id, write manifest.json atomically.
+
+    The bundle is verified first (checksums), so a corrupt bundle is never re-stamped.
+    """
+    bundle = Path(bundle)
+    manifest = verify_bundle(bundle)
+    manifest["calibration"] = calibration
+    manifest["version_id"] = version_id(manifest)
+    atomic_write_bytes(bundle / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
+    return manifest
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

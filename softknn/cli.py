@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperArgument, TyperCommand
 
+from softknn.console import encoder_for, fail, need_bundle, settings_from
 from softknn.errors import SoftKNNError
 
 
@@ -52,42 +53,11 @@ def sample_kb_path() -> Path:
     return Path(str(resources.files("softknn") / "sample_kb" / "kb"))
 
 
-def _settings(**overrides):
-    from softknn.settings import Settings, apply_threads
-
-    s = Settings()
-    for key, value in overrides.items():
-        if value is not None:
-            section, _, name = key.partition("__")
-            if name:
-                setattr(getattr(s, section), name, value)
-            else:
-                setattr(s, section, value)
-    apply_threads(s)
-    return s
-
-
-def _encoder(settings):
-    from softknn.encoder import Encoder
-
-    return Encoder(settings.model.name, device=settings.device())
-
-
-def _fail(e: Exception) -> None:
-    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
-    raise typer.Exit(2)
+_settings, _encoder, _fail = settings_from, encoder_for, fail  # the names the commands below use
 
 
 def _note(msg: str) -> None:
     typer.secho(f"note: {msg}", fg=typer.colors.YELLOW, err=True)
-
-
-def need_bundle(path: Path) -> None:
-    """Fail fast, before the model or torch loads, when PATH is not a bundle folder."""
-    if not path.exists():
-        _fail(f"{path}: no such bundle folder (build one with `softknn build KB --out {path}`)")
-    if not (path / "manifest.json").is_file():
-        _fail(f"{path}: not a bundle (no manifest.json)")
 
 
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help="sentence-transformers model path (default: packaged all-MiniLM-L6-v2)")]
@@ -222,14 +192,10 @@ def query(
 
     try:
         settings = _settings(model__name=model)
-        d = settings.defaults
-        params = InferParams(
-            alpha=d.alpha if alpha is None else alpha, mixing=mixing or d.mixing, k=k or d.k,
-            temperature=temperature or d.temperature, kernel=kernel or d.kernel, exact=exact,
-            threshold=threshold, hybrid_pool=d.hybrid_pool, evidence=d.evidence if evidence is None else evidence,
-            spans=d.spans, return_tokens=tokens, truncate=truncate, retrieval=retrieval or d.retrieval,
-            lexical_weight=d.lexical_weight if lexical_weight is None else lexical_weight, candidates=d.candidates,
-        ).validate()
+        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--temperature: the default
+            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=temperature or None,
+            kernel=kernel or None, exact=exact, threshold=threshold, evidence=evidence, return_tokens=tokens,
+            truncate=truncate, retrieval=retrieval or None, lexical_weight=lexical_weight)
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         results = Engine(encoder, b).infer(list(texts), params)
@@ -263,9 +229,10 @@ def sample_kb() -> None:
 
 
 def _register_edge_commands() -> None:
-    """Commands whose code lives at the edges (the service), registered without importing FastAPI."""
+    """Commands whose code lives in the apps (service/, evaluation/), registered without importing
+    FastAPI or matplotlib (service/__init__.py loads the app lazily; tests/test_layering.py)."""
+    from evaluation.cli import calibrate_command, eval_command
     from service.cli import serve
-    from softknn.eval_cli import calibrate_command, eval_command
 
     app.command("serve", cls=Command)(serve)
     app.command("eval", cls=Command)(eval_command)

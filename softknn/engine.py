@@ -8,7 +8,7 @@ the same object `softknn query --json` prints and `POST /v1/infer` returns.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 import torch
@@ -44,9 +44,19 @@ class InferParams:
     lexical_weight: float | None = None  # λ of the hybrid similarity; None: the bundle's calibrated λ, else LEXICAL_WEIGHT
     candidates: int = CANDIDATES  # m: each retriever's top m are the hybrid candidates and its normalisation
 
+    @classmethod
+    def from_defaults(cls, defaults, **given) -> InferParams:
+        """The settings' request defaults (`Settings.defaults`, softknn.settings.InferDefaults) with
+        the `given` values that are not None on top, validated: how every command builds its
+        parameters (the service's request model bakes the same defaults in, service/schemas.py)."""
+        known = {f.name for f in fields(cls)}
+        values = {name: v for name, v in defaults.model_dump().items() if name in known}
+        values.update({name: v for name, v in given.items() if v is not None})
+        return cls(**values).validate()
+
     def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> InferParams:
         """With `retrieval`, `temperature` and `lexical_weight` filled in for a bundle with or without
-        a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (softknn.calibration)."""
+        a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (evaluation.calibration)."""
         mode = self.retrieval or ("hybrid" if has_lexical else "dense")
         if mode != "dense" and not has_lexical:
             raise InvalidInput(f"retrieval {mode!r} needs a lexical index, and this bundle was built without one "
@@ -242,7 +252,7 @@ class Engine:
         captured = {}
 
         def fuse(q, k, v, scaling):  # the memory layer's attention, memory passed in
-            fr = fused_attention(q, k, v, batch.mask.to(dev), memory, alpha, joint, scaling)
+            fr = fused_attention(q, k, v, batch.mask.to(dev), memory, alpha=alpha, joint=joint, scaling=scaling)
             captured["fr"] = fr
             return fr.out
 
@@ -302,9 +312,9 @@ class Engine:
         labels = [self.bundle.chunks[r].get("label") for r in rows]
         result = {
             "embedding": emb[b].float().cpu().tolist(),
-            "evidence": evidence_items(fr, b, batch, self.bundle, rows, retr.scores[b], weights,
-                                       p.alpha, p.mixing == "joint", p.evidence, p.spans,
-                                       why=lambda s: self._why(retr, b, s)),
+            "evidence": evidence_items(fr, b, batch=batch, bundle=self.bundle, rows=rows, scores=retr.scores[b],
+                                       weights=weights, alpha=p.alpha, joint=p.mixing == "joint",
+                                       n_items=p.evidence, n_spans=p.spans, why=lambda s: self._why(retr, b, s)),
             "diagnostics": diag,
             "label_scores": None,
             "prediction": None,

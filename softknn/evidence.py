@@ -24,7 +24,8 @@ import torch
 from softknn.attention import FusedResult, entropy
 
 
-def influence(fr: FusedResult, b: int, valid: torch.Tensor, weights: torch.Tensor, alpha: float, joint: bool) -> torch.Tensor:
+def influence(fr: FusedResult, b: int, valid: torch.Tensor, *, weights: torch.Tensor, alpha: float,
+              joint: bool) -> torch.Tensor:
     """Relative change of the layer's attention output when each slot is removed, (S,)."""
     out = fr.out[b][:, valid]  # (nh, n, hs)
     a_s = fr.slot_attention(b)[:, valid]  # (nh, n, S, hs)
@@ -58,6 +59,7 @@ def _word_spans(spans: np.ndarray, mass: np.ndarray) -> list[tuple[int, int, flo
 def evidence_items(
     fr: FusedResult,
     b: int,
+    *,
     batch,
     bundle,
     rows: list[int],
@@ -80,7 +82,7 @@ def evidence_items(
     token_mass = pull.mean(0)  # (S, Lm)
     shares = g.mean(dim=(0, 1))  # (S,)
     reach = torch.softmax(fr.lse_mem[b][:, valid].cpu(), dim=1).mean(0)  # (n, S) softmax over queries
-    infl = influence(fr, b, valid.to(fr.out.device), weights.to(fr.out.device), alpha, joint).cpu()
+    infl = influence(fr, b, valid.to(fr.out.device), weights=weights.to(fr.out.device), alpha=alpha, joint=joint).cpu()
     q_idx = valid.nonzero().flatten()
     q_spans = batch.offsets[b, q_idx].tolist()
     q_special = batch.special[b, q_idx].tolist()

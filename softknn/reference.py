@@ -47,7 +47,8 @@ def reference_embedding(encoder: Encoder, bundle: Bundle, text: str, *, alpha: f
     batch = encoder.tokenize([text])
 
     def fuse(q, kk, v, scaling):
-        out = fused_attention_reference(q, kk, v, batch.mask, [chunks], [w], [alpha], [mixing == "joint"], scaling)
+        out = fused_attention_reference(q, kk, v, batch.mask, chunks=[chunks], weights=[w], alpha=[alpha],
+                                        joint=[mixing == "joint"], scaling=scaling)
         return out.to(q.dtype)
 
     emb, _ = encoder.forward_fused(batch, encoder.check_layer(bundle.memory_layer), fuse, plain=None, resume=False)

@@ -50,8 +50,10 @@ def test_fast_path_equals_loop_reference(joint):
     q, k, v, mask, mem, chunks, weights = _random_case()
     alpha = [0.7, 0.3, 0.5]
     scaling = 8**-0.5
-    fast = fused_attention(q, k, v, mask, mem, torch.tensor(alpha), torch.tensor([joint] * 3), scaling).out
-    ref = fused_attention_reference(q, k, v, mask, chunks, weights, alpha, [joint] * 3, scaling)
+    fast = fused_attention(q, k, v, mask, mem, alpha=torch.tensor(alpha), joint=torch.tensor([joint] * 3),
+                           scaling=scaling).out
+    ref = fused_attention_reference(q, k, v, mask, chunks=chunks, weights=weights, alpha=alpha, joint=[joint] * 3,
+                                    scaling=scaling)
     for b in range(3):
         valid = mask[b]
         assert torch.allclose(fast[b][:, valid].double(), ref[b][:, valid], atol=1e-6, rtol=0)
@@ -60,15 +62,17 @@ def test_fast_path_equals_loop_reference(joint):
 def test_mixed_modes_in_one_batch_equal_each_alone():
     q, k, v, mask, mem, chunks, weights = _random_case(seed=1)
     alpha, joint = torch.tensor([0.7, 0.2, 0.9]), torch.tensor([True, False, True])
-    mixed = fused_attention(q, k, v, mask, mem, alpha, joint, 0.3).out
-    ref = fused_attention_reference(q, k, v, mask, chunks, weights, alpha.tolist(), joint.tolist(), 0.3)
+    mixed = fused_attention(q, k, v, mask, mem, alpha=alpha, joint=joint, scaling=0.3).out
+    ref = fused_attention_reference(q, k, v, mask, chunks=chunks, weights=weights, alpha=alpha.tolist(),
+                                    joint=joint.tolist(), scaling=0.3)
     for b in range(3):
         assert torch.allclose(mixed[b][:, mask[b]].double(), ref[b][:, mask[b]], atol=1e-6, rtol=0)
 
 
 def test_alpha_one_is_the_plain_attention():
     q, k, v, mask, mem, _, _ = _random_case(seed=2)
-    out = fused_attention(q, k, v, mask, mem, torch.ones(3), torch.zeros(3, dtype=torch.bool), 0.35).out
+    out = fused_attention(q, k, v, mask, mem, alpha=torch.ones(3), joint=torch.zeros(3, dtype=torch.bool),
+                          scaling=0.35).out
     plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=0.35)
     for b in range(3):
         assert torch.allclose(out[b][:, mask[b]], plain[b][:, mask[b]], atol=1e-6, rtol=0)
@@ -78,23 +82,27 @@ def test_empty_memory_keeps_the_plain_layer_in_both_modes():
     q, k, v, mask, mem, _, _ = _random_case(seed=3)
     plain = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :], scale=0.5)
     for joint in (False, True):
-        out = fused_attention(q, k, v, mask, mem, torch.full((3,), 0.6), torch.full((3,), joint), 0.5).out
+        out = fused_attention(q, k, v, mask, mem, alpha=torch.full((3,), 0.6), joint=torch.full((3,), joint),
+                              scaling=0.5).out
         assert torch.allclose(out[2][:, mask[2]], plain[2][:, mask[2]], atol=1e-6, rtol=0)  # input 2: R = ∅
 
 
 def test_gates_fixed_memory_mass_is_one_minus_alpha_and_joint_sums_to_one():
     q, k, v, mask, mem, _, _ = _random_case(seed=4)
-    fixed = fused_attention(q, k, v, mask, mem, torch.tensor([0.7, 0.25, 0.5]), torch.zeros(3, dtype=torch.bool), 0.3)
+    fixed = fused_attention(q, k, v, mask, mem, alpha=torch.tensor([0.7, 0.25, 0.5]),
+                            joint=torch.zeros(3, dtype=torch.bool), scaling=0.3)
     assert torch.allclose(fixed.gate_mem[0].sum(-1), torch.full((4, 7), 0.3), atol=1e-6)
     assert torch.allclose(fixed.gate_mem[1].sum(-1), torch.full((4, 7), 0.75), atol=1e-6)
-    joint = fused_attention(q, k, v, mask, mem, torch.zeros(3), torch.ones(3, dtype=torch.bool), 0.3)
+    joint = fused_attention(q, k, v, mask, mem, alpha=torch.zeros(3), joint=torch.ones(3, dtype=torch.bool),
+                            scaling=0.3)
     total = joint.gate_in + joint.gate_mem.sum(-1)
     assert torch.allclose(total[:2], torch.ones(2, 4, 7), atol=1e-6)
 
 
 def test_entropy_chain_rule_equals_entropy_of_the_explicit_distribution():
     q, k, v, mask, mem, chunks, weights = _random_case(seed=5)
-    fr = fused_attention(q, k, v, mask, mem, torch.tensor([0.6, 0.6, 0.6]), torch.zeros(3, dtype=torch.bool), 0.4)
+    fr = fused_attention(q, k, v, mask, mem, alpha=torch.tensor([0.6, 0.6, 0.6]),
+                         joint=torch.zeros(3, dtype=torch.bool), scaling=0.4)
     b, h, i = 0, 1, 2
     p_in = torch.softmax((k[b, h] @ q[b, h, i]) * 0.4, 0)
     parts = [0.6 * p_in] + [0.4 * w * torch.softmax((kc[h] @ q[b, h, i]) * 0.4, 0) for (kc, _), w in zip(chunks[b], weights[b])]
@@ -134,7 +142,8 @@ def test_every_field_of_the_fast_path_equals_per_chunk_loops(joint):
     """p_c, log Z_c, attn_c (slot_attention), gates and the entropy, per input, head, query and slot."""
     q, k, v, mask, mem, chunks, weights = _random_case(seed=6)
     alpha, scaling = [0.7, 0.3, 0.5], 0.4
-    fr = fused_attention(q, k, v, mask, mem, torch.tensor(alpha), torch.tensor([joint] * 3), scaling)
+    fr = fused_attention(q, k, v, mask, mem, alpha=torch.tensor(alpha), joint=torch.tensor([joint] * 3),
+                         scaling=scaling)
     for b in range(3):
         attn_c = fr.slot_attention(b)  # (nh, T, S, hs)
         for h in range(q.shape[1]):

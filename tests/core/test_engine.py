@@ -160,7 +160,8 @@ def test_influence_matches_removing_the_chunk_and_renormalising(engine, encoder,
         mem = sample_bundle.kv.gather([rows], [ws], torch.device("cpu"))
 
         def fuse(q, k, v, scaling, mem=mem, name=name):
-            outs[name] = fused_attention(q, k, v, batch.mask, mem, torch.tensor([0.6]), torch.tensor([False]), scaling).out
+            outs[name] = fused_attention(q, k, v, batch.mask, mem, alpha=torch.tensor([0.6]), joint=torch.tensor([False]),
+                                            scaling=scaling).out
             return outs[name]
 
         encoder.forward_fused(batch, sample_bundle.memory_layer, fuse, plain)

@@ -12,28 +12,23 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from index_builder.reader import Document, Fields
-from softknn.bundle import load_bundle, verify_bundle
-from softknn.engine import Engine, InferParams
-from softknn.eval_cli import calibrate_command, eval_command
-from softknn.evaluation import (
-    Strategy,
-    _fused,
+from evaluation.cli import calibrate_command, eval_command
+from evaluation.metrics import (
     abstain_point,
     auroc,
     calibrate_rules,
-    gated_scores,
     choose_threshold,
     classification_metrics,
-    holdout_split,
+    gated_scores,
     mrr_at_k,
     ndcg_at_k,
-    read_queries,
     recall_at_k,
     retrieval_metrics,
-    rules_from_calibration,
-    write_calibration,
 )
+from evaluation.run import Strategy, _fused, holdout_split, read_queries, rules_from_calibration
+from index_builder.reader import Document, Fields
+from softknn.bundle import load_bundle, verify_bundle, write_calibration
+from softknn.engine import Engine, InferParams
 
 SAMPLE = Path(__file__).resolve().parents[2] / "softknn" / "sample_kb"
 
@@ -197,7 +192,7 @@ def test_shared_plain_pass_reads_out_what_engine_infer_returns(engine):
     p = InferParams(k=6, evidence=6)
     want = engine.infer(texts, p)
     batch = engine.encoder.tokenize(texts, truncate=True)
-    plain = engine.encoder.forward_plain(batch, keep_hidden=True)
+    plain = engine.encoder.forward_plain(batch, keep_hidden=True, capture_layer=engine.layer)  # as Engine._infer
     got = _fused(engine, batch, plain, plain.embedding.float().cpu().numpy(), p, Strategy())
     for g, w in zip(got, want, strict=True):
         assert np.abs(np.array(g["embedding"]) - np.array(w["embedding"])).max() <= 1e-6

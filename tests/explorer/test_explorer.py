@@ -13,18 +13,15 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from service.app import create_app
+from service.testing import threaded_server
 from softknn.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,28 +39,8 @@ TOL = 1e-6  # the page's data-value against a second run of the same request
 def server(encoder, sample_bundle_path) -> Iterator[str]:
     """A real uvicorn server (in a thread, sharing the session's model) on a free port; its base URL."""
     app = create_app(Settings(bundle=sample_bundle_path), encoder=encoder)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))  # the port is held from here on: no race for a "free" number
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    srv = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on"))
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, name="explorer-uvicorn", daemon=True)
-    thread.start()
-    try:
-        with httpx.Client(base_url=base, timeout=5) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "the explorer's server did not become ready in 120 s"
-                time.sleep(0.2)
-        yield base
-    finally:
-        srv.should_exit = True
-        thread.join(30)
-        sock.close()
+    with threaded_server(app, log_config=None, access_log=False, lifespan="on") as client:
+        yield str(client.base_url).rstrip("/")
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,9 @@
 Two kinds of live server, both real uvicorn over real sockets on 127.0.0.1:
   * `threaded_server(settings)`: uvicorn in a thread of this process, sharing the session's model
     (fast: no model load); for the unmarked tests.
-  * `bench.live_server.LiveServer.start(...)`: `python -m service.cli` as its own process (RSS,
+  * `service.testing.LiveServer.start(...)`: `python -m service.cli` as its own process (RSS,
     signals, crashes are its own); for the slow tests and the bench scripts.
+Both come from the one harness, service/testing.py.
 Figures (JSON) go to artifacts/reliability/; docs/reliability.md quotes them.
 """
 
@@ -12,20 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-import uvicorn
 
-from bench.live_server import ADMIN_TOKEN, API_KEY, free_port
 from index_builder.pipeline import BuildConfig, build_bundle
 from service.app import create_app
-from service.server import uvicorn_config
+from service.testing import ADMIN_TOKEN, API_KEY, threaded_server as serve_in_thread
 from softknn.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,27 +96,8 @@ def threaded_server(encoder):
 
     @contextlib.contextmanager
     def run(settings: Settings) -> Iterator[httpx.Client]:
-        app = create_app(settings, encoder=encoder)
-        port = free_port()
-        server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, timeout_graceful_shutdown=5))
-        thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-        thread.start()
-        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60.0, headers=bearer(API_KEY))
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get("/readyz").status_code == 200:
-                        break
-                time.sleep(0.05)
-            else:
-                raise TimeoutError("threaded server not ready")
-            client.app = app
+        with serve_in_thread(create_app(settings, encoder=encoder), headers=bearer(API_KEY)) as client:
             yield client
-        finally:
-            client.close()
-            server.should_exit = True
-            thread.join(30)
 
     return run
 

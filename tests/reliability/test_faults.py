@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.live_server import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
+from service.testing import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
 from service.schemas import infer_request_model
 from softknn.bundle import load_bundle
 from softknn.engine import Engine

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.live_server import ADMIN_TOKEN, LiveServer
+from service.testing import ADMIN_TOKEN, LiveServer
 
 pytestmark = pytest.mark.slow
 

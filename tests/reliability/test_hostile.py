@@ -1,23 +1,26 @@
 """Hostile inputs get the right 4xx, fast, over real HTTP; well-formed clients barely notice (issue 7).
 
-The catalogue (bench/attack.py HOSTILE): 10 MB bodies declared and streamed, 10,000 inputs, 1 MB
+The catalogue (service/testing.py HOSTILE): 10 MB bodies declared and streamed, 10,000 inputs, 1 MB
 strings, deep nesting, invalid UTF-8, NUL bytes, lone surrogates, k / alpha / temperature at and
 past their bounds, NaN and ±inf, a 5,000-digit integer; plus slow-loris bodies. The unmarked tests
 run it against a real uvicorn server in a thread (shared model); the slow one runs bench/attack.py
-against a server process and compares latency and RSS of well-formed clients with and without it.
+(as a command) against a server process and compares latency and RSS of well-formed clients with and without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from bench.attack import HOSTILE, JSON, Hostile, Limits, send_hostile, slow_body
-from tests.reliability.conftest import settings_for
+from service.testing import HOSTILE, JSON, Hostile, Limits, send_hostile, slow_body
+from tests.reliability.conftest import REPO, settings_for
 
 LIMITS = Limits()  # the server below runs the default limits
 FAST_S = 2.0  # "fast" on the shared 2-core box under load; typical answers take 2–30 ms (docs/reliability.md)
@@ -139,9 +142,11 @@ def test_hostile_requests_in_parallel_with_good_ones_cost_them_nothing_but_time(
 
 @pytest.mark.slow
 def test_attack_leaves_well_formed_latency_and_memory_bounded(sample_bundle_path, tmp_path, write_figure):
-    from bench.attack import run
-
-    fig = run(sample_bundle_path, duration=10.0, clients=4, attackers=2, loris_n=8, rate=20.0, log_dir=tmp_path)
+    out = tmp_path / "attack.json"
+    subprocess.run([sys.executable, str(REPO / "bench" / "attack.py"), "--bundle", str(sample_bundle_path),
+                    "--duration", "10", "--clients", "4", "--attackers", "2", "--loris", "8", "--rate", "20",
+                    "--out", str(out)], cwd=REPO, check=True, timeout=600)
+    fig = json.loads(out.read_text())
     write_figure("attack", fig)
     for name in ("baseline", "attack", "recovery"):
         wf = fig[name]["well_formed"]

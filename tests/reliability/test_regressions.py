@@ -19,7 +19,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from bench.live_server import ADMIN_TOKEN
+from service.testing import ADMIN_TOKEN
 from service.app import create_app
 from tests.reliability.conftest import bearer, settings_for
 

@@ -24,7 +24,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import service.auth
-from bench.live_server import ADMIN_TOKEN, API_KEY
+from service.testing import ADMIN_TOKEN, API_KEY
 from service.app import create_app
 from softknn.bundle import DATA_FILES, MANIFEST, load_bundle, sha256_file, verify_bundle, version_id
 from softknn.errors import BundleError

@@ -2,19 +2,15 @@
 session-scoped where they are costly. The model and the sample bundle come from tests/conftest.py.
 
 In-process apps share the session's model (create_app(settings, encoder=...)); every app and
-server runs one torch thread (the 2-core box is shared; see bench/service_quick.py)."""
+server runs one torch thread (the 2-core box is shared). Real server processes come from the one
+harness, service/testing.py."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import math
-import os
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +20,7 @@ from fastapi.testclient import TestClient
 
 from index_builder.pipeline import BuildConfig, build_bundle
 from service.app import create_app
+from service.testing import LiveServer, wait_ready
 from softknn.bundle import version_id
 from softknn.cli import sample_kb_path
 from softknn.settings import Settings
@@ -49,21 +46,6 @@ SMALL_KB = [
     ("small-11", "Vegetarian and gluten-free meals are always on the menu.", "food"),
     ("small-12", "Drinks from the bar may not be taken onto the open deck.", "food"),
 ]
-
-
-def wait_ready(client: httpx.Client, timeout: float = 180.0) -> list[int]:
-    """Poll /readyz until 200; returns the statuses seen (connection errors as 0)."""
-    seen, end = [], time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            r = client.get("/readyz")
-            seen.append(r.status_code)
-            if r.status_code == 200:
-                return seen
-        except httpx.TransportError:
-            seen.append(0)
-        time.sleep(0.1)
-    raise TimeoutError(f"not ready after {timeout} s; statuses seen {seen[-5:]}")
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -142,36 +124,13 @@ def inproc(running_app, make_settings):
         yield client
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def uvicorn_process(bundle: Path, log_path: Path, env: dict[str, str]):
-    """`python -m service.cli --bundle B --port P` as a real process; yields (client, statuses seen)."""
-    port = _free_port()
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1",
-                "SOFTKNN_LIMITS__MAX_K": str(MAX_K), **env}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port", str(port),
-                                 "--log-level", "info"], cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120.0)
-    try:
-        try:
-            seen = wait_ready(client)
-        except TimeoutError:
-            raise RuntimeError(f"server did not get ready; log:\n{log_path.read_text()[-4000:]}") from None
-        yield client, seen
-    finally:
-        client.close()
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    """`python -m service.cli --bundle B --port P` as a real process (service.testing.LiveServer, no
+    auth unless `env` sets it); yields (client, statuses seen while it got ready)."""
+    with LiveServer.start(bundle, log_path, env={"SOFTKNN_LIMITS__MAX_K": str(MAX_K), **env}, auth=False,
+                          ready_timeout=180.0) as srv:
+        yield srv.client, srv.ready_statuses
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
-"""`softknn eval` (and `softknn calibrate`): the I/O edge of softknn.evaluation.
+"""`softknn eval` and `softknn calibrate`: the I/O edge of the evaluation app.
 
-Registered by softknn/cli.py as `app.command("eval")(eval_command)`; this module only parses,
-builds the encoder and bundle, calls softknn.evaluation, and writes the report, per-query
-predictions and plots (matplotlib, Agg) under --out.
+Registered by softknn/cli.py as `app.command("eval")(eval_command)`, and runnable alone as
+`python -m evaluation.cli eval ...`; this module parses, builds the encoder and bundles, calls
+evaluation.run, and writes the report, per-query predictions and plots (evaluation.report) under --out.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from softknn.console import encoder_for, fail, settings_from
 from softknn.errors import SoftKNNError
 
 log = logging.getLogger(__name__)
@@ -30,11 +31,11 @@ def prepare_validation(kb: Path, fields, bundle_manifest: dict, work: Path, enco
     Writes work/{rest.jsonl, heldout.jsonl, split.json, bundle/}; a rerun with the same split and
     settings reuses the bundle. Returns (validation bundle path, held-out queries).
     """
+    from evaluation.run import Query, holdout_split, write_docs_jsonl
     from index_builder.pipeline import BuildConfig, build_bundle
     from index_builder.reader import Fields, read_kb
     from softknn.bundle import verify_bundle
     from softknn.errors import BundleError
-    from softknn.evaluation import Query, holdout_split, write_docs_jsonl
 
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
@@ -98,9 +99,9 @@ def calibrate(bundle_path: Path, kb: Path, fields, encoder, params, *, work: Pat
               min_n: int | None = None) -> dict:
     """Choose the abstain threshold on a KB-side validation split and store it in the bundle; with
     fewer than `min_n` validation queries (default min_validation) store none (small_validation)."""
-    from softknn.bundle import load_bundle, read_manifest
+    from evaluation.run import Strategy, baseline_outcomes, calibration_record, run_variants
+    from softknn.bundle import load_bundle, read_manifest, write_calibration
     from softknn.engine import Engine
-    from softknn.evaluation import Strategy, baseline_outcomes, calibration_record, run_variants, write_calibration
     from softknn.retrieval import DEFAULT_TEMPERATURE
 
     val_path, held = prepare_validation(kb, fields, read_manifest(bundle_path), work, encoder,
@@ -118,140 +119,8 @@ def calibrate(bundle_path: Path, kb: Path, fields, encoder, params, *, work: Pat
     return record
 
 
-# --- writing ----------------------------------------------------------------------------------
-def write_predictions(path: Path, run, base: list[dict]) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        for q, o, b in zip(run.queries, run.outcomes[0], base, strict=True):
-            f.write(json.dumps({"id": q.id, "label": q.label, "gold": q.gold,
-                                "softknn": {k: o[k] for k in ("prediction", "score", "ranked", "label_scores", "memory_share")},
-                                "baseline": {k: b[k] for k in ("nn1", "prediction", "score", "ranked")}},
-                               ensure_ascii=False) + "\n")
 
-
-def plot_abstain(rep: dict, path: Path, title: str = "") -> Path | None:
-    """Answered accuracy vs rejection rate, and OOD rejection vs in-scope accuracy loss, softknn beside
-    the baseline; the calibrated operating points marked."""
-    cls = rep.get("classification")
-    if not cls:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    has_ood = cls["abstain"]["n_ood"] > 0
-    fig, axes = plt.subplots(1, 2 if has_ood else 1, figsize=(12 if has_ood else 6, 4.5), squeeze=False)
-    styles = {"softknn": "-", "baseline_knn": "--", "softknn_gated": "-.", "baseline_knn_gated": ":"}
-    ax = axes[0][0]
-    for name, pts in cls["curves"].items():
-        pts = [p for p in pts if p["answered_accuracy"] is not None]
-        ax.plot([p["rejection_rate"] for p in pts], [p["answered_accuracy"] for p in pts], styles.get(name, "-"), label=name)
-    for name in ("softknn", "baseline_knn"):
-        for rule, a in cls["abstain"].get(name, {}).items():
-            if a.get("answered_accuracy") is not None:
-                ax.plot([a["rejection_rate"]], [a["answered_accuracy"]], "o", label=f"{name} {rule} t={a['threshold']:.3f}")
-    ax.set_xlabel("in-scope rejection rate")
-    ax.set_ylabel("accuracy on answered queries")
-    ax.set_title("abstain trade-off")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    if has_ood:
-        ax = axes[0][1]
-        for name, pts in cls["curves"].items():
-            ax.plot([p["accuracy_loss"] for p in pts], [p["ood_rejection_rate"] for p in pts], styles.get(name, "-"), label=name)
-        for name in ("softknn", "baseline_knn"):
-            for rule, a in cls["abstain"].get(name, {}).items():
-                ax.plot([a["accuracy_loss"]], [a["ood_rejection_rate"]], "o", label=f"{name} {rule} (calibrated)")
-        ax.set_xlabel("in-scope accuracy loss (right answers rejected)")
-        ax.set_ylabel("out-of-domain rejection rate")
-        ax.set_xlim(0, 0.1)
-        ax.set_title("rejecting out-of-domain inputs")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot_evidence(rep: dict, path: Path, title: str = "") -> Path | None:
-    """recall@k of the gold ids among the evidence, k = 1…10, softknn beside the plain ranking."""
-    ev = rep.get("evidence")
-    if not ev:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    for name, style in (("softknn", "o-"), ("baseline", "x--")):
-        pts = ev["curves"][name]
-        m = ev[name]
-        ax.plot([p["k"] for p in pts], [p["recall"] for p in pts], style,
-                label=f"{name}: nDCG@10 {m['ndcg@10']:.3f}, MRR@10 {m['mrr@10']:.3f}")
-    ax.set_xlabel("k (evidence items, unique ids)")
-    ax.set_ylabel("recall@k of the gold ids")
-    ax.set_title(title or "evidence quality")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def plot_retrieval(rep: dict, path: Path, title: str = "") -> Path | None:
-    """Dense, lexical and hybrid side by side: evidence recall@k curves, or accuracy bars."""
-    rows = rep.get("retrieval") or {}
-    if len(rows) < 2:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    if all("recall_curve" in r for r in rows.values()):
-        for mode, r in rows.items():
-            ks = [p["k"] for p in r["recall_curve"]]
-            ax.plot(ks, [p["recall"] for p in r["recall_curve"]], marker="o", ms=3,
-                    label=f"{mode} (nDCG@10 {r['evidence'].get('ndcg@10', float('nan')):.3f})")
-        ax.set_xlabel("evidence items k")
-        ax.set_ylabel("recall@k (gold passage among the evidence)")
-    else:
-        modes = list(rows)
-        acc = [rows[m]["classification"]["accuracy"] for m in modes]
-        ax.bar(modes, acc, color="#4878a8")
-        for i, a in enumerate(acc):
-            ax.text(i, a, f"{a:.4f}", ha="center", va="bottom")
-        ax.set_ylim(min(acc) - 0.05, min(1.0, max(acc) + 0.02))
-        ax.set_ylabel("accuracy")
-    ax.set_title(f"retrieval side by side — {title}" if title else "retrieval side by side")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right") if ax.get_legend_handles_labels()[0] else None
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def write_report(out: Path, rep: dict, run, base: list[dict], *, title: str = "") -> dict:
-    from softknn.evaluation import summary
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(rep, indent=2))
-    (out / "summary.json").write_text(json.dumps(summary(rep), indent=2))
-    write_predictions(out / "predictions.jsonl", run, base)
-    plot_abstain(rep, out / "abstain.png", title)
-    plot_evidence(rep, out / "evidence.png", title)
-    plot_retrieval(rep, out / "retrieval.png", title)
-    return rep
-
-
-def _print(rep: dict) -> None:
+def print_report(rep: dict) -> None:
     cls, ev = rep.get("classification"), rep.get("evidence")
     if not rep.get("calibration_matches_params", True):
         typer.secho("warning: the bundle's abstain thresholds were calibrated with other k / temperature / kernel "
@@ -322,28 +191,25 @@ def eval_command(
 ) -> None:
     """Evaluate BUNDLE on QUERIES beside the plain embedding k-NN baseline: accuracy, macro-F1, abstain
     trade-off, OOD rejection, recall@k / nDCG@10 / MRR@10 of the evidence. Writes a JSON report and plots."""
-    from softknn.cli import need_bundle
+    from softknn.console import need_bundle
 
     need_bundle(bundle)
+    from evaluation.report import write_report
+    from evaluation.run import Strategy, baseline_outcomes, evaluate, read_queries, sample
     from index_builder.reader import Fields
     from softknn.bundle import load_bundle
-    from softknn.cli import _encoder, _fail, _settings
     from softknn.engine import Engine, InferParams
-    from softknn.evaluation import Strategy, baseline_outcomes, evaluate, read_queries, sample
 
     try:
-        settings = _settings(model__name=model)
-        d = settings.defaults
-        params = InferParams(alpha=d.alpha if alpha is None else alpha, mixing=mixing or d.mixing, k=k or d.k,
-                             temperature=temperature or d.temperature, kernel=kernel or d.kernel,
-                             hybrid_pool=d.hybrid_pool, retrieval=retrieval or d.retrieval,
-                             lexical_weight=d.lexical_weight if lexical_weight is None else lexical_weight,
-                             candidates=d.candidates).validate()
+        settings = settings_from(model__name=model)
+        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--temperature: the default
+            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=temperature or None,
+            kernel=kernel or None, retrieval=retrieval or None, lexical_weight=lexical_weight)
         wanted = [r.strip() for r in compare.split(",") if r.strip()]
         strategy = Strategy(rounds, requery).validate()
         qs = sample(read_queries(queries, Fields(id_field, text_field, label_field), gold_field), limit, seed)
         ood_qs = read_queries(ood, Fields(id_field, ood_text_field or text_field, None), None) if ood else None
-        encoder = _encoder(settings)
+        encoder = encoder_for(settings)
         if calibrate_kb is not None:
             record = calibrate(bundle, calibrate_kb, Fields(kb_id_field, kb_text_field, kb_label_field), encoder,
                                params, work=calibration_work or out / "calibration", fraction=calibrate_fraction, seed=seed,
@@ -369,8 +235,8 @@ def eval_command(
                                  params.kernel, match)
         write_report(out, rep, run, base, title=f"{Path(bundle).name} on {Path(queries).name}")
     except SoftKNNError as e:
-        _fail(e)
-    _print(rep)
+        fail(e)
+    print_report(rep)
     typer.echo(f"report: {out / 'report.json'}")
 
 
@@ -393,26 +259,24 @@ def calibrate_command(
 
     The field names default to those stored in the bundle's manifest at build time. Below
     --min-validation queries (default ⌈1/target_loss⌉) no threshold is set (see small_validation)."""
-    from softknn.cli import need_bundle
+    from softknn.console import need_bundle
 
     need_bundle(bundle)
     from index_builder.reader import Fields
     from softknn.bundle import read_manifest
-    from softknn.cli import _encoder, _fail, _settings
     from softknn.engine import InferParams
 
     try:
         built = read_manifest(bundle)["build"].get("fields") or {}
         fields = Fields(id_field or built.get("id", "id"), text_field or built.get("text", "text"),
                         label_field or built.get("label", "label"))
-        settings = _settings(model__name=model)
-        d = settings.defaults
-        params = InferParams(alpha=d.alpha, mixing=d.mixing, k=d.k, temperature=d.temperature, kernel=d.kernel)
-        record = calibrate(bundle, kb, fields, _encoder(settings), params,
+        settings = settings_from(model__name=model)
+        params = InferParams.from_defaults(settings.defaults)
+        record = calibrate(bundle, kb, fields, encoder_for(settings), params,
                            work=work, fraction=fraction, seed=seed, target_loss=target_loss, progress=progress,
                            min_n=min_validation_n)
     except SoftKNNError as e:
-        _fail(e)
+        fail(e)
     typer.echo(json.dumps(record, indent=2))
     v = record["validation"]
     if v.get("too_small"):
@@ -420,10 +284,11 @@ def calibrate_command(
     typer.echo(f"calibrated {bundle} on {v['n']} validation queries (fields: text {fields.text!r}, label "
                f"{fields.label!r}): abstain threshold {record['abstain_threshold']}", err=True)
 
+app = typer.Typer(help="softknn's evaluation: `eval` and `calibrate` (also `softknn eval`, `softknn calibrate`).",
+                  no_args_is_help=True, pretty_exceptions_enable=False, add_completion=False)
+app.command("eval")(eval_command)
+app.command("calibrate")(calibrate_command)
 
-if __name__ == "__main__":  # `python -m softknn.eval_cli eval ...` works before cli.py registers the commands
-    _app = typer.Typer(pretty_exceptions_enable=False, add_completion=False)
-    _app.command("eval")(eval_command)
-    _app.command("calibrate")(calibrate_command)
+if __name__ == "__main__":  # `python -m evaluation.cli eval ...`
     logging.basicConfig(level=logging.WARNING)
-    _app()
+    app()

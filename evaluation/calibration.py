@@ -10,7 +10,7 @@ Leave-one-out cross-validation is the standard bandwidth selection of Nadaraya�
    leave-one-out accuracy (Banking77: λ 0.3, τ 0.25 → 92.62%, dense 92.26%;
    bench/hybrid_banking77.py);
 2. the abstain rule at that cell: abstain when the nearest chunk's dense similarity s₁ < s_min or
-   the top label score < t (softknn.evaluation.calibrate_rules), spending 0.75 of the in-scope
+   the top label score < t (evaluation.metrics.calibrate_rules), spending 0.75 of the in-scope
    accuracy budget on leave-one-out, so the budget holds on new queries: calibrated at the full
    budget, the loss exceeded it in 50–65% of 20 KB-side splits, with the 0.75 margin in 15%
    (bench/hybrid_banking77.py, docs/quality.md).
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from evaluation.metrics import RULES, abstain_point, calibrate_rules, gated_scores
 from softknn.attention import knn_weights_row
 from softknn.retrieval import DEFAULT_TEMPERATURE, best, kth_largest, mix, norm_top
 
@@ -131,8 +132,6 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
                   kernel: str = "softmax", target_loss: float = 0.01, margin: float = BUDGET_MARGIN,
                   max_queries: int = MAX_QUERIES, seed: int = 0) -> dict:
     """The manifest's calibration record from leave-one-out (module docstring)."""
-    from softknn.evaluation import RULES, abstain_point, calibrate_rules, gated_scores
-
     out = loo_outcomes(xb, labels, texts, lexical, k=k, candidates=candidates, kernel=kernel,
                        max_queries=max_queries, seed=seed)
     acc = {key: float(v["ok"].mean()) for key, v in out["cells"].items()}
@@ -146,7 +145,7 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
     retrieval, lam, tau = chosen
     defaults = {retrieval: {"temperature": tau, **({"lexical_weight": lam} if lam is not None else {})}}
     return {
-        "method": "leave-one-out over the KB at build time (softknn.calibration)",
+        "method": "leave-one-out over the KB at build time (evaluation.calibration)",
         "abstain_threshold": rules["score"]["threshold"],
         "min_similarity": g["min_similarity"],
         "abstain_threshold_gated": g["threshold"],

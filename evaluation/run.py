@@ -1,25 +1,16 @@
-"""Quality of a bundle on a query set, beside the plain sentence-embedding k-NN baseline (issue 4).
+"""A bundle on a query set, beside the plain sentence-embedding k-NN baseline (issue 4): the run and the report.
 
 One pass per batch of queries feeds both systems: the plain forward gives e_q, whose FAISS top-K
 is the baseline (1-NN, weighted k-NN labels; ranking by similarity s = e_q·e_c) and the engine's
 retrieval R; the fused pass gives softknn's labels (Nadaraya–Watson over w_db, or over the
 second-round w_db when the fused embedding is used to retrieve again) and evidence order.
-
-Metrics, binary relevance, gold set G, ranked unique ids r_1, r_2, …:
-    recall@k = |G ∩ {r_1..r_k}| / |G|
-    nDCG@k   = Σ_{i≤k, r_i∈G} 1/log2(i+1) / Σ_{i≤min(k,|G|)} 1/log2(i+1)
-    MRR@k    = 1 / min{i ≤ k : r_i ∈ G}, 0 when no gold id is in the top k
-    accuracy = mean(pred = gold), an abstention or no prediction counting as wrong
-    macro-F1 = mean over labels (gold ∪ predicted) of 2·tp / (2·tp + fp + fn)
-Abstain (the engine's rule: reject when the top label score < t), over in-scope queries:
-    rejection(t) = P(score < t);  answered accuracy(t) = P(correct | score ≥ t)
-    loss(t) = P(correct) − P(correct ∧ score ≥ t)   (the right answers given up)
+The metrics (recall@k, nDCG@k, MRR@k, accuracy, macro-F1, the abstain trade-off) are
+evaluation.metrics; the report's files and plots are evaluation.report and evaluation.plots.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -31,7 +22,18 @@ from tqdm import tqdm
 
 from index_builder.reader import Fields, read_kb
 from softknn.attention import knn_weights
-from softknn.bundle import MANIFEST, atomic_write_bytes, verify_bundle, version_id
+from evaluation.metrics import (
+    RULES,
+    abstain_curve,
+    abstain_point,
+    auroc,
+    calibrate_rules,
+    classification_metrics,
+    gated_scores,
+    rejection_rate,
+    retrieval_metrics,
+)
+from softknn.bundle import atomic_write_bytes
 from softknn.engine import Engine, InferParams
 from softknn.errors import InvalidInput, KBFormatError
 from softknn.retrieval import DEFAULT_TEMPERATURE, RETRIEVALS
@@ -78,91 +80,6 @@ def sample(queries: list[Query], limit: int | None, seed: int = 0) -> list[Query
         return queries
     keep = sorted(random.Random(seed).sample(range(len(queries)), limit))
     return [queries[i] for i in keep]
-
-
-# --- metrics ----------------------------------------------------------------------------------
-def recall_at_k(ranked: Sequence[str], gold: set[str], k: int) -> float:
-    return len(gold.intersection(ranked[:k])) / len(gold)
-
-
-def ndcg_at_k(ranked: Sequence[str], gold: set[str], k: int) -> float:
-    dcg = sum(1.0 / math.log2(i + 2) for i, r in enumerate(ranked[:k]) if r in gold)
-    ideal = sum(1.0 / math.log2(i + 2) for i in range(min(k, len(gold))))
-    return dcg / ideal
-
-
-def mrr_at_k(ranked: Sequence[str], gold: set[str], k: int) -> float:
-    return next((1.0 / (i + 1) for i, r in enumerate(ranked[:k]) if r in gold), 0.0)
-
-
-def retrieval_metrics(ranked: list[Sequence[str]], gold: list[Sequence[str]], ks: Sequence[int] = (1, 5, 10),
-                      depth: int = 10) -> dict:
-    """Means over queries with a non-empty gold set; `ranked` lists are unique ids, best first."""
-    pairs = [(r, set(g)) for r, g in zip(ranked, gold, strict=True) if g]
-    if not pairs:
-        return {"n": 0}
-    out: dict = {"n": len(pairs)}
-    for k in ks:
-        out[f"recall@{k}"] = float(np.mean([recall_at_k(r, g, k) for r, g in pairs]))
-    out[f"ndcg@{depth}"] = float(np.mean([ndcg_at_k(r, g, depth) for r, g in pairs]))
-    out[f"mrr@{depth}"] = float(np.mean([mrr_at_k(r, g, depth) for r, g in pairs]))
-    return out
-
-
-def classification_metrics(gold: Sequence[str], pred: Sequence[str | None]) -> dict:
-    """Accuracy and macro-F1 over labels in gold ∪ predictions; None predictions are wrong."""
-    if not gold:
-        return {"n": 0}
-    labels = sorted(set(gold) | {p for p in pred if p is not None})
-    tp = dict.fromkeys(labels, 0)
-    fp = dict.fromkeys(labels, 0)
-    fn = dict.fromkeys(labels, 0)
-    for g, p in zip(gold, pred, strict=True):
-        if p == g:
-            tp[g] += 1
-            continue
-        fn[g] += 1
-        if p is not None:
-            fp[p] += 1
-    f1 = [2 * tp[c] / (2 * tp[c] + fp[c] + fn[c]) if tp[c] + fp[c] + fn[c] else 0.0 for c in labels]
-    return {"n": len(gold), "accuracy": sum(tp.values()) / len(gold), "macro_f1": float(np.mean(f1))}
-
-
-def abstain_point(scores: Sequence[float], correct: Sequence[bool], t: float) -> dict:
-    s, c = np.asarray(scores, dtype=np.float64), np.asarray(correct, dtype=bool)
-    keep = s >= t
-    return {
-        "threshold": float(t),
-        "rejection_rate": float(1 - keep.mean()),
-        "answered_accuracy": float(c[keep].mean()) if keep.any() else None,
-        "accuracy_loss": float(c.mean() - (c & keep).mean()),
-    }
-
-
-def abstain_curve(scores: Sequence[float], correct: Sequence[bool], points: int = 101) -> list[dict]:
-    """The trade-off at thresholds spread over the score quantiles (rejection 0 → 1)."""
-    s = np.asarray(scores, dtype=np.float64)
-    if not len(s):
-        return []
-    ts = np.unique(np.concatenate([[0.0], np.quantile(s, np.linspace(0, 1, points)), [np.inf]]))
-    return [abstain_point(scores, correct, t) for t in ts]
-
-
-def choose_threshold(scores: Sequence[float], correct: Sequence[bool], target_loss: float) -> float:
-    """The largest t (0 or an observed score) with loss(t) ≤ target_loss: most rejection for that cost."""
-    s = np.asarray(scores, dtype=np.float64)
-    c = np.asarray(correct, dtype=bool)
-    best = 0.0
-    for t in np.unique(s):  # loss(t) is non-decreasing in t
-        if c.mean() - (c & (s >= t)).mean() <= target_loss + 1e-12:
-            best = float(t)
-        else:
-            break
-    return best
-
-
-def rejection_rate(scores: Sequence[float], t: float | None) -> float | None:
-    return None if t is None or not len(scores) else float(np.mean(np.asarray(scores) < t))
 
 
 # --- running: one plain pass, the baseline and any number of softknn variants -----------------
@@ -261,7 +178,7 @@ def run_variants(engine: Engine, queries: list[Query], variants: list[tuple[Infe
     for start in range(0, n, batch_size):
         rows = order[start : start + batch_size]
         batch = enc.tokenize([queries[i].text for i in rows], truncate=True)
-        plain = enc.forward_plain(batch, keep_hidden=True)
+        plain = enc.forward_plain(batch, keep_hidden=True, capture_layer=engine.layer)  # as Engine._infer
         xq = plain.embedding.float().cpu().numpy()  # (B, D)
         D[rows], I[rows] = engine.bundle.index.search(xq, K, exact=any(p.exact for p, _ in variants))
         for v, (params, strategy) in enumerate(variants):
@@ -295,43 +212,6 @@ def baseline_outcomes(run: Run, chunks: list[dict], k: int, temperature: float, 
             "ranked": _ranked_ids([(chunks[r]["chunk_id"], chunks[r]["doc_id"]) for r in ids.tolist() if r >= 0], match),
         })
     return out
-
-
-# --- abstention rules -------------------------------------------------------------------------
-# "score": the engine's rule today, abstain when the top label score < t.
-# "gated": also abstain when the nearest chunk's similarity s_1 < s_min. w_db is normalised over R,
-# so the top label score cannot tell "the neighbours agree" from "the neighbours are close": an
-# out-of-domain input whose k nearest chunks share a label scores as high as an in-scope one
-# (Banking77 validation: ObliQA questions, docs/quality.md). s_1 carries the missing absolute scale.
-RULES = {"score": "abstain when the top label score < t (the engine)",
-         "gated": "abstain when the nearest chunk's similarity < s_min or the top label score < t (proposed)"}
-
-
-def gated_scores(scores: Sequence[float], similarity: Sequence[float], s_min: float | None) -> np.ndarray:
-    """The top label score where s_1 ≥ s_min, else −1 (below any threshold): rule "gated" as one score."""
-    s = np.asarray(scores, dtype=np.float64)
-    return s if s_min is None else np.where(np.asarray(similarity, dtype=np.float64) >= s_min, s, -1.0)
-
-
-def calibrate_rules(scores: Sequence[float], similarity: Sequence[float], correct: Sequence[bool],
-                    target_loss: float) -> dict:
-    """Thresholds on validation: "score" spends the whole loss budget on t; "gated" spends half on
-    s_min (similarity alone), then the rest on t given the gate."""
-    s_min = choose_threshold(similarity, correct, target_loss / 2)
-    return {"score": {"threshold": choose_threshold(scores, correct, target_loss)},
-            "gated": {"min_similarity": s_min,
-                      "threshold": max(0.0, choose_threshold(gated_scores(scores, similarity, s_min), correct, target_loss))}}
-
-
-def auroc(pos: Sequence[float], neg: Sequence[float]) -> float | None:
-    """P(score_pos > score_neg) + ½·P(tie): how well a score separates in-scope (pos) from OOD (neg)."""
-    if not len(pos) or not len(neg):
-        return None
-    allv = np.concatenate([np.asarray(pos, dtype=np.float64), np.asarray(neg, dtype=np.float64)])
-    _, inv, counts = np.unique(allv, return_inverse=True, return_counts=True)
-    avg_rank = (np.cumsum(counts) - (counts - 1) / 2)[inv]  # 1-based ranks, ties averaged
-    n1, n0 = len(pos), len(neg)
-    return float((avg_rank[:n1].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
 
 
 def _rule_points(outs: list[dict], correct: list[bool], rules: dict, ood: list[dict] | None) -> dict:
@@ -400,16 +280,6 @@ def build_report(queries: list[Query], soft: list[dict], base_cls: list[dict], b
                         for name, m in ((n, retrieval_metrics(r, gold_ids, every, depth)) for n, r in ranked.items())}
         rep["evidence"] = ev
     return rep
-
-
-def summary(rep: dict) -> dict:
-    """The report without its curves (what the docs cite)."""
-    out = json.loads(json.dumps(rep))
-    out.get("classification", {}).pop("curves", None)
-    out.get("evidence", {}).pop("curves", None)
-    for row in out.get("retrieval", {}).values():
-        row.pop("recall_curve", None)
-    return out
 
 
 def rules_from_calibration(cal: dict) -> dict:
@@ -517,19 +387,6 @@ def write_docs_jsonl(docs: list, path: Path) -> None:
     atomic_write_bytes(Path(path), ("\n".join(lines) + "\n").encode())
 
 
-def write_calibration(bundle: Path, calibration: dict) -> dict:
-    """Set the manifest's calibration section, recompute version_id, write manifest.json atomically.
-
-    The bundle is verified first (checksums), so a corrupt bundle is never re-stamped.
-    """
-    bundle = Path(bundle)
-    manifest = verify_bundle(bundle)
-    manifest["calibration"] = calibration
-    manifest["version_id"] = version_id(manifest)
-    atomic_write_bytes(bundle / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-    return manifest
-
-
 def _calibrated(outs: list[dict], held: list[Query], target_loss: float) -> dict:
     ok = [o["prediction"] == q.label for o, q in zip(outs, held, strict=True)]
     scores, sims = [o["score"] for o in outs], [o["max_similarity"] for o in outs]
@@ -552,8 +409,8 @@ def calibration_record(soft_val: list[dict], base_val: list[dict], held: list[Qu
                        target_loss: float, fraction: float, seed: int) -> dict:
     """Choose the thresholds on validation outcomes; the record the manifest's calibration holds.
 
-    `abstain_threshold` is what the engine applies today; `min_similarity` with
-    `abstain_threshold_gated` is the proposed gated rule (RULES), stored for the engine to adopt.
+    The engine applies the gated rule (RULES): `min_similarity` with `abstain_threshold_gated`;
+    `abstain_threshold` is the score-only rule's t (softknn.engine.Engine._predict).
     """
     soft = _calibrated(soft_val, held, target_loss)
     return {

@@ -1,0 +1,44 @@
+"""What every command shares (softknn/cli.py, evaluation/cli.py): Settings from the options, the
+encoder, the error exit. Its own module so the command modules import it, never each other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def settings_from(**overrides):
+    """Settings from the environment, then the options given (`section__name=value`; None = unset)."""
+    from softknn.settings import Settings, apply_threads
+
+    s = Settings()
+    for key, value in overrides.items():
+        if value is not None:
+            section, _, name = key.partition("__")
+            if name:
+                setattr(getattr(s, section), name, value)
+            else:
+                setattr(s, section, value)
+    apply_threads(s)
+    return s
+
+
+def encoder_for(settings):
+    from softknn.encoder import Encoder
+
+    return Encoder(settings.model.name, device=settings.device())
+
+
+def fail(e: Exception) -> None:
+    """Print the error in red on stderr and exit with status 2."""
+    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def need_bundle(path: Path) -> None:
+    """Fail fast, before the model or torch loads, when PATH is not a bundle folder."""
+    if not path.exists():
+        fail(f"{path}: no such bundle folder (build one with `softknn build KB --out {path}`)")
+    if not (path / "manifest.json").is_file():
+        fail(f"{path}: not a bundle (no manifest.json)")

@@ -1,0 +1,81 @@
+"""The core (softknn/ minus its CLI face) imports no app: not the service, the builder nor the
+evaluation. Checked twice: statically over every import statement of every core file (function
+bodies included), and dynamically in a fresh interpreter that imports every core module."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "softknn"
+CLI_FACE = {"cli.py", "console.py", "__main__.py"}  # the `softknn` command: registers the apps' commands
+APPS = ("service", "index_builder", "evaluation")
+
+
+def core_files() -> list[Path]:
+    return sorted(p for p in CORE.rglob("*.py") if p.relative_to(CORE).as_posix() not in CLI_FACE)
+
+
+def core_modules() -> list[str]:
+    return [".".join(("softknn",) + p.relative_to(CORE).with_suffix("").parts).removesuffix(".__init__")
+            for p in core_files()]
+
+
+def imported_names(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every `import x` / `from x import y` in the file, at any depth."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.append((node.lineno, node.module))
+    return out
+
+
+def is_app(module: str) -> bool:
+    return module.split(".")[0] in APPS
+
+
+def test_the_static_check_sees_an_app_import_inside_a_function(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import json\n\ndef g():\n    from evaluation.run import evaluate\n    import service.app\n")
+    assert [(n, m) for n, m in imported_names(f) if is_app(m)] == [(4, "evaluation.run"), (5, "service.app")]
+
+
+def test_no_core_file_imports_an_app():
+    assert len(core_files()) >= 10
+    bad = [f"{p.relative_to(ROOT)}:{n} imports {m}" for p in core_files() for n, m in imported_names(p) if is_app(m)]
+    assert bad == []
+
+
+def loaded_after_importing(modules: list[str]) -> list[str]:
+    code = (f"import importlib, json, sys\nfor m in {modules!r}:\n    importlib.import_module(m)\n"
+            "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_importing_every_core_module_loads_no_app_and_no_web_framework():
+    loaded = loaded_after_importing(core_modules())
+    assert "softknn.engine" in loaded and "softknn.bundle" in loaded
+    assert [m for m in loaded if is_app(m) or m.split(".")[0] in ("fastapi", "starlette", "uvicorn")] == []
+
+
+def test_the_softknn_command_loads_no_web_framework_until_serve_runs():
+    loaded = loaded_after_importing(["softknn.cli"])
+    assert "service.cli" in loaded and "evaluation.cli" in loaded  # the edge commands are registered
+    assert [m for m in loaded if m.split(".")[0] in ("fastapi", "starlette", "uvicorn", "matplotlib")] == []
+
+
+def test_no_test_imports_the_benchmarks():
+    """Tests use the one server harness (service/testing.py) and their own helpers, never bench/."""
+    tests = sorted((ROOT / "tests").rglob("*.py"))
+    assert len(tests) >= 20
+    bad = [f"{p.relative_to(ROOT)}:{n} imports {m}" for p in tests for n, m in imported_names(p)
+           if m.split(".")[0] == "bench"]
+    assert bad == []
