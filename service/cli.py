@@ -19,6 +19,11 @@ def serve(
     model: Annotated[Optional[str], typer.Option("--model", help="sentence-transformers model path "
                                                  "(SOFTKNN_MODEL__NAME; default: packaged all-MiniLM-L6-v2)")] = None,
     log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="serve on Ray: one actor per shard of a sharded bundle, "
+                                      "the model as a Ray Serve deployment (softknn.ray_serving)")] = False,
+    address: Annotated[Optional[str], typer.Option("--address", help="with --ray: the Ray cluster to join "
+                                                   "(e.g. auto, HOST:6379); default: start a local one")] = None,
+    replicas: Annotated[int, typer.Option("--replicas", min=1, help="with --ray: model replicas")] = 1,
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/infer, GET /v1/index, /healthz, /readyz, /metrics, /docs.
 
@@ -44,6 +49,14 @@ def serve(
         typer.secho(f"error: invalid settings: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     configure_logging(settings.log_level)
+    if ray:
+        from softknn.ray_serving import serve_ray
+
+        serve_ray(settings, address=address, replicas=replicas)
+        return
+    if address is not None or replicas != 1:
+        typer.secho("error: --address and --replicas need --ray", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
     # the lingering close: a client still sending when it is answered (408, 413) reads its answer, not a reset
     uvicorn.Server(uvicorn_config(app, host=settings.host, port=settings.port,
                                   log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)).run()
