@@ -107,10 +107,12 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
 
     from service.app import create_app
 
-    if address:
+    if ray.is_initialized():
+        pass  # the caller's cluster (tests)
+    elif address:
         ray.init(address=address, namespace=NAMESPACE)
     else:
-        ray.init(num_cpus=num_cpus, namespace=NAMESPACE)
+        ray.init(num_cpus=num_cpus, namespace=NAMESPACE, include_dashboard=False)
     opts = {"num_cpus": shard_cpus, "shared": True}
 
     def build_app():  # runs on each replica: the same app as `softknn serve`, its shards as actors
