@@ -203,9 +203,7 @@ def bundle_summary(path: Path, m: dict) -> dict:
         "lexical": lexical_summary(m),
         "bytes": sum(f["bytes"] for f in m["files"].values()),
     }
-    if m.get("shards"):
-        out["shards"] = [{"dir": s["dir"], "rows": s["rows"], "version_id": s["version_id"]} for s in m["shards"]]
-    return out
+    return out  # a sharded bundle's shards are in its manifest (`softknn info`); the API shape stays the same
 
 
 def lexical_summary(manifest: dict) -> dict:

@@ -29,19 +29,20 @@ class RayShards:
 
     def __init__(self, specs: list[tuple[str, int]], *, version: str = "", num_cpus: float = 1.0,
                  resources: dict | None = None, timeout_s: float = 30.0, load_timeout_s: float = 600.0,
-                 shared: bool = False):
+                 shared: bool = False, actor_cls: type = Shard):
+        """specs: per shard, the arguments of `actor_cls` (Shard: its directory and first row)."""
         import ray
 
         self.timeout_s = timeout_s
-        actor = ray.remote(Shard)
+        actor = ray.remote(actor_cls)
         opts = {"max_restarts": -1, "max_task_retries": 0, "num_cpus": num_cpus}
         opts.update({"resources": resources} if resources else {"scheduling_strategy": "SPREAD"})
         self.handles = []
         self.owned = not shared
-        for s, (d, lo) in enumerate(specs):
+        for s, spec in enumerate(specs):
             named = {"name": f"{ACTOR_PREFIX}{version}-{s}", "namespace": NAMESPACE, "get_if_exists": True,
                      "lifetime": "detached"} if shared else {}
-            self.handles.append(actor.options(**opts, **named).remote(d, lo))
+            self.handles.append(actor.options(**opts, **named).remote(*spec))
         try:
             ray.get([h.ping.remote() for h in self.handles], timeout=load_timeout_s)
         except Exception as e:  # a shard that cannot load: none of this set is used

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from softknn.bundle import load_bundle
+from softknn.bundle import load_bundle, read_manifest
 from softknn.engine import Engine, InferParams
 from tests.shards.test_sharded import QUERIES, assert_same
 
@@ -145,7 +145,9 @@ def test_serve_deployment_same_api(ray_cluster, sharded_bundle_path, sample_bund
             assert [e["chunk_id"] for e in got["evidence"]] == [e["chunk_id"] for e in want["evidence"]]
             bad = c.post("/v1/infer", json={"inputs": ["x"], "k": 0})
             assert bad.status_code == 422 and set(bad.json()["error"]) == {"type", "message", "field"}
-            assert len(c.get("/v1/index").json()["index"]["counts"]) > 0
+            index = c.get("/v1/index").json()["index"]
+            assert index["counts"] == sample_bundle.manifest["counts"]
+            assert index["version_id"] == read_manifest(sharded_bundle_path)["version_id"]
     finally:
         serve.shutdown()
         assert kill_named_shards() == 2
