@@ -99,10 +99,18 @@ def kill_named_shards() -> int:
     return n
 
 
+def _interrupt(signum, frame):  # SIGTERM: shut down like Ctrl-C (Serve app, shard actors, local cluster)
+    raise KeyboardInterrupt
+
+
 def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cpus: float | None = None,
-              replica_cpus: float = 1.0, shard_cpus: float = 1.0, blocking: bool = True) -> None:
+              replica_cpus: float = 1.0, shard_cpus: float = 1.0, shard_resources: dict | None = None,
+              blocking: bool = True) -> None:
     """Start (or join, `address`) a Ray cluster and run the service as a Serve application on
-    settings.host:settings.port: `replicas` model replicas, one actor per shard of the bundle."""
+    settings.host:settings.port: `replicas` model replicas, one actor per shard of the bundle
+    (spread over the nodes, or placed by `shard_resources`, e.g. {"shard": 1})."""
+    import signal
+
     import ray
     from ray import serve
 
@@ -114,7 +122,7 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
         ray.init(address=address, namespace=NAMESPACE)
     else:
         ray.init(num_cpus=num_cpus, namespace=NAMESPACE, include_dashboard=False)
-    opts = {"num_cpus": shard_cpus, "shared": True}
+    opts = {"num_cpus": shard_cpus, "shared": True, "resources": shard_resources}
 
     def build_app():  # runs on each replica: the same app as `softknn serve`, its shards as actors
         return create_app(settings, shard_backend=RayShards.factory(**opts))
@@ -122,6 +130,8 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
     deployment = serve.deployment(serve.ingress(build_app)(), name="softknn", num_replicas=replicas,
                                   ray_actor_options={"num_cpus": replica_cpus})
     serve.start(http_options={"host": settings.host, "port": settings.port})
+    if blocking:
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         serve.run(deployment.bind(), name="softknn", route_prefix="/", blocking=blocking)
     finally:

@@ -208,6 +208,7 @@ class _KV:
             groups = self.owner.split(wanted)
             todo = [s for s, pos in enumerate(groups) if len(pos)]
             res = self.owner.call_some("gather", todo, [(wanted[groups[s]].tolist(),) for s in todo])
+            res = [tuple(np.array(a) if not a.flags.writeable else a for a in r) for r in res]  # Ray's are read-only
             where: dict[int, tuple[int, int]] = {}
             for j, s in enumerate(todo):
                 for slot, c in enumerate(wanted[groups[s]].tolist()):
@@ -396,6 +397,7 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> d
         sub = {k: v for k, v in manifest.items() if k not in ("calibration", "files", "version_id", "created_at")}
         sub["counts"] = dict(manifest["counts"], chunks=hi - lo, tokens=t1 - t0)
         sub["shard"] = {"index": s, "of": n_shards, "rows": [lo, hi], "tokens": [t0, t1]}
+        sub["created_at"] = None  # the top manifest's is the bundle's: same input, same shard manifests (bytes)
         if lex is not None:
             r = slice_lexical(lex, lo, hi)
             r.save(part / "lexical", show_progress=False)
