@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -21,18 +20,19 @@ from tests.shards.test_sharded import QUERIES
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-RAY = str(Path(sys.executable).with_name("ray"))
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` CLI of this interpreter
 
 
 def _ray(*args, env=None, check=True):
-    return subprocess.run([RAY, *args], capture_output=True, text=True, timeout=300, env=env, check=check)
+    r = subprocess.run([*RAY, *args], capture_output=True, text=True, timeout=300, env=env)
+    if check and r.returncode:
+        raise RuntimeError(f"ray {' '.join(args)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
+    return r
 
 
 @pytest.fixture(scope="module")
 def two_nodes(tmp_path_factory):
     """A head node and a worker node, each with 2 CPUs and one `shard` slot."""
-    if shutil.which(RAY) is None:
-        pytest.skip("no ray CLI")
     port = free_port()
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     temp = tmp_path_factory.mktemp("ray")
@@ -72,13 +72,14 @@ def test_serve_ray_on_two_nodes(two_nodes, sharded_bundle_path, sample_bundle, e
             for a, b in zip(want, got, strict=True):
                 assert np.abs(np.asarray(a["embedding"]) - np.asarray(b["embedding"])).max() <= 1e-6
                 assert [e["chunk_id"] for e in a["evidence"]] == [e["chunk_id"] for e in b["evidence"]]
-        # one shard actor on each node
+        # one shard actor on each node: each node has one `shard` slot, each actor takes one, none is left
         out = subprocess.run([sys.executable, "-c", (
-            "import json, ray; from ray.util.state import list_actors; ray.init(address=%r);"
-            "print(json.dumps([a.node_id for a in list_actors(filters=[('class_name', '=', 'Shard'),"
-            " ('state', '=', 'ALIVE')])]))" % address)], capture_output=True, text=True, env=env, timeout=300)
-        nodes = json.loads(out.stdout.strip().splitlines()[-1])
-        assert len(nodes) == 2 and len(set(nodes)) == 2, (out.stdout, out.stderr)
+            "import json, ray; ray.init(address=%r);"
+            "print(json.dumps([sum(n['Alive'] for n in ray.nodes()), ray.cluster_resources().get('shard'),"
+            " ray.available_resources().get('shard', 0)]))" % address)], capture_output=True, text=True, env=env,
+            timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert json.loads(out.stdout.strip().splitlines()[-1]) == [2, 2.0, 0], out.stdout
     finally:
         proc.terminate()
         try:
