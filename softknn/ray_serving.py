@@ -68,7 +68,10 @@ class RayShards:
             return ray.get(refs, timeout=self.timeout_s)
         except (RayActorError, ActorUnavailableError, GetTimeoutError) as e:
             for r in refs:
-                ray.cancel(r, force=False)
+                try:
+                    ray.cancel(r, force=False)
+                except Exception:  # already finished, or its actor gone
+                    pass
             raise ShardUnavailable(f"a KB shard is unavailable (restarting or not answering: {type(e).__name__}); "
                                    "retry shortly") from e
 

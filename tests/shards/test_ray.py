@@ -151,3 +151,37 @@ def test_serve_deployment_same_api(ray_cluster, sharded_bundle_path, sample_bund
     finally:
         serve.shutdown()
         assert kill_named_shards() == 2
+
+
+def test_reload_swaps_every_shard_or_none(ray_cluster, sharded_bundle_path, tmp_path, encoder):
+    """A reload to a sharded bundle with a corrupt shard file is refused (422) and the old shard actors
+    keep serving; a good one replaces every shard actor at once."""
+    import shutil
+
+    from service.app import create_app
+    from softknn.ray_serving import RayShards
+    from softknn.settings import Settings
+
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    shutil.copytree(sharded_bundle_path, good)
+    shutil.copytree(sharded_bundle_path, bad)
+    (bad / "shard-0001" / "embeddings.npy").write_bytes(b"\x93NUMPY corrupt")
+    settings = Settings(bundle=sharded_bundle_path, model={"threads": 1}, auth={"admin_token": "adm"})
+    app = create_app(settings, encoder=encoder, shard_backend=RayShards.factory(num_cpus=0.5))
+    admin = {"Authorization": "Bearer adm"}
+    with TestClient(app) as client:
+        for _ in range(600):
+            if client.get("/readyz").status_code == 200:
+                break
+            time.sleep(0.5)
+        before = app.state.runtime.engine.bundle.backend.handles
+        r = client.post("/v1/admin/reload", json={"bundle": str(bad)}, headers=admin)
+        assert r.status_code == 422 and "shard-0001/embeddings.npy" in r.json()["error"]["message"]
+        assert app.state.runtime.engine.bundle.backend.handles is before
+        assert client.post("/v1/infer", json=REQUEST).status_code == 200
+        r = client.post("/v1/admin/reload", json={"bundle": str(good)}, headers=admin)
+        assert r.status_code == 200, r.text
+        after = app.state.runtime.engine.bundle.backend.handles
+        assert len(after) == 2 and not {h._actor_id for h in after} & {h._actor_id for h in before}
+        assert app.state.runtime.engine.bundle.path == good
+        assert client.post("/v1/infer", json=REQUEST).status_code == 200
