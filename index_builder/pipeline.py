@@ -47,6 +47,7 @@ class BuildConfig:
     fields: Fields = field(default_factory=Fields)
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
     calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (evaluation.calibration)
+    shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.shards)
 
 
 def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int) -> str:
@@ -178,10 +179,14 @@ def build_bundle(
     cfg = BuildConfig(**{**asdict(cfg), "chunk_tokens": chunk_tokens, "fields": cfg.fields})
     if cfg.kv_dtype not in KV_DTYPES:
         raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)}")
+    if cfg.shards < 1:
+        raise ValueError(f"shards must be ≥ 1, got {cfg.shards}")
     docs = read_kb(kb, cfg.fields)
     chunks = chunk_documents(docs, encoder.tokenizer, chunk_tokens, cfg.overlap)
     if not chunks:
         raise KBFormatError(f"{kb}: no chunks")
+    if cfg.shards > len(chunks):
+        raise ValueError(f"shards ({cfg.shards}) must not exceed the KB's {len(chunks)} chunks")
     plan = _plan_hash(chunks, cfg, encoder, layer)
     try:
         return _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, force=force, progress=progress)
@@ -232,12 +237,30 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
         if cfg.calibrate and manifest["labels"]:
             manifest["calibration"] = calibrate_loo(xb, [c.label for c in chunks], texts, lex,
                                                     k=InferParams().k, candidates=CANDIDATES)
-        manifest = finalize(tmp, out, manifest, force=force)
+        if cfg.shards > 1:  # the one-index files above, split into shards (calibration stays global)
+            manifest = _finalize_sharded(tmp, out, parent, manifest, lex, cfg.shards, force=force)
+        else:
+            manifest = finalize(tmp, out, manifest, force=force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def _finalize_sharded(full: Path, out: Path, parent: Path, manifest: dict, lex, n_shards: int, *, force: bool) -> dict:
+    from softknn.shards import finalize_sharded, write_shards
+
+    tmp = parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        top = write_shards(full, tmp, manifest, lex, n_shards)
+        result = finalize_sharded(tmp, out, top, force=force)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(full, ignore_errors=True)
+    return result
 
 
 def write_lexical(texts: list[str], bundle_dir: Path, spec: LexicalSpec = LexicalSpec()) -> tuple[dict, LexicalIndex]:

@@ -71,8 +71,9 @@ def operation_id(route: APIRoute) -> str:
     return route.name
 
 
-def create_app(settings: Settings, *, encoder: Encoder | None = None) -> FastAPI:
-    """The service app. Pass `encoder` to share an already loaded model (tests, several apps)."""
+def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None) -> FastAPI:
+    """The service app. Pass `encoder` to share an already loaded model (tests, several apps);
+    `shard_backend` opens a sharded bundle's shards elsewhere (softknn.ray_serving.RayShards.factory)."""
     check_settings(settings)
     # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's packaged copy
     # (/static-offline-docs), not a CDN: the API docs work without internet (issue 17)
@@ -80,7 +81,7 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None) -> FastAPI
                                   lifespan=lifespan, generate_unique_id_function=operation_id)
     app.state.settings = settings
     app.state.metrics = Metrics()
-    app.state.runtime = Runtime(settings, app.state.metrics, encoder=encoder)
+    app.state.runtime = Runtime(settings, app.state.metrics, encoder=encoder, shard_backend=shard_backend)
     errors.install(app)
 
     app.include_router(health.router)

@@ -20,6 +20,14 @@ def serve(
     model: Annotated[Optional[str], typer.Option("--model", help="sentence-transformers model path "
                                                  "(SOFTKNN_MODEL__NAME; default: packaged all-MiniLM-L6-v2)")] = None,
     log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="serve on Ray: one actor per shard of a sharded bundle, "
+                                      "the model as a Ray Serve deployment (softknn.ray_serving)")] = False,
+    address: Annotated[Optional[str], typer.Option("--address", help="with --ray: the Ray cluster to join "
+                                                   "(e.g. auto, HOST:6379); default: start a local one")] = None,
+    replicas: Annotated[int, typer.Option("--replicas", min=1, help="with --ray: model replicas")] = 1,
+    shard_resources: Annotated[Optional[str], typer.Option("--shard-resources", help="with --ray: Ray resources "
+                                                           "each shard actor needs, JSON, e.g. '{\"shard\": 1}' "
+                                                           "(default: spread over the nodes)")] = None,
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/infer, GET /v1/index, /healthz, /readyz, /metrics, /docs.
 
@@ -50,6 +58,21 @@ def serve(
         typer.secho(f"error: invalid settings: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     configure_logging(settings.log_level)
+    if ray:
+        from softknn.ray_serving import serve_ray
+
+        import json
+
+        try:
+            resources = json.loads(shard_resources) if shard_resources else None
+        except json.JSONDecodeError as e:
+            typer.secho(f"error: --shard-resources is not JSON: {e}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
+        serve_ray(settings, address=address, replicas=replicas, shard_resources=resources)
+        return
+    if address is not None or replicas != 1 or shard_resources is not None:
+        typer.secho("error: --address, --replicas and --shard-resources need --ray", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
     # the lingering close: a client still sending when it is answered (408, 413) reads its answer, not a reset
     uvicorn.Server(uvicorn_config(app, host=settings.host, port=settings.port,
                                   log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)).run()

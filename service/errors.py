@@ -18,7 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from softknn.errors import BundleError, InputTooLarge, InvalidInput, KBFormatError, SoftKNNError, UnsupportedModel
+from softknn.errors import (BundleError, InputTooLarge, InvalidInput, KBFormatError, ShardUnavailable, SoftKNNError,
+                            UnsupportedModel)
 
 log = logging.getLogger("softknn.service")
 
@@ -103,6 +104,7 @@ STATUS: dict[type[Exception], int] = {
     BundleError: 422,  # a reload naming a corrupt/foreign bundle: the request's bundle is unusable
     KBFormatError: 422,
     UnsupportedModel: 500,  # server configuration, never the client's fault
+    ShardUnavailable: 503,  # a KB shard's actor died and is restarting (softknn.ray_serving): Retry-After
     SoftKNNError: 400,
     Unauthorized: 401,
     Forbidden: 403,
@@ -194,7 +196,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(SoftKNNError)
     async def _domain(request: Request, exc: SoftKNNError) -> JSONResponse:
-        return error_response(status_of(exc), exc.kind, exc.message, exc.field)
+        return error_response(status_of(exc), exc.kind, exc.message, exc.field, getattr(exc, "headers", None))
 
     @app.exception_handler(ServiceError)
     async def _service(request: Request, exc: ServiceError) -> JSONResponse:

@@ -54,8 +54,9 @@ def token_counter(encoder: Encoder):
 
 
 class Runtime:
-    def __init__(self, settings: Settings, metrics: Metrics, *, encoder: Encoder | None = None):
+    def __init__(self, settings: Settings, metrics: Metrics, *, encoder: Encoder | None = None, shard_backend=None):
         self.settings = settings
+        self.shard_backend = shard_backend  # where a sharded bundle's shards run (None: in this process)
         self.metrics = metrics
         self.encoder = encoder
         self.engine: Engine | None = None
@@ -119,7 +120,7 @@ class Runtime:
     def _load_engine(self, path: Path) -> Engine:
         try:
             bundle = load_bundle(path, expected_fingerprint=self.encoder.info.fingerprint,
-                                 use_gpu=self.settings.use_gpu_index)
+                                 use_gpu=self.settings.use_gpu_index, shard_backend=self.shard_backend)
             return Engine(self.encoder, bundle)
         except SoftKNNError:
             raise

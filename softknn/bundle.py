@@ -12,6 +12,8 @@ A bundle is one directory:
     chunks.jsonl       per chunk: chunk_id, doc_id, text, start, end (char span), label, metadata
     lexical/           the BM25 index of the chunks (softknn.lexical; bm25s's files, no pickles);
                        optional: a bundle without it (built before it existed) serves dense-only
+
+A sharded bundle (`--shards N`, softknn.shards) is a manifest over N such bundles in shard-NNNN/.
 """
 
 from __future__ import annotations
@@ -73,14 +75,15 @@ def version_id(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def finalize(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False) -> dict:
+def finalize(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False,
+             names: list[str] | None = None) -> dict:
     """Checksum every data file in tmp_dir, write the manifest, and rename tmp_dir to out.
 
     If `out` exists it is refused unless `force`; then it is moved aside first and removed only
     after the new bundle is in place, so a crash leaves either the old or the new bundle.
     """
     files = {}
-    for name in data_files(manifest):
+    for name in names if names is not None else data_files(manifest):
         p = tmp_dir / name
         if not p.is_file():
             raise BundleError(f"{p}: missing while finalizing the bundle")
@@ -144,7 +147,9 @@ def verify_bundle(path: Path) -> dict:
     path = Path(path)
     manifest = read_manifest(path)
     files = manifest.get("files", {})
-    for name in data_files(manifest):
+    from softknn.shards import is_sharded, shard_files
+
+    for name in shard_files(manifest) if is_sharded(manifest) else data_files(manifest):
         if name not in files:
             raise BundleError(f"{path / MANIFEST}: no checksum recorded for {name}")
         p = path / name
@@ -156,6 +161,12 @@ def verify_bundle(path: Path) -> dict:
             raise BundleError(f"{p}: sha256 mismatch (corrupt or modified)")
     if version_id(manifest) != manifest.get("version_id"):
         raise BundleError(f"{path / MANIFEST}: version_id does not match its content (edited manifest)")
+    if is_sharded(manifest):
+        for sh in manifest["shards"]:
+            sub = read_manifest(path / sh["dir"])
+            if sub.get("version_id") != sh["version_id"] or version_id(sub) != sh["version_id"]:
+                raise BundleError(f"{path / sh['dir'] / MANIFEST}: version {sub.get('version_id')}, "
+                                  f"the bundle's manifest says {sh['version_id']}")
     return manifest
 
 
@@ -186,21 +197,26 @@ class Bundle:
         return self._by_id.get(chunk_id)
 
     def summary(self) -> dict:
-        m = self.manifest
-        return {
-            "version_id": m["version_id"],
-            "path": str(self.path),
-            "created_at": m.get("created_at"),
-            "model": m["model"],
-            "memory_layer": m["memory_layer"],
-            "index": m["index"],
-            "kv_dtype": m["kv_dtype"],
-            "counts": m["counts"],
-            "labels": m.get("labels", []),
-            "calibration": m.get("calibration", {}),
-            "lexical": lexical_summary(m),
-            "bytes": sum(f["bytes"] for f in m["files"].values()),
-        }
+        return bundle_summary(self.path, self.manifest)
+
+
+def bundle_summary(path: Path, m: dict) -> dict:
+    """What /v1/index says of a bundle (sharded or not)."""
+    out = {
+        "version_id": m["version_id"],
+        "path": str(path),
+        "created_at": m.get("created_at"),
+        "model": m["model"],
+        "memory_layer": m["memory_layer"],
+        "index": m["index"],
+        "kv_dtype": m["kv_dtype"],
+        "counts": m["counts"],
+        "labels": m.get("labels", []),
+        "calibration": m.get("calibration", {}),
+        "lexical": lexical_summary(m),
+        "bytes": sum(f["bytes"] for f in m["files"].values()),
+    }
+    return out  # a sharded bundle's shards are in its manifest (`softknn info`); the API shape stays the same
 
 
 def lexical_summary(manifest: dict) -> dict:
@@ -210,7 +226,7 @@ def lexical_summary(manifest: dict) -> dict:
         return {"available": False, "default_retrieval": "dense",
                 "note": "built without a lexical index: serves dense retrieval only "
                         "(rebuild, or `softknn add-lexical DIR`, for hybrid and lexical)"}
-    lexical_bytes = sum(f["bytes"] for name, f in manifest["files"].items() if name in LEXICAL_FILES)
+    lexical_bytes = sum(f["bytes"] for name, f in manifest["files"].items() if name.endswith(LEXICAL_FILES))
     return {"available": True, "default_retrieval": "hybrid", "settings": lex["settings"],
             "vocabulary": lex.get("vocabulary"), "postings": lex.get("postings"), "bytes": lexical_bytes,
             "bytes_per_chunk": round(lexical_bytes / max(1, manifest["counts"]["chunks"]), 1)}
@@ -226,9 +242,13 @@ def load_npy(path: Path) -> np.ndarray:
 
 
 def load_bundle(
-    path: Path, *, expected_fingerprint: str | None = None, verify: bool = True, use_gpu: bool = False
+    path: Path, *, expected_fingerprint: str | None = None, verify: bool = True, use_gpu: bool = False,
+    shard_backend=None,
 ) -> Bundle:
-    """Verify (checksums) and load a bundle; refuse one built with other model weights."""
+    """Verify (checksums) and load a bundle; refuse one built with other model weights.
+
+    A sharded bundle loads as a softknn.shards.ShardedBundle (the same interface), its shards in
+    this process or, with `shard_backend` (softknn.ray_serving.RayShards.factory(...)), elsewhere."""
     import faiss
 
     path = Path(path)
@@ -239,6 +259,10 @@ def load_bundle(
             f"{path}: built with model weights {fp[:12]}…, but the loaded model is {expected_fingerprint[:12]}…"
             f" ({manifest['model'].get('name')}); rebuild the bundle with this model"
         )
+    if manifest.get("shards"):
+        from softknn.shards import load_sharded
+
+        return load_sharded(path, manifest, backend_factory=shard_backend, use_gpu=use_gpu)
     load = lambda name: load_npy(path / name)  # noqa: E731
     xb = load("embeddings.npy")
     try:

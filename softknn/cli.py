@@ -81,6 +81,8 @@ def build(
              "holds text, that one]")] = None,
     label_field: Annotated[str, typer.Option(help="record field/column holding the label")] = "label",
     lexical: Annotated[bool, typer.Option(help="write the BM25 index too (hybrid and lexical retrieval)")] = True,
+    shards: Annotated[int, typer.Option(help="split the bundle into N shards (contiguous row ranges; "
+                                              "`softknn serve --ray` serves one actor per shard)")] = 1,
     force: Annotated[bool, typer.Option(help="replace an existing bundle")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
 ) -> None:
@@ -101,12 +103,14 @@ def build(
     try:
         settings = _settings(model__name=model)
         cfg = BuildConfig(layer=layer, index_type=index, chunk_tokens=chunk_tokens, overlap=overlap,
-                          batch_size=batch_size, kv_dtype=kv_dtype, lexical=lexical, fields=fields)
+                          batch_size=batch_size, kv_dtype=kv_dtype, lexical=lexical, shards=shards,
+                          fields=fields)
         manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
     c = manifest["counts"]
-    typer.echo(f"built {out}: version {manifest['version_id']}, {c['chunks']} chunks, {c['tokens']} memory tokens, "
+    sharded = f", {len(manifest['shards'])} shards" if manifest.get("shards") else ""
+    typer.echo(f"built {out}: version {manifest['version_id']}, {c['chunks']} chunks{sharded}, {c['tokens']} memory tokens, "
                f"index {manifest['index']['kind']} ({manifest['index']['reason']})")
     _report_loo(manifest.get("calibration") or {})
 
@@ -149,7 +153,8 @@ def verify(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> 
         m = verify_bundle(bundle)
     except SoftKNNError as e:
         _fail(e)
-    typer.echo(f"ok: {bundle} version {m['version_id']}, {len(m['files'])} files verified")
+    sharded = f" in {len(m['shards'])} shards" if m.get("shards") else ""
+    typer.echo(f"ok: {bundle} version {m['version_id']}, {len(m['files'])} files verified{sharded}")
 
 
 @app.command(cls=Command)

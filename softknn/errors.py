@@ -40,3 +40,11 @@ class UnsupportedModel(SoftKNNError):
     """The model's architecture does not expose per-layer attention softknn can fuse into."""
 
     kind = "unsupported_model"
+
+
+class ShardUnavailable(SoftKNNError):
+    """A shard of a sharded bundle did not answer (its Ray actor died and is restarting, or timed out):
+    no answer is computed without its chunks. The service answers 503 with Retry-After."""
+
+    kind = "shard_unavailable"
+    headers = {"Retry-After": "1"}

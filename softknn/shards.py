@@ -1,0 +1,418 @@
+"""Sharded bundles: one KB in N shards, served in one process or by one Ray actor per shard.
+
+On disk (written by `softknn build KB --out DIR --shards N`, index_builder.pipeline):
+
+    DIR/manifest.json          the one-index manifest (model, layer, index spec, counts, labels,
+                               calibration over the whole KB, lexical settings) plus `shards`: per
+                               shard its directory, its global row range [lo, hi) and token range,
+                               and its own version_id; `files`: size + sha256 of every file of
+                               every shard (shard manifests included); one version_id over all
+    DIR/shard-0000/ ...        an ordinary bundle (softknn.bundle) of rows lo..hi−1 of the global
+                               chunk order: its own FAISS index, embeddings, K/V, token spans,
+                               chunks and BM25 index
+
+Global chunk id = global row = shard's lo + local row, so the merge tie-break (score desc, id asc)
+is the one-index order. The shard's BM25 index is the global index's columns lo..hi−1: every
+per-(term, chunk) score was computed with the whole KB's N, avgdl and document frequencies, so
+a shard's BM25 score of a chunk is bit-for-bit the one-index score (sliced, never recomputed).
+
+Serving: `Shard` is all the per-shard work (dense top k, exact similarities, BM25 scores, the
+memory gather of requested rows); it runs in-process or as a Ray actor (softknn.ray_serving)
+with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engine: its `index`,
+`lexical` and `kv` fan each call out to the shards and merge exactly:
+
+- dense top k: each shard's exact (or index) top k, merged by (score desc, global id asc);
+- exact similarities and BM25 scores over the KB: the shards' vectors concatenated in row order
+  (the hybrid normalisation and candidates are then computed over the whole KB, as one index);
+- memory: each shard gathers its requested rows through its own store's `gather` (the one memory
+  entry point), and the rows are placed in the padded batch exactly as one store would.
+
+The serving process keeps the KB's metadata (chunks, token spans, chunk token ranges) memory-mapped
+from disk for the evidence; the bulk (index, embeddings, K/V, BM25 postings scores) lives in the shards.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from softknn.attention import MemoryBatch
+from softknn.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
+
+SHARD_DIR = "shard-{:04d}"
+
+
+def is_sharded(manifest: dict) -> bool:
+    return bool(manifest.get("shards"))
+
+
+def shard_files(manifest: dict) -> list[str]:
+    """Every file a sharded bundle must hold, relative to its directory (shard manifests included)."""
+    from softknn.bundle import MANIFEST, data_files
+
+    out = []
+    for sh in manifest["shards"]:
+        out.append(f"{sh['dir']}/{MANIFEST}")
+        out += [f"{sh['dir']}/{name}" for name in data_files(manifest)]
+    return out
+
+
+# --- the per-shard work (in-process or inside a Ray actor) ------------------------------------------
+class Shard:
+    """One shard's index, embeddings, memory and BM25 scores; ids in and out are global rows."""
+
+    def __init__(self, path: str | Path, lo: int, *, verify: bool = False, use_gpu: bool = False):
+        from softknn.bundle import load_bundle
+
+        self.bundle = load_bundle(Path(path), verify=verify, use_gpu=use_gpu)
+        self.lo = int(lo)
+        self.n = len(self.bundle)
+
+    def ping(self) -> str:
+        return self.bundle.version
+
+    def search(self, xq: np.ndarray, k: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(D, I) (B, min(k, n)): this shard's top k, I global (−1 stays −1)."""
+        D, I = self.bundle.index.search(xq, min(int(k), self.n), exact=exact)
+        return D, np.where(I >= 0, I + self.lo, -1)
+
+    def similarities(self, xq: np.ndarray) -> np.ndarray:
+        """(B, n) float32 e_q·e_c over this shard's chunks (the exact path's scores)."""
+        return self.bundle.index.similarities(xq).numpy()
+
+    def rows_dot(self, ids: np.ndarray, q: np.ndarray) -> np.ndarray:
+        return self.bundle.index.rows_dot(np.asarray(ids) - self.lo, q)
+
+    def bm25(self, terms: list[str]) -> np.ndarray:
+        """(n,) float32 BM25 of every chunk of this shard, with the whole KB's statistics."""
+        return self.bundle.lexical.scores(terms)
+
+    def gather(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The memory of the requested rows (global ids, this shard's): key, value (nh, S, Lm, hs)
+        float32 with chunk s in slot s, through this shard's store's own `gather` (one input)."""
+        local = [int(c) - self.lo for c in ids]
+        mb = self.bundle.kv.gather([local], [[1.0] * len(local)], torch.device("cpu"))
+        return mb.key[0].numpy(), mb.value[0].numpy()
+
+
+# --- calling the shards: in-process, or Ray actors -----------------------------------------------
+class LocalShards:
+    """The shards in this process; `call` runs one method on each (sequentially: each uses every core)."""
+
+    def __init__(self, shards: list[Shard]):
+        self.shards = shards
+
+    def call(self, method: str, args: list[tuple]) -> list:
+        return [getattr(s, method)(*a) for s, a in zip(self.shards, args, strict=True)]
+
+    def close(self) -> None:
+        self.shards = []
+
+
+class _Index:
+    """The KB's index as the Engine sees it (ChunkIndex's interface), over the shards."""
+
+    def __init__(self, owner: ShardedBundle, spec):
+        self.owner, self.spec = owner, spec
+        self.ntotal = len(owner)
+
+    def search(self, xq: np.ndarray, k: int, *, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The global top k: every shard's top k, merged by (score desc, global id asc)."""
+        k = max(1, min(int(k), self.ntotal))
+        xq = np.ascontiguousarray(xq, dtype=np.float32)
+        parts = self.owner.call("search", [(xq, k, exact)] * self.owner.n_shards)
+        D = np.concatenate([p[0] for p in parts], axis=1)
+        I = np.concatenate([p[1] for p in parts], axis=1)
+        outD = np.full((len(xq), k), -np.inf, dtype=np.float32)
+        outI = np.full((len(xq), k), -1, dtype=np.int64)
+        for b in range(len(xq)):
+            keep = I[b] >= 0
+            order = np.lexsort((I[b][keep], -D[b][keep]))[:k]
+            outD[b, : len(order)], outI[b, : len(order)] = D[b][keep][order], I[b][keep][order]
+        return outD, outI
+
+    def similarities(self, xq: np.ndarray) -> torch.Tensor:
+        xq = np.ascontiguousarray(xq, dtype=np.float32)
+        parts = self.owner.call("similarities", [(xq,)] * self.owner.n_shards)
+        return torch.from_numpy(np.concatenate(parts, axis=1))
+
+    def rows_dot(self, ids: np.ndarray, q: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.zeros(len(ids), dtype=np.float32)
+        groups = self.owner.split(ids)
+        todo = [s for s, pos in enumerate(groups) if len(pos)]
+        res = self.owner.call_some("rows_dot", todo, [(ids[groups[s]], q) for s in todo])
+        for s, r in zip(todo, res, strict=True):
+            out[groups[s]] = r
+        return out
+
+
+class _Lexical:
+    """The KB's BM25 index as the Engine sees it: scores from the shards, matched words from the
+    shards' postings (memory-mapped here), the analyzer of the manifest's settings."""
+
+    def __init__(self, owner: ShardedBundle, parts: list):
+        self.owner, self.parts = owner, parts
+        self.analyzer = parts[0].analyzer
+        self.spec = parts[0].spec
+        self.n = len(owner)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def scores(self, terms: list[str]) -> np.ndarray:
+        return np.concatenate(self.owner.call("bm25", [(terms,)] * self.owner.n_shards))
+
+    def matched(self, terms: list[str], c: int) -> set[str]:
+        s = self.owner.shard_of(c)
+        return self.parts[s].matched(terms, c - self.owner.lo[s])
+
+
+class _Spans:
+    """token_spans over the shards' token ranges (global token row = shard's first + local row)."""
+
+    def __init__(self, parts: list[np.ndarray], first: list[int]):
+        self.parts, self.first = parts, first
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        s = bisect.bisect_right(self.first, sl.start) - 1
+        off = self.first[s]
+        return self.parts[s][sl.start - off : sl.stop - off]
+
+
+class _KV:
+    """The memory as the Engine sees it: `gather` fans out to the shards, `start`/`count` global."""
+
+    def __init__(self, owner: ShardedBundle, start: np.ndarray, count: np.ndarray, nh: int, hs: int):
+        self.owner, self.start, self.count = owner, start, count
+        self.num_heads, self.head_dim = nh, hs
+
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """The MemoryBatch one store's `gather` builds: S = max |R|, Lm = the longest chunk, each
+        chunk's rows fetched from its shard and placed in its (input, slot)."""
+        B = len(ids)
+        S = max(1, max((len(r) for r in ids), default=1))
+        Lm = max(1, max((int(self.count[c]) for r in ids for c in r), default=1))
+        nh, hs = self.num_heads, self.head_dim
+        key = torch.zeros(B, nh, S, Lm, hs)
+        value = torch.zeros(B, nh, S, Lm, hs)
+        token_mask = torch.zeros(B, S, Lm, dtype=torch.bool)
+        weight = torch.zeros(B, S)
+        wanted = np.unique(np.asarray([c for r in ids for c in r], dtype=np.int64))
+        if len(wanted):
+            groups = self.owner.split(wanted)
+            todo = [s for s, pos in enumerate(groups) if len(pos)]
+            res = self.owner.call_some("gather", todo, [(wanted[groups[s]].tolist(),) for s in todo])
+            res = [tuple(np.array(a) if not a.flags.writeable else a for a in r) for r in res]  # Ray's are read-only
+            where: dict[int, tuple[int, int]] = {}
+            for j, s in enumerate(todo):
+                for slot, c in enumerate(wanted[groups[s]].tolist()):
+                    where[c] = (j, slot)
+            for b, row in enumerate(ids):
+                for s, c in enumerate(row):
+                    j, slot = where[int(c)]
+                    n = int(self.count[c])
+                    key[b, :, s, :n] = torch.from_numpy(res[j][0][:, slot, :n])
+                    value[b, :, s, :n] = torch.from_numpy(res[j][1][:, slot, :n])
+                    token_mask[b, s, :n] = True
+        for b, w in enumerate(weights):
+            weight[b, : len(w)] = torch.tensor(w, dtype=torch.float32)
+        return MemoryBatch(key=key.to(device), value=value.to(device), token_mask=token_mask.to(device),
+                           weight=weight.to(device))
+
+
+@dataclass
+class ShardedBundle:
+    """A sharded bundle where the Engine expects a `Bundle` (same attributes), over `backend`'s shards."""
+
+    path: Path
+    manifest: dict
+    backend: object  # LocalShards or softknn.ray_serving.RayShards: .call(method, args per shard)
+    chunks: list[dict]
+    lo: list[int]  # first global row of each shard
+    labels: list[str] = field(default_factory=list)
+    index: _Index | None = None
+    lexical: _Lexical | None = None
+    kv: _KV | None = None
+    token_spans: _Spans | None = None
+    _by_id: dict[str, int] = field(default_factory=dict)
+
+    n_shards = property(lambda self: len(self.lo))
+    version = property(lambda self: self.manifest["version_id"])
+    memory_layer = property(lambda self: int(self.manifest["memory_layer"]))
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def row_of(self, chunk_id: str) -> int | None:
+        return self._by_id.get(chunk_id)
+
+    def shard_of(self, row: int) -> int:
+        return bisect.bisect_right(self.lo, int(row)) - 1
+
+    def split(self, ids: np.ndarray) -> list[np.ndarray]:
+        """Per shard, the positions in `ids` of its rows."""
+        which = np.searchsorted(np.asarray(self.lo), ids, side="right") - 1
+        return [np.flatnonzero(which == s) for s in range(self.n_shards)]
+
+    def call(self, method: str, args: list[tuple]) -> list:
+        return self.backend.call(method, args)
+
+    def call_some(self, method: str, shards: list[int], args: list[tuple]) -> list:
+        if hasattr(self.backend, "call_some"):
+            return self.backend.call_some(method, shards, args)
+        return [getattr(self.backend.shards[s], method)(*a) for s, a in zip(shards, args, strict=True)]
+
+    def summary(self) -> dict:
+        from softknn.bundle import bundle_summary
+
+        return bundle_summary(self.path, self.manifest)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def load_sharded(path: Path, manifest: dict, *, backend_factory=None, use_gpu: bool = False) -> ShardedBundle:
+    """A verified sharded bundle's metadata, and its shards opened by `backend_factory(specs)`
+    (specs: [(shard dir, lo)]; default: in this process)."""
+    from softknn.bundle import load_npy, read_manifest
+    from softknn.lexical import LexicalIndex, LexicalSpec
+    from softknn.memory import IndexSpec
+
+    path = Path(path)
+    chunks: list[dict] = []
+    starts, counts, spans, first, lo, lex_parts = [], [], [], [], [], []
+    tok = 0
+    for sh in manifest["shards"]:
+        d = path / sh["dir"]
+        sub = read_manifest(d)
+        if [len(chunks), len(chunks) + sub["counts"]["chunks"]] != list(sh["rows"]):
+            raise BundleError(f"{d}: rows {sh['rows']} in the manifest, the shard holds {sub['counts']['chunks']} chunks "
+                              f"from row {len(chunks)}")
+        if sub["version_id"] != sh["version_id"]:
+            raise BundleError(f"{d / 'manifest.json'}: version {sub['version_id']}, the bundle's manifest says {sh['version_id']}")
+        try:
+            with open(d / "chunks.jsonl", encoding="utf-8") as f:
+                chunks += [json.loads(line) for line in f]
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BundleError(f"{d / 'chunks.jsonl'}: unreadable: {e}") from e
+        ct = np.asarray(load_npy(d / "chunk_tokens.npy"))
+        starts.append(ct[:, 0] + tok)
+        counts.append(ct[:, 1])
+        spans.append(load_npy(d / "token_spans.npy"))
+        first.append(tok)
+        lo.append(int(sh["rows"][0]))
+        tok += int(sub["counts"]["tokens"])
+        if manifest.get("lexical"):
+            lex_parts.append(LexicalIndex.load(d, LexicalSpec.from_manifest(manifest["lexical"]["settings"])))
+    if len(chunks) != manifest["counts"]["chunks"]:
+        raise BundleError(f"{path}: the shards hold {len(chunks)} chunks, the manifest {manifest['counts']['chunks']}")
+    specs = [(str(path / sh["dir"]), int(sh["rows"][0])) for sh in manifest["shards"]]
+    if backend_factory is None:
+        backend = LocalShards([Shard(d, lo_s, use_gpu=use_gpu) for d, lo_s in specs])
+    else:
+        backend = backend_factory(specs, manifest["version_id"])
+    m = manifest
+    b = ShardedBundle(path=path, manifest=m, backend=backend, chunks=chunks, lo=lo, labels=list(m.get("labels", [])),
+                      _by_id={c["chunk_id"]: i for i, c in enumerate(chunks)})
+    b.index = _Index(b, IndexSpec(m["index"]["kind"], m["index"]["params"], m["index"].get("reason", "")))
+    b.kv = _KV(b, np.concatenate(starts), np.concatenate(counts), m["model"]["num_heads"], m["model"]["head_dim"])
+    b.token_spans = _Spans(spans, first)
+    b.lexical = _Lexical(b, lex_parts) if lex_parts else None
+    return b
+
+
+# --- writing -----------------------------------------------------------------------------------------
+def shard_ranges(n: int, n_shards: int) -> list[tuple[int, int]]:
+    """Contiguous row ranges, sizes differing by at most one (the first ones larger)."""
+    if not 1 <= n_shards <= n:
+        raise ValueError(f"shards must be between 1 and the number of chunks ({n}), got {n_shards}")
+    q, r = divmod(n, n_shards)
+    out, lo = [], 0
+    for s in range(n_shards):
+        hi = lo + q + (1 if s < r else 0)
+        out.append((lo, hi))
+        lo = hi
+    return out
+
+
+def slice_lexical(lex, lo: int, hi: int):
+    """A bm25s retriever holding chunks lo..hi−1 of `lex` (a LexicalIndex over the whole KB): the
+    same precomputed per-(term, chunk) scores (global idf and avgdl), chunk ids rebased to 0."""
+    import bm25s
+
+    s = lex.retriever.scores
+    indices, indptr = np.asarray(s["indices"]), np.asarray(s["indptr"])
+    keep = (indices >= lo) & (indices < hi)
+    new_indptr = np.concatenate([[0], np.cumsum(keep)])[indptr].astype(indptr.dtype)
+    spec = lex.spec
+    r = bm25s.BM25(method=spec.method, k1=spec.k1, b=spec.b)
+    r.scores = {"data": np.asarray(s["data"])[keep], "indices": (indices[keep] - lo).astype(indices.dtype),
+                "indptr": new_indptr, "num_docs": hi - lo}
+    r.vocab_dict = dict(lex.vocab)
+    if getattr(lex.retriever, "nonoccurrence_array", None) is not None:  # BM25L/BM25+ only; lucene has none
+        raise ValueError(f"sharding supports BM25 method 'lucene', not {spec.method!r}")
+    r.nonoccurrence_array = None
+    return r
+
+
+def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> dict:
+    """Split the assembled one-index bundle files in `full` into `n_shards` finalized sub-bundles under
+    `tmp`; returns the top-level manifest (without files/version: `finalize_sharded` adds them)."""
+    import faiss
+
+    from index_builder.pipeline import _save  # the writer that keeps errno on a full disk
+    from softknn.bundle import MANIFEST, finalize
+    from softknn.memory import IndexSpec, build_index
+
+    n = manifest["counts"]["chunks"]
+    xb = np.load(full / "embeddings.npy", mmap_mode="r")
+    keys = np.load(full / "kv_keys.npy", mmap_mode="r")
+    values = np.load(full / "kv_values.npy", mmap_mode="r")
+    spans = np.load(full / "token_spans.npy", mmap_mode="r")
+    ct = np.load(full / "chunk_tokens.npy")
+    with open(full / "chunks.jsonl", encoding="utf-8") as f:
+        lines = f.readlines()
+    spec = IndexSpec(manifest["index"]["kind"], manifest["index"]["params"], manifest["index"].get("reason", ""))
+    entries = []
+    for s, (lo, hi) in enumerate(shard_ranges(n, n_shards)):
+        t0 = int(ct[lo, 0])
+        t1 = int(ct[hi - 1, 0] + ct[hi - 1, 1])
+        part = tmp / f".{SHARD_DIR.format(s)}.tmp"
+        part.mkdir()
+        x = np.ascontiguousarray(xb[lo:hi])
+        _save(part / "embeddings.npy", x)
+        _save(part / "kv_keys.npy", keys[t0:t1])
+        _save(part / "kv_values.npy", values[t0:t1])
+        _save(part / "token_spans.npy", spans[t0:t1])
+        _save(part / "chunk_tokens.npy", np.stack([ct[lo:hi, 0] - t0, ct[lo:hi, 1]], axis=1))
+        (part / "index.faiss").write_bytes(faiss.serialize_index(build_index(x, spec)).tobytes())
+        with open(part / "chunks.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(lines[lo:hi])
+        sub = {k: v for k, v in manifest.items() if k not in ("calibration", "files", "version_id", "created_at")}
+        sub["counts"] = dict(manifest["counts"], chunks=hi - lo, tokens=t1 - t0)
+        sub["shard"] = {"index": s, "of": n_shards, "rows": [lo, hi], "tokens": [t0, t1]}
+        sub["created_at"] = None  # the top manifest's is the bundle's: same input, same shard manifests (bytes)
+        if lex is not None:
+            r = slice_lexical(lex, lo, hi)
+            r.save(part / "lexical", show_progress=False)
+            sub["lexical"] = dict(manifest["lexical"], statistics="global",
+                                  postings=int(r.scores["indptr"][-1]))
+        sm = finalize(part, tmp / SHARD_DIR.format(s), sub)
+        entries.append({"dir": SHARD_DIR.format(s), "rows": [lo, hi], "tokens": [t0, t1],
+                        "version_id": sm["version_id"]})
+        assert (tmp / SHARD_DIR.format(s) / MANIFEST).is_file()
+    return dict(manifest, layout="sharded", shards=entries)
+
+
+def finalize_sharded(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False) -> dict:
+    """`softknn.bundle.finalize` for a sharded bundle: checksum every shard file, write the top
+    manifest (one version_id over all shards), rename into place (the old bundle kept until then)."""
+    from softknn.bundle import finalize
+
+    return finalize(tmp_dir, out, manifest, force=force, names=shard_files(manifest))

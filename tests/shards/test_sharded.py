@@ -1,0 +1,138 @@
+"""A sharded bundle answers exactly as the one-index bundle of the same KB (in this process)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from softknn.bundle import load_bundle, read_manifest, verify_bundle
+from softknn.engine import Engine, InferParams
+from softknn.errors import BundleError
+from softknn.shards import ShardedBundle, shard_ranges
+
+QUERIES = ["When does the first ferry leave on Sundays?", "Can I bring my bicycle on board?",
+           "refund for a cancelled crossing", "zzz qqq"]
+
+
+@pytest.fixture(scope="module")
+def sharded(sharded_bundle_path, encoder):
+    return load_bundle(sharded_bundle_path, expected_fingerprint=encoder.info.fingerprint)
+
+
+def assert_same(a: list[dict], b: list[dict]) -> None:
+    """Same evidence ids and order, same diagnostics, embeddings within 1e-6."""
+    for ra, rb in zip(a, b, strict=True):
+        assert np.abs(np.asarray(ra["embedding"]) - np.asarray(rb["embedding"])).max() <= 1e-6
+        assert [e["chunk_id"] for e in ra["evidence"]] == [e["chunk_id"] for e in rb["evidence"]]
+        for ea, eb in zip(ra["evidence"], rb["evidence"], strict=True):
+            assert ea["similarity"] == pytest.approx(eb["similarity"], abs=1e-6)
+            assert ea["dense_similarity"] == pytest.approx(eb["dense_similarity"], abs=1e-6)
+            assert ea["bm25"] == eb["bm25"]  # BM25 sliced from the global index: bit-for-bit
+            assert ea["matched_terms"] == eb["matched_terms"]
+            assert [s["text"] for s in ea["spans"]] == [s["text"] for s in eb["spans"]]
+        da, db = dict(ra["diagnostics"]), dict(rb["diagnostics"])
+        for key in da:
+            if isinstance(da[key], float):
+                assert da[key] == pytest.approx(db[key], abs=1e-5), key
+            else:
+                assert da[key] == db[key], key
+        if rb["label_scores"] is None:
+            assert ra["label_scores"] is None
+        else:
+            assert ra["label_scores"] == pytest.approx(rb["label_scores"], abs=1e-6)
+        assert (ra["prediction"], ra["abstained"]) == (rb["prediction"], rb["abstained"])
+
+
+def test_layout(sharded_bundle_path, sample_bundle_path):
+    m, one = read_manifest(sharded_bundle_path), read_manifest(sample_bundle_path)
+    n = one["counts"]["chunks"]
+    assert [s["rows"] for s in m["shards"]] == [list(r) for r in shard_ranges(n, 2)]
+    assert m["counts"] == one["counts"] and m["calibration"] == one["calibration"]
+    assert sum(read_manifest(sharded_bundle_path / s["dir"])["counts"]["chunks"] for s in m["shards"]) == n
+    # every shard is an ordinary bundle, verified on its own
+    for s in m["shards"]:
+        assert verify_bundle(sharded_bundle_path / s["dir"])["version_id"] == s["version_id"]
+    # the concatenated shards hold exactly the one-index bundle's rows
+    for name in ("embeddings.npy", "kv_keys.npy", "token_spans.npy"):
+        whole = np.load(sample_bundle_path / name)
+        parts = np.concatenate([np.load(sharded_bundle_path / s["dir"] / name) for s in m["shards"]])
+        assert np.array_equal(whole, parts), name
+
+
+def test_shard_ranges():
+    assert shard_ranges(5, 2) == [(0, 3), (3, 5)]
+    assert shard_ranges(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    with pytest.raises(ValueError):
+        shard_ranges(3, 4)
+
+
+def test_merge_primitives(sharded, sample_bundle, encoder):
+    assert isinstance(sharded, ShardedBundle) and len(sharded) == len(sample_bundle)
+    xq = encoder.forward_plain(encoder.tokenize(QUERIES)).embedding.float().numpy()
+    n = len(sample_bundle)
+    for k in (1, 5, n):
+        for exact in (False, True):
+            D1, I1 = sample_bundle.index.search(xq, k, exact=exact)
+            D2, I2 = sharded.index.search(xq, k, exact=exact)
+            assert np.array_equal(I1, I2), (k, exact)
+            assert np.abs(D1 - D2).max() <= 1e-6
+    assert np.abs(sample_bundle.index.similarities(xq).numpy() - sharded.index.similarities(xq).numpy()).max() <= 1e-6
+    for q in QUERIES:
+        terms = sample_bundle.lexical.analyzer.terms(q)
+        assert np.array_equal(sample_bundle.lexical.scores(terms), sharded.lexical.scores(terms))  # global idf/avgdl
+        for c in range(n):
+            assert sample_bundle.lexical.matched(terms, c) == sharded.lexical.matched(terms, c)
+    ids = [[0, n - 1, n // 2], [n // 2 - 1], []]
+    w = [[0.5, 0.3, 0.2], [1.0], []]
+    a = sample_bundle.kv.gather(ids, w, torch.device("cpu"))
+    b = sharded.kv.gather(ids, w, torch.device("cpu"))
+    for f in ("key", "value", "token_mask", "weight"):
+        assert torch.equal(getattr(a, f), getattr(b, f)), f
+    for c in range(n):
+        st, cnt = int(sample_bundle.kv.start[c]), int(sample_bundle.kv.count[c])
+        assert (int(sharded.kv.start[c]), int(sharded.kv.count[c])) == (st, cnt)
+        assert np.array_equal(sample_bundle.token_spans[st : st + cnt], sharded.token_spans[st : st + cnt])
+
+
+@pytest.mark.parametrize("retrieval", ["hybrid", "dense", "lexical"])
+@pytest.mark.parametrize("exact", [False, True])
+def test_answers_equal_one_index(retrieval, exact, sharded, sample_bundle, encoder):
+    p = InferParams(retrieval=retrieval, exact=exact)
+    one = Engine(encoder, sample_bundle).infer(QUERIES, p)
+    two = Engine(encoder, sharded).infer(QUERIES, p)
+    assert_same(one, two)
+
+
+def test_more_params_equal(sharded, sample_bundle, encoder):
+    p = InferParams(k=3, threshold=0.2, mixing="joint", kernel="epanechnikov", evidence=8)
+    assert_same(Engine(encoder, sample_bundle).infer(QUERIES, p), Engine(encoder, sharded).infer(QUERIES, p))
+
+
+def test_verify_names_corrupt_shard_file(sharded_bundle_path, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(sharded_bundle_path, copy)
+    m = verify_bundle(copy)
+    assert len(m["files"]) == 2 * (1 + len([f for f in m["files"] if f.startswith("shard-0000/")]) - 1)
+    target = copy / "shard-0001" / "kv_values.npy"
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 0xFF
+    target.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=r"shard-0001/kv_values\.npy: sha256 mismatch"):
+        verify_bundle(copy)
+    with pytest.raises(BundleError, match=r"shard-0001/kv_values\.npy"):
+        load_bundle(copy)
+
+
+def test_verify_refuses_a_swapped_shard_manifest(sharded_bundle_path, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(sharded_bundle_path, copy)
+    mpath = copy / "manifest.json"
+    m = json.loads(mpath.read_text())
+    m["shards"][1]["rows"] = [0, 1]
+    mpath.write_text(json.dumps(m))
+    with pytest.raises(BundleError, match="version_id does not match"):
+        verify_bundle(copy)
