@@ -122,7 +122,7 @@ def test_serve_deployment_same_api(ray_cluster, sharded_bundle_path, sample_bund
 
     from service.app import create_app
     from softknn.ray_serving import kill_named_shards, serve_ray
-    from bench.live_server import free_port
+    from service.testing import free_port
 
     port = free_port()
     settings = _settings(sharded_bundle_path, port)

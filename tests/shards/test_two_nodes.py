@@ -14,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.live_server import free_port
+from service.testing import free_port
 from softknn.engine import Engine, InferParams
 from tests.shards.test_sharded import QUERIES
 
