@@ -249,7 +249,7 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
 
 
 def _finalize_sharded(full: Path, out: Path, parent: Path, manifest: dict, lex, n_shards: int, *, force: bool) -> dict:
-    from softknn.shards import finalize_sharded, write_shards
+    from index_builder.sharding import finalize_sharded, write_shards
 
     tmp = parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()

@@ -73,7 +73,7 @@ def operation_id(route: APIRoute) -> str:
 
 def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None) -> FastAPI:
     """The service app. Pass `encoder` to share an already loaded model (tests, several apps);
-    `shard_backend` opens a sharded bundle's shards elsewhere (softknn.ray_serving.RayShards.factory)."""
+    `shard_backend` opens a sharded bundle's shards elsewhere (service.ray_serving.RayShards.factory)."""
     check_settings(settings)
     # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's packaged copy
     # (/static-offline-docs), not a CDN: the API docs work without internet (issue 17)

@@ -21,7 +21,7 @@ def serve(
                                                  "(SOFTKNN_MODEL__NAME; default: packaged all-MiniLM-L6-v2)")] = None,
     log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="serve on Ray: one actor per shard of a sharded bundle, "
-                                      "the model as a Ray Serve deployment (softknn.ray_serving)")] = False,
+                                      "the model as a Ray Serve deployment (service.ray_serving)")] = False,
     address: Annotated[Optional[str], typer.Option("--address", help="with --ray: the Ray cluster to join "
                                                    "(e.g. auto, HOST:6379); default: start a local one")] = None,
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="with --ray: model replicas")] = 1,
@@ -59,7 +59,7 @@ def serve(
         raise typer.Exit(2) from None
     configure_logging(settings.log_level)
     if ray:
-        from softknn.ray_serving import serve_ray
+        from service.ray_serving import serve_ray
 
         import json
 

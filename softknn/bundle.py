@@ -248,7 +248,7 @@ def load_bundle(
     """Verify (checksums) and load a bundle; refuse one built with other model weights.
 
     A sharded bundle loads as a softknn.shards.ShardedBundle (the same interface), its shards in
-    this process or, with `shard_backend` (softknn.ray_serving.RayShards.factory(...)), elsewhere."""
+    this process or, with `shard_backend` (service.ray_serving.RayShards.factory(...)), elsewhere."""
     import faiss
 
     path = Path(path)

@@ -17,7 +17,7 @@ per-(term, chunk) score was computed with the whole KB's N, avgdl and document f
 a shard's BM25 score of a chunk is bit-for-bit the one-index score (sliced, never recomputed).
 
 Serving: `Shard` is all the per-shard work (dense top k, exact similarities, BM25 scores, the
-memory gather of requested rows); it runs in-process or as a Ray actor (softknn.ray_serving)
+memory gather of requested rows); it runs in-process or as a Ray actor (service.ray_serving)
 with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engine: its `index`,
 `lexical` and `kv` fan each call out to the shards and merge exactly:
 
@@ -232,7 +232,7 @@ class ShardedBundle:
 
     path: Path
     manifest: dict
-    backend: object  # LocalShards or softknn.ray_serving.RayShards: .call(method, args per shard)
+    backend: object  # LocalShards or service.ray_serving.RayShards: .call(method, args per shard)
     chunks: list[dict]
     lo: list[int]  # first global row of each shard
     labels: list[str] = field(default_factory=list)
@@ -359,60 +359,3 @@ def slice_lexical(lex, lo: int, hi: int):
         raise ValueError(f"sharding supports BM25 method 'lucene', not {spec.method!r}")
     r.nonoccurrence_array = None
     return r
-
-
-def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> dict:
-    """Split the assembled one-index bundle files in `full` into `n_shards` finalized sub-bundles under
-    `tmp`; returns the top-level manifest (without files/version: `finalize_sharded` adds them)."""
-    import faiss
-
-    from index_builder.pipeline import _save  # the writer that keeps errno on a full disk
-    from softknn.bundle import MANIFEST, finalize
-    from softknn.memory import IndexSpec, build_index
-
-    n = manifest["counts"]["chunks"]
-    xb = np.load(full / "embeddings.npy", mmap_mode="r")
-    keys = np.load(full / "kv_keys.npy", mmap_mode="r")
-    values = np.load(full / "kv_values.npy", mmap_mode="r")
-    spans = np.load(full / "token_spans.npy", mmap_mode="r")
-    ct = np.load(full / "chunk_tokens.npy")
-    with open(full / "chunks.jsonl", encoding="utf-8") as f:
-        lines = f.readlines()
-    spec = IndexSpec(manifest["index"]["kind"], manifest["index"]["params"], manifest["index"].get("reason", ""))
-    entries = []
-    for s, (lo, hi) in enumerate(shard_ranges(n, n_shards)):
-        t0 = int(ct[lo, 0])
-        t1 = int(ct[hi - 1, 0] + ct[hi - 1, 1])
-        part = tmp / f".{SHARD_DIR.format(s)}.tmp"
-        part.mkdir()
-        x = np.ascontiguousarray(xb[lo:hi])
-        _save(part / "embeddings.npy", x)
-        _save(part / "kv_keys.npy", keys[t0:t1])
-        _save(part / "kv_values.npy", values[t0:t1])
-        _save(part / "token_spans.npy", spans[t0:t1])
-        _save(part / "chunk_tokens.npy", np.stack([ct[lo:hi, 0] - t0, ct[lo:hi, 1]], axis=1))
-        (part / "index.faiss").write_bytes(faiss.serialize_index(build_index(x, spec)).tobytes())
-        with open(part / "chunks.jsonl", "w", encoding="utf-8") as f:
-            f.writelines(lines[lo:hi])
-        sub = {k: v for k, v in manifest.items() if k not in ("calibration", "files", "version_id", "created_at")}
-        sub["counts"] = dict(manifest["counts"], chunks=hi - lo, tokens=t1 - t0)
-        sub["shard"] = {"index": s, "of": n_shards, "rows": [lo, hi], "tokens": [t0, t1]}
-        sub["created_at"] = None  # the top manifest's is the bundle's: same input, same shard manifests (bytes)
-        if lex is not None:
-            r = slice_lexical(lex, lo, hi)
-            r.save(part / "lexical", show_progress=False)
-            sub["lexical"] = dict(manifest["lexical"], statistics="global",
-                                  postings=int(r.scores["indptr"][-1]))
-        sm = finalize(part, tmp / SHARD_DIR.format(s), sub)
-        entries.append({"dir": SHARD_DIR.format(s), "rows": [lo, hi], "tokens": [t0, t1],
-                        "version_id": sm["version_id"]})
-        assert (tmp / SHARD_DIR.format(s) / MANIFEST).is_file()
-    return dict(manifest, layout="sharded", shards=entries)
-
-
-def finalize_sharded(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False) -> dict:
-    """`softknn.bundle.finalize` for a sharded bundle: checksum every shard file, write the top
-    manifest (one version_id over all shards), rename into place (the old bundle kept until then)."""
-    from softknn.bundle import finalize
-
-    return finalize(tmp_dir, out, manifest, force=force, names=shard_files(manifest))

@@ -29,7 +29,7 @@ def test_cli_verify_and_info(sharded_bundle_path, tmp_path):
 
 @pytest.mark.slow
 def test_failed_sharded_build_is_atomic_and_resumes(encoder, sample_kb, sharded_bundle_path, tmp_path, monkeypatch):
-    import softknn.shards as shards
+    import index_builder.sharding as shards
 
     out = tmp_path / "b"
     shutil.copytree(sharded_bundle_path, out)  # an existing bundle, to be replaced with --force

@@ -30,7 +30,7 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def ray_sharded(ray_cluster, sharded_bundle_path, encoder):
-    from softknn.ray_serving import RayShards
+    from service.ray_serving import RayShards
 
     b = load_bundle(sharded_bundle_path, expected_fingerprint=encoder.info.fingerprint,
                     shard_backend=RayShards.factory(num_cpus=1))
@@ -58,7 +58,7 @@ def test_shard_killed_under_load(ray_cluster, sharded_bundle_path, sample_bundle
     """Kill shard 1's actor while 3 clients send requests: every answer is the one-index answer or a
     503 shard_unavailable with Retry-After; every request is answered; the service recovers."""
     from service.app import create_app
-    from softknn.ray_serving import RayShards
+    from service.ray_serving import RayShards
 
     want = Engine(encoder, sample_bundle).infer(REQUEST["inputs"], InferParams(exact=True, k=8))[0]
     app = create_app(_settings(sharded_bundle_path), encoder=encoder,
@@ -121,7 +121,7 @@ def test_serve_deployment_same_api(ray_cluster, sharded_bundle_path, sample_bund
     from ray import serve
 
     from service.app import create_app
-    from softknn.ray_serving import kill_named_shards, serve_ray
+    from service.ray_serving import kill_named_shards, serve_ray
     from service.testing import free_port
 
     port = free_port()
@@ -159,7 +159,7 @@ def test_reload_swaps_every_shard_or_none(ray_cluster, sharded_bundle_path, tmp_
     import shutil
 
     from service.app import create_app
-    from softknn.ray_serving import RayShards
+    from service.ray_serving import RayShards
     from softknn.settings import Settings
 
     good, bad = tmp_path / "good", tmp_path / "bad"

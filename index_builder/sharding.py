@@ -1,0 +1,67 @@
+"""The builder's side of sharded bundles (softknn.shards reads them): split the assembled one-index
+files into finalized sub-bundles, then checksum and finalize the whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from softknn.shards import SHARD_DIR, shard_files, shard_ranges, slice_lexical
+
+
+def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> dict:
+    """Split the assembled one-index bundle files in `full` into `n_shards` finalized sub-bundles under
+    `tmp`; returns the top-level manifest (without files/version: `finalize_sharded` adds them)."""
+    import faiss
+
+    from index_builder.pipeline import _save  # the writer that keeps errno on a full disk
+    from softknn.bundle import MANIFEST, finalize
+    from softknn.memory import IndexSpec, build_index
+
+    n = manifest["counts"]["chunks"]
+    xb = np.load(full / "embeddings.npy", mmap_mode="r")
+    keys = np.load(full / "kv_keys.npy", mmap_mode="r")
+    values = np.load(full / "kv_values.npy", mmap_mode="r")
+    spans = np.load(full / "token_spans.npy", mmap_mode="r")
+    ct = np.load(full / "chunk_tokens.npy")
+    with open(full / "chunks.jsonl", encoding="utf-8") as f:
+        lines = f.readlines()
+    spec = IndexSpec(manifest["index"]["kind"], manifest["index"]["params"], manifest["index"].get("reason", ""))
+    entries = []
+    for s, (lo, hi) in enumerate(shard_ranges(n, n_shards)):
+        t0 = int(ct[lo, 0])
+        t1 = int(ct[hi - 1, 0] + ct[hi - 1, 1])
+        part = tmp / f".{SHARD_DIR.format(s)}.tmp"
+        part.mkdir()
+        x = np.ascontiguousarray(xb[lo:hi])
+        _save(part / "embeddings.npy", x)
+        _save(part / "kv_keys.npy", keys[t0:t1])
+        _save(part / "kv_values.npy", values[t0:t1])
+        _save(part / "token_spans.npy", spans[t0:t1])
+        _save(part / "chunk_tokens.npy", np.stack([ct[lo:hi, 0] - t0, ct[lo:hi, 1]], axis=1))
+        (part / "index.faiss").write_bytes(faiss.serialize_index(build_index(x, spec)).tobytes())
+        with open(part / "chunks.jsonl", "w", encoding="utf-8") as f:
+            f.writelines(lines[lo:hi])
+        sub = {k: v for k, v in manifest.items() if k not in ("calibration", "files", "version_id", "created_at")}
+        sub["counts"] = dict(manifest["counts"], chunks=hi - lo, tokens=t1 - t0)
+        sub["shard"] = {"index": s, "of": n_shards, "rows": [lo, hi], "tokens": [t0, t1]}
+        sub["created_at"] = None  # the top manifest's is the bundle's: same input, same shard manifests (bytes)
+        if lex is not None:
+            r = slice_lexical(lex, lo, hi)
+            r.save(part / "lexical", show_progress=False)
+            sub["lexical"] = dict(manifest["lexical"], statistics="global",
+                                  postings=int(r.scores["indptr"][-1]))
+        sm = finalize(part, tmp / SHARD_DIR.format(s), sub)
+        entries.append({"dir": SHARD_DIR.format(s), "rows": [lo, hi], "tokens": [t0, t1],
+                        "version_id": sm["version_id"]})
+        assert (tmp / SHARD_DIR.format(s) / MANIFEST).is_file()
+    return dict(manifest, layout="sharded", shards=entries)
+
+
+def finalize_sharded(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False) -> dict:
+    """`softknn.bundle.finalize` for a sharded bundle: checksum every shard file, write the top
+    manifest (one version_id over all shards), rename into place (the old bundle kept until then)."""
+    from softknn.bundle import finalize
+
+    return finalize(tmp_dir, out, manifest, force=force, names=shard_files(manifest))
