@@ -72,22 +72,37 @@ def build(
     lexical: Annotated[bool, typer.Option(help="write the BM25 index too (hybrid and lexical retrieval)")] = True,
     force: Annotated[bool, typer.Option(help="replace an existing bundle")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    ray: Annotated[bool, typer.Option("--ray", help="encode with Ray Data on a Ray cluster's workers "
+                                                    "(the same bundle, byte for byte; docs/scale.md)")] = False,
+    address: Annotated[Optional[str], typer.Option(help="with --ray: the cluster to join (HOST:PORT, auto, "
+                                                        "ray://HOST:10001); default: start a local one")] = None,
+    ray_workers: Annotated[Optional[int], typer.Option(help="with --ray: encoder actors (default: one per CPU "
+                                                            "of the cluster)")] = None,
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it (FAISS and BM25)."""
     from index_builder.pipeline import BuildConfig, build_bundle
     from index_builder.reader import Fields
 
+    if (address is not None or ray_workers is not None) and not ray:
+        _fail(ValueError("--address and --ray-workers need --ray"))
     try:
+        encode = None
+        if ray:
+            from index_builder.distributed import RayEncode
+
+            encode = RayEncode(address, workers=ray_workers, progress=progress)
         settings = _settings(model__name=model)
         cfg = BuildConfig(layer=layer, index_type=index, chunk_tokens=chunk_tokens, overlap=overlap,
                           batch_size=batch_size, kv_dtype=kv_dtype, lexical=lexical,
                           fields=Fields(id=id_field, text=text_field, label=label_field))
-        manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress)
+        manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress, encode=encode)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
     c = manifest["counts"]
     typer.echo(f"built {out}: version {manifest['version_id']}, {c['chunks']} chunks, {c['tokens']} memory tokens, "
                f"index {manifest['index']['kind']} ({manifest['index']['reason']})")
+    if encode is not None and encode.workers_used:
+        typer.echo(f"encoded with Ray Data: {encode.workers_used} workers on {len(encode.nodes)} node(s)")
 
 
 @app.command("add-lexical")
