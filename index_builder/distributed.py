@@ -7,7 +7,7 @@ How it stays byte-identical (tests/builder/test_distributed.py checks every file
   Ray's block splitting never changes which chunks are padded together;
 - every worker runs `pipeline.encode_batch`, the function the local build runs, on the same model
   weights (each worker checks the driver's weight fingerprint before encoding);
-- the arrays travel as .npy bytes (no pickles) and the driver writes each batch's shard with
+- the arrays travel as one .npz per batch (numpy's format, no pickles) and the driver writes each batch's shard with
   `pipeline.write_shard`; assembly, FAISS, BM25, calibration and the manifest are the local code.
 
 Float round-off of a model pass can depend on the CPU's kernels (instruction set); the same image
@@ -25,27 +25,23 @@ from collections.abc import Iterator
 import numpy as np
 
 from index_builder.chunker import Chunk
-from index_builder.pipeline import KV_DTYPES, SHARD_ARRAYS, encode_batch
+from index_builder.pipeline import BuildConfig, encode_batch
 from softknn.encoder import DEFAULT_MODEL, Encoder, resolve_model_path
 from softknn.errors import BundleError
 
 log = logging.getLogger(__name__)
 
 
-def _npy_bytes(a: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.lib.format.write_array(buf, np.ascontiguousarray(a), allow_pickle=False)
-    return buf.getvalue()
-
-
-def _npy_load(b: bytes) -> np.ndarray:
-    return np.lib.format.read_array(io.BytesIO(b), allow_pickle=False)
+def _arrays(npz: bytes) -> dict[str, np.ndarray]:
+    """A worker's .npz back into the shard's arrays, in the worker's order (allow_pickle=False)."""
+    with np.load(io.BytesIO(npz), allow_pickle=False) as z:
+        return {name: z[name] for name in z.files}
 
 
 class _EncodeWorker:
     """A Ray Data actor: loads the model once, then encodes whole builder batches."""
 
-    def __init__(self, model: str | None, fingerprint: str, layer: int, kv_dtype: str, threads: int):
+    def __init__(self, model: str | None, fingerprint: str, layer: int, cfg: BuildConfig, threads: int):
         import torch
 
         torch.set_num_threads(threads)
@@ -54,22 +50,21 @@ class _EncodeWorker:
             raise BundleError(f"{self.encoder.path}: this worker's model weights differ from the driver's "
                               f"(fingerprint {self.encoder.info.fingerprint[:16]} ≠ {fingerprint[:16]}); "
                               "every node must run the same softknn image")
-        self.layer, self.dtype = layer, KV_DTYPES[kv_dtype]
+        self.layer, self.cfg = layer, cfg
         import ray
 
         self.node = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        out: dict[str, list] = {"batch": [], "node": [], **{name: [] for name in SHARD_ARRAYS}}
-        for number, payload in zip(batch["batch"].tolist(), batch["payload"].tolist(), strict=True):
+        numbers, payloads = batch["batch"].tolist(), batch["payload"].tolist()
+        arrays = []  # per row: the shard's arrays as one .npz of .npy members (names kept, no pickles)
+        for payload in payloads:
             item = json.loads(payload)
-            arrays = encode_batch(self.encoder, item["texts"], item["starts"], self.layer, self.dtype)
-            out["batch"].append(number)
-            out["node"].append(self.node)
-            for name in SHARD_ARRAYS:
-                out[name].append(_npy_bytes(arrays[name]))
-        return {"batch": np.asarray(out["batch"], dtype=np.int64), "node": np.asarray(out["node"], dtype=object),
-                **{name: np.asarray(out[name], dtype=object) for name in SHARD_ARRAYS}}
+            buf = io.BytesIO()
+            np.savez(buf, **encode_batch(self.encoder, item["texts"], item["starts"], self.layer, self.cfg))
+            arrays.append(buf.getvalue())
+        return {"batch": np.asarray(numbers, dtype=np.int64), "node": np.asarray([self.node] * len(numbers), dtype=object),
+                "arrays": np.asarray(arrays, dtype=object)}
 
 
 class RayEncode:
@@ -91,7 +86,7 @@ class RayEncode:
         self.workers_used = 0
 
     def __call__(self, encoder: Encoder, chunks: list[Chunk], batches: list[tuple[int, list[int]]], layer: int,
-                 kv_dtype: str) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+                 cfg: BuildConfig) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         if not batches:
             return
         import ray
@@ -103,12 +98,12 @@ class RayEncode:
             ray.init(address=self.address or "local", include_dashboard=False, log_to_driver=False,
                      configure_logging=False)
         try:
-            yield from self._run(encoder, chunks, batches, layer, kv_dtype)
+            yield from self._run(encoder, chunks, batches, layer, cfg)
         finally:
             if started:
                 ray.shutdown()
 
-    def _run(self, encoder, chunks, batches, layer, kv_dtype):
+    def _run(self, encoder, chunks, batches, layer, cfg):
         import ray
         import ray.data
 
@@ -128,7 +123,7 @@ class RayEncode:
         ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
             _EncodeWorker,
             fn_constructor_kwargs={"model": model, "fingerprint": encoder.info.fingerprint, "layer": layer,
-                                   "kv_dtype": kv_dtype, "threads": self.cpus_per_worker},
+                                   "cfg": cfg, "threads": self.cpus_per_worker},
             batch_size=1,  # one row = one builder batch: the padding is the local build's
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=workers),
@@ -141,7 +136,7 @@ class RayEncode:
                 s = int(row["batch"])
                 seen.add(s)
                 self.nodes.add(str(row["node"]))
-                yield s, {name: _npy_load(row[name]) for name in SHARD_ARRAYS}
+                yield s, _arrays(row["arrays"])
         except ray.exceptions.RayError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, BundleError):

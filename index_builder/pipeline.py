@@ -35,8 +35,8 @@ from softknn.memory import build_index, choose_index
 log = logging.getLogger(__name__)
 KV_DTYPES = {"float32": np.float32, "float16": np.float16}
 
-# encode(encoder, chunks, [(batch number, chunk rows)], layer, kv_dtype) -> (batch number, encode_batch's arrays)...
-EncodeStrategy = Callable[[Encoder, list[Chunk], list[tuple[int, list[int]]], int, str],
+# encode(encoder, chunks, [(batch number, chunk rows)], layer, cfg) -> (batch number, encode_batch's arrays)...
+EncodeStrategy = Callable[[Encoder, list[Chunk], list[tuple[int, list[int]]], int, "BuildConfig"],
                           Iterable[tuple[int, dict[str, np.ndarray]]]]
 
 
@@ -110,13 +110,12 @@ def _write_error(e: OSError, parent: Path) -> BundleError:
                        "finished shards are kept, so rerunning the same command resumes")
 
 
-SHARD_ARRAYS = ("emb", "counts", "keys", "values", "spans")  # what one encoded batch is, beside its rows
-
-
-def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: int, dtype) -> dict[str, np.ndarray]:
+def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: int, cfg: BuildConfig) -> dict[str, np.ndarray]:
     """One model pass over one batch of chunk texts: embeddings, and the layer-`layer` keys, values
     and document char spans of every memory token (`starts`: each chunk's first char in its document).
-    The same call runs here and on Ray workers (index_builder/distributed.py)."""
+    Returns the shard's arrays by name (each is written as NAME.npy). The same call runs here and on
+    Ray workers (index_builder/distributed.py), which carry whatever arrays it returns."""
+    dtype = KV_DTYPES[cfg.kv_dtype]
     batch = encoder.tokenize(list(texts), truncate=True)
     plain = encoder.forward_plain(batch, capture_layer=layer)
     memory = ~batch.special  # (B, T) non-special, non-pad tokens are memory tokens
@@ -133,17 +132,17 @@ def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: i
 
 
 def write_shard(shard: Path, rows: list[int], arrays: dict[str, np.ndarray]) -> None:
-    """One encoded batch as a shard directory, renamed into place whole."""
+    """One encoded batch (encode_batch's arrays) as a shard directory, renamed into place whole."""
     tmp = shard.with_name(f"{shard.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     _save(tmp / "rows.npy", np.asarray(rows, dtype=np.int64))
-    for name in SHARD_ARRAYS:
-        _save(tmp / f"{name}.npy", arrays[name])
+    for name, array in arrays.items():
+        _save(tmp / f"{name}.npy", array)
     os.replace(tmp, shard)  # a shard exists whole or not at all
 
 
-def _encode_shard(encoder: Encoder, chunks: list[Chunk], rows: list[int], layer: int, dtype, shard: Path) -> None:
-    arrays = encode_batch(encoder, [chunks[r].text for r in rows], [chunks[r].start for r in rows], layer, dtype)
+def _encode_shard(encoder: Encoder, chunks: list[Chunk], rows: list[int], layer: int, cfg: BuildConfig, shard: Path) -> None:
+    arrays = encode_batch(encoder, [chunks[r].text for r in rows], [chunks[r].start for r in rows], layer, cfg)
     write_shard(shard, rows, arrays)
 
 
@@ -234,10 +233,10 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
     bar = tqdm(total=len(chunks), desc="encoding", unit="chunk", disable=not progress, initial=len(chunks) - sum(len(batches[s]) for s in todo))
     if encode is None:
         for s in todo:
-            _encode_shard(encoder, chunks, batches[s], layer, dtype, work / f"shard-{s:06d}")
+            _encode_shard(encoder, chunks, batches[s], layer, cfg, work / f"shard-{s:06d}")
             bar.update(len(batches[s]))
     else:  # the batches elsewhere, in any order; each shard written here as its arrays arrive
-        for s, arrays in encode(encoder, chunks, [(s, batches[s]) for s in todo], layer, cfg.kv_dtype):
+        for s, arrays in encode(encoder, chunks, [(s, batches[s]) for s in todo], layer, cfg):
             write_shard(work / f"shard-{s:06d}", batches[s], arrays)
             bar.update(len(batches[s]))
     bar.close()

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from index_builder import pipeline
@@ -63,6 +64,40 @@ def test_ray_encode_refuses_bad_sizes():
         RayEncode(cpus_per_worker=0)
 
 
+def test_a_worker_refuses_other_model_weights(encoder):
+    from index_builder.distributed import _EncodeWorker
+    from softknn.errors import BundleError
+
+    with pytest.raises(BundleError, match=r"this worker's model weights differ from the driver's \(fingerprint "
+                                          + encoder.info.fingerprint[:16] + " ≠ 0000000000000000\); every node"):
+        _EncodeWorker(None, "0" * 64, 5, BuildConfig(), 1)
+
+
+def test_the_worker_transport_carries_encode_batchs_arrays_exactly(encoder, sample_kb, tmp_path):
+    """A worker's output row (one .npz per batch), read back by the driver, writes the same shard
+    files as the local path, byte for byte; no Ray involved (the Ray runs are the slow tests)."""
+    from index_builder.distributed import _arrays, _EncodeWorker
+
+    chunks = pipeline.chunk_documents(pipeline.read_kb(sample_kb, BuildConfig().fields), encoder.tokenizer,
+                                      encoder.max_seq_length - 8, 32)
+    batches = pipeline._batches(chunks, encoder.tokenizer, 32)
+    worker = _EncodeWorker.__new__(_EncodeWorker)  # the actor's state without Ray's runtime context
+    worker.encoder, worker.layer, worker.cfg, worker.node = encoder, 5, BuildConfig(), "node-a"
+    picked = [0, len(batches) - 1]  # the shortest and the longest chunks
+    payload = [json.dumps({"texts": [chunks[r].text for r in batches[s]], "starts": [chunks[r].start for r in batches[s]]},
+                          ensure_ascii=False) for s in picked]
+    out = worker({"batch": np.asarray(picked), "payload": np.asarray(payload, dtype=object)})
+    assert out["batch"].tolist() == picked and out["node"].tolist() == ["node-a", "node-a"]
+    for s, npz in zip(picked, out["arrays"], strict=True):
+        pipeline.write_shard(tmp_path / f"ray-{s}", batches[s], _arrays(npz))
+        pipeline._encode_shard(encoder, chunks, batches[s], 5, BuildConfig(), tmp_path / f"local-{s}")
+        names = sorted(p.name for p in (tmp_path / f"local-{s}").iterdir())
+        assert names == ["counts.npy", "emb.npy", "keys.npy", "rows.npy", "spans.npy", "values.npy"]
+        assert sorted(p.name for p in (tmp_path / f"ray-{s}").iterdir()) == names
+        for name in names:
+            assert (tmp_path / f"ray-{s}" / name).read_bytes() == (tmp_path / f"local-{s}" / name).read_bytes(), name
+
+
 @pytest.mark.slow
 def test_a_ray_build_resuming_a_local_one_equals_the_local_build(tmp_path, sample_kb, sample_bundle_path, encoder):
     """A local build killed after 3 batches, finished by Ray Data on a 2-worker local cluster: every
@@ -72,10 +107,10 @@ def test_a_ray_build_resuming_a_local_one_equals_the_local_build(tmp_path, sampl
     out = tmp_path / "b"
     done = []
 
-    def three_then_crash(enc, chunks, batches, layer, kv_dtype):
+    def three_then_crash(enc, chunks, batches, layer, cfg):
         for s, rows in batches[:3]:
             yield s, pipeline.encode_batch(enc, [chunks[r].text for r in rows], [chunks[r].start for r in rows],
-                                           layer, pipeline.KV_DTYPES[kv_dtype])
+                                           layer, cfg)
             done.append(s)
         raise OSError(5, "simulated crash")
 
@@ -87,9 +122,9 @@ def test_a_ray_build_resuming_a_local_one_equals_the_local_build(tmp_path, sampl
     seen = []
 
     class Recorder(RayEncode):
-        def __call__(self, enc, chunks, batches, layer, kv_dtype):
+        def __call__(self, enc, chunks, batches, layer, cfg):
             seen.extend(s for s, _ in batches)
-            yield from super().__call__(enc, chunks, batches, layer, kv_dtype)
+            yield from super().__call__(enc, chunks, batches, layer, cfg)
 
     ray_encode = Recorder(workers=2)
     build_bundle(sample_kb, out, BuildConfig(), encoder, progress=False, encode=ray_encode)
