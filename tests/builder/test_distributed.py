@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -211,3 +212,4 @@ def test_softknn_build_ray_on_a_two_node_cluster_equals_the_local_build(tmp_path
     finally:
         for proc in reversed(nodes):
             _stop(proc)
+        shutil.rmtree(temp_dir, ignore_errors=True)
