@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Re-resolve the images' pinned requirements from pyproject.toml:
-#   docker/requirements-cpu.txt  Python 3.11, torch 2.13.0+cpu from docker/wheels, faiss-cpu
+#   docker/requirements-cpu.txt  Python 3.11, torch 2.13.0+cpu from docker/wheels, faiss-cpu, ray (the `ray` extra)
 #   docker/requirements-gpu.txt  Python 3.12 (Ubuntu 24.04's), CUDA torch 2.13.0, faiss-gpu + NVIDIA libs
 # Usage: bash docker/update-locks.sh   (needs docker/wheels/torch-2.13.0+cpu-*.whl; see docs/docker.md)
 # Resolves against the package index only (PIP_CONFIG_FILE=/dev/null): what the image build sees.
@@ -23,7 +23,9 @@ work = sys.argv[1]
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 deps = p["dependencies"]
 with open(f"{work}/cpu.in", "w") as f:
-    f.write("\n".join(["torch==2.13.0+cpu", *[d for d in deps if not d.startswith("torch")], "setuptools"]) + "\n")
+    # the CPU image also carries the `ray` extra (docker-compose.yml's profile `ray`, docs/scale.md)
+    f.write("\n".join(["torch==2.13.0+cpu", *[d for d in deps if not d.startswith("torch")],
+                       *p["optional-dependencies"]["ray"], "setuptools"]) + "\n")
 with open(f"{work}/gpu.in", "w") as f:
     f.write("\n".join([*[d for d in deps if not d.startswith("faiss-cpu")], *p["optional-dependencies"]["gpu"], "setuptools"]) + "\n")
 EOF

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,10 @@ from softknn.memory import build_index, choose_index
 
 log = logging.getLogger(__name__)
 KV_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+# encode(encoder, chunks, [(batch number, chunk rows)], layer, cfg) -> (batch number, encode_batch's arrays)...
+EncodeStrategy = Callable[[Encoder, list[Chunk], list[tuple[int, list[int]]], int, "BuildConfig"],
+                          Iterable[tuple[int, dict[str, np.ndarray]]]]
 
 
 @dataclass
@@ -106,26 +111,40 @@ def _write_error(e: OSError, parent: Path) -> BundleError:
                        "finished shards are kept, so rerunning the same command resumes")
 
 
-def _encode_shard(encoder: Encoder, chunks: list[Chunk], rows: list[int], layer: int, dtype, shard: Path) -> None:
-    batch = encoder.tokenize([chunks[r].text for r in rows], truncate=True)
+def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: int, cfg: BuildConfig) -> dict[str, np.ndarray]:
+    """One model pass over one batch of chunk texts: embeddings, and the layer-`layer` keys, values
+    and document char spans of every memory token (`starts`: each chunk's first char in its document).
+    Returns the shard's arrays by name (each is written as NAME.npy). The same call runs here and on
+    Ray workers (index_builder/distributed.py), which carry whatever arrays it returns."""
+    dtype = KV_DTYPES[cfg.kv_dtype]
+    batch = encoder.tokenize(list(texts), truncate=True)
     plain = encoder.forward_plain(batch, capture_layer=layer)
     memory = ~batch.special  # (B, T) non-special, non-pad tokens are memory tokens
     keys, values, spans, counts = [], [], [], []
-    for b, r in enumerate(rows):
+    for b, start in enumerate(starts):
         idx = memory[b].nonzero().flatten()
         keys.append(plain.key[b][:, idx].transpose(0, 1).cpu().numpy())  # (n, nh, hs)
         values.append(plain.value[b][:, idx].transpose(0, 1).cpu().numpy())
-        spans.append(batch.offsets[b, idx].numpy().astype(np.int64) + chunks[r].start)  # doc char spans
+        spans.append(batch.offsets[b, idx].numpy().astype(np.int64) + start)  # doc char spans
         counts.append(len(idx))
+    return {"emb": plain.embedding.float().cpu().numpy(), "counts": np.asarray(counts, dtype=np.int64),
+            "keys": np.concatenate(keys).astype(dtype), "values": np.concatenate(values).astype(dtype),
+            "spans": np.concatenate(spans)}
+
+
+def write_shard(shard: Path, rows: list[int], arrays: dict[str, np.ndarray]) -> None:
+    """One encoded batch (encode_batch's arrays) as a shard directory, renamed into place whole."""
     tmp = shard.with_name(f"{shard.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     _save(tmp / "rows.npy", np.asarray(rows, dtype=np.int64))
-    _save(tmp / "emb.npy", plain.embedding.float().cpu().numpy())
-    _save(tmp / "counts.npy", np.asarray(counts, dtype=np.int64))
-    _save(tmp / "keys.npy", np.concatenate(keys).astype(dtype))
-    _save(tmp / "values.npy", np.concatenate(values).astype(dtype))
-    _save(tmp / "spans.npy", np.concatenate(spans))
+    for name, array in arrays.items():
+        _save(tmp / f"{name}.npy", array)
     os.replace(tmp, shard)  # a shard exists whole or not at all
+
+
+def _encode_shard(encoder: Encoder, chunks: list[Chunk], rows: list[int], layer: int, cfg: BuildConfig, shard: Path) -> None:
+    arrays = encode_batch(encoder, [chunks[r].text for r in rows], [chunks[r].start for r in rows], layer, cfg)
+    write_shard(shard, rows, arrays)
 
 
 def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, dim: int, dtype, tmp: Path) -> int:
@@ -161,9 +180,14 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
 
 
 def build_bundle(
-    kb: Path, out: Path, cfg: BuildConfig, encoder: Encoder, *, force: bool = False, progress: bool = True
+    kb: Path, out: Path, cfg: BuildConfig, encoder: Encoder, *, force: bool = False, progress: bool = True,
+    encode: EncodeStrategy | None = None,
 ) -> dict:
-    """Build the bundle for KB `kb` at `out`; returns its manifest."""
+    """Build the bundle for KB `kb` at `out`; returns its manifest.
+
+    `encode`: where the model passes run. None: here, batch after batch. A strategy (e.g.
+    index_builder.distributed.RayEncode) gets the same batches and returns the same arrays; the
+    shards, and so the bundle, are written here either way, byte for byte the same."""
     kb, out = Path(kb), Path(out)
     if out.exists() and not force:
         raise BundleError(f"{out}: already exists; pass --force to replace it")
@@ -189,12 +213,13 @@ def build_bundle(
         raise ValueError(f"shards ({cfg.shards}) must not exceed the KB's {len(chunks)} chunks")
     plan = _plan_hash(chunks, cfg, encoder, layer)
     try:
-        return _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, force=force, progress=progress)
+        return _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, force=force, progress=progress,
+                      encode=encode)
     except OSError as e:
         raise _write_error(e, parent) from e
 
 
-def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, progress) -> dict:
+def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, progress, encode=None) -> dict:
     """The writing half of build_bundle: shards (resumed), then the bundle, assembled and renamed in."""
     for stale in parent.glob(f".{out.name}.tmp-*"):  # a killed run's half-assembled bundle: never loadable, only space
         shutil.rmtree(stale, ignore_errors=True)
@@ -211,9 +236,14 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
     batches = _batches(chunks, encoder.tokenizer, cfg.batch_size)
     todo = [s for s in range(len(batches)) if not (work / f"shard-{s:06d}").is_dir()]
     bar = tqdm(total=len(chunks), desc="encoding", unit="chunk", disable=not progress, initial=len(chunks) - sum(len(batches[s]) for s in todo))
-    for s in todo:
-        _encode_shard(encoder, chunks, batches[s], layer, dtype, work / f"shard-{s:06d}")
-        bar.update(len(batches[s]))
+    if encode is None:
+        for s in todo:
+            _encode_shard(encoder, chunks, batches[s], layer, cfg, work / f"shard-{s:06d}")
+            bar.update(len(batches[s]))
+    else:  # the batches elsewhere, in any order; each shard written here as its arrays arrive
+        for s, arrays in encode(encoder, chunks, [(s, batches[s]) for s in todo], layer, cfg):
+            write_shard(work / f"shard-{s:06d}", batches[s], arrays)
+            bar.update(len(batches[s]))
     bar.close()
 
     tmp = parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"

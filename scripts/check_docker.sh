@@ -27,6 +27,10 @@ echo "hadolint: ${DOCKERFILES[*]} clean"
 
 echo "== $(docker-compose version --short 2>/dev/null || docker-compose version | head -1)"
 docker-compose -f docker-compose.yml config -q
-# Profiles are part of the file; validate the view with them enabled too.
-docker-compose -f docker-compose.yml --profile loadtest --profile gpu config -q
-echo "docker-compose config: docker-compose.yml valid"
+# Profiles are part of the file; validate the view with each enabled, then all of them together.
+PROFILES=(loadtest gpu ray)
+for profile in "${PROFILES[@]}"; do
+  docker-compose -f docker-compose.yml --profile "$profile" config -q
+done
+docker-compose -f docker-compose.yml "${PROFILES[@]/#/--profile=}" config -q
+echo "docker-compose config: docker-compose.yml valid (default and profiles ${PROFILES[*]})"

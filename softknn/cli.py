@@ -85,6 +85,12 @@ def build(
                                               "`softknn serve --ray` serves one actor per shard)")] = 1,
     force: Annotated[bool, typer.Option(help="replace an existing bundle")] = False,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
+    ray: Annotated[bool, typer.Option("--ray", help="encode with Ray Data on a Ray cluster's workers "
+                                                    "(the same bundle, byte for byte; docs/scale.md)")] = False,
+    address: Annotated[Optional[str], typer.Option(help="with --ray: the cluster to join (HOST:PORT, auto, "
+                                                        "ray://HOST:10001); default: start a local one")] = None,
+    ray_workers: Annotated[Optional[int], typer.Option(help="with --ray: encoder actors (default: one per CPU "
+                                                            "of the cluster)")] = None,
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it (FAISS and BM25)."""
     from index_builder.reader import Fields, resolve_fields
@@ -100,12 +106,19 @@ def build(
         _note(n)
     from index_builder.pipeline import BuildConfig, build_bundle
 
+    if (address is not None or ray_workers is not None) and not ray:
+        _fail(ValueError("--address and --ray-workers need --ray"))
     try:
+        encode = None
+        if ray:
+            from index_builder.distributed import RayEncode
+
+            encode = RayEncode(address, workers=ray_workers, progress=progress)
         settings = _settings(model__name=model)
         cfg = BuildConfig(layer=layer, index_type=index, chunk_tokens=chunk_tokens, overlap=overlap,
                           batch_size=batch_size, kv_dtype=kv_dtype, lexical=lexical, shards=shards,
                           fields=fields)
-        manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress)
+        manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress, encode=encode)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
     c = manifest["counts"]
@@ -113,6 +126,8 @@ def build(
     typer.echo(f"built {out}: version {manifest['version_id']}, {c['chunks']} chunks{sharded}, {c['tokens']} memory tokens, "
                f"index {manifest['index']['kind']} ({manifest['index']['reason']})")
     _report_loo(manifest.get("calibration") or {})
+    if encode is not None and encode.workers_used:
+        typer.echo(f"encoded with Ray Data: {encode.workers_used} workers on {len(encode.nodes)} node(s)")
 
 
 def _report_loo(cal: dict) -> None:
