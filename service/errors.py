@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from softknn.errors import BundleError, InputTooLarge, InvalidInput, KBFormatError, SoftKNNError, UnsupportedModel
+from softknn.errors import BundleError, InputTooLarge, InvalidInput, KBFormatError, ModelRuntimeError, SoftKNNError, UnsupportedModel
 
 log = logging.getLogger("softknn.service")
 
@@ -103,6 +103,7 @@ STATUS: dict[type[Exception], int] = {
     BundleError: 422,  # a reload naming a corrupt/foreign bundle: the request's bundle is unusable
     KBFormatError: 422,
     UnsupportedModel: 500,  # server configuration, never the client's fault
+    ModelRuntimeError: 500,  # model.runtime: an export that fails verification, a bad setting
     SoftKNNError: 400,
     Unauthorized: 401,
     Forbidden: 403,

@@ -43,8 +43,9 @@ def _settings(**overrides):
 
 def _encoder(settings):
     from softknn.encoder import Encoder
+    from softknn.settings import apply_threads, encoder_options
 
-    return Encoder(settings.model.name, device=settings.device())
+    return Encoder(settings.model.name, device=settings.device(), **encoder_options(settings, apply_threads(settings)))
 
 
 def _fail(e: Exception) -> None:

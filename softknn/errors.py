@@ -40,3 +40,9 @@ class UnsupportedModel(SoftKNNError):
     """The model's architecture does not expose per-layer attention softknn can fuse into."""
 
     kind = "unsupported_model"
+
+
+class ModelRuntimeError(SoftKNNError):
+    """The model runtime cannot be used: an export that fails verification, a bad runtime setting."""
+
+    kind = "model_runtime_error"
