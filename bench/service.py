@@ -5,6 +5,7 @@
 Every server runs on 127.0.0.1 only, on the same real KB (the 10k real bundle of bench/kb.py; txtai
 indexes the same texts itself) and the same real short queries (Banking77 test texts):
     softknn    POST /v1/infer {"inputs": [q], "k": 8, "evidence": 5}: encode, k-NN, fused pass, evidence
+    softknn-onnx   with --runtime onnx: the same server with SOFTKNN_MODEL__RUNTIME=onnx (issue 16)
     softknn-wait2  the same server with SOFTKNN_BATCHING__MAX_WAIT_MS=2, the default before
                2026-11-30's second run (the batcher waits up to 2 ms for a batch to fill instead of
                taking what is queued when it is free): the before/after of that change
@@ -88,7 +89,8 @@ class Server:
 
 
 def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str],
-                  only: set[str] | None = None, softknn_workers: int = 0) -> tuple[dict, dict, list[str]]:
+                  only: set[str] | None = None, softknn_workers: int = 0,
+                  runtime: str = "torch") -> tuple[dict, dict, list[str]]:
     """Start the servers (all, or those in `only`); returns ({name: Server}, info, missing peers)."""
     from bench.kb import device
 
@@ -106,6 +108,13 @@ def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str]
     if softknn_workers:  # N inference worker threads (each with the torch threads every server gets)
         servers[f"softknn-w{softknn_workers}"] = softknn(f"softknn-w{softknn_workers}",
                                                          {"SOFTKNN_BATCHING__WORKERS": str(softknn_workers)})
+    if runtime != "torch":  # the same servers with model.runtime=onnx (issue 16), beside the torch ones
+        env = {"SOFTKNN_MODEL__RUNTIME": runtime}
+        if want(f"softknn-{runtime}"):
+            servers[f"softknn-{runtime}"] = softknn(f"softknn-{runtime}", env)
+        if softknn_workers:
+            name = f"softknn-{runtime}-w{softknn_workers}"
+            servers[name] = softknn(name, env | {"SOFTKNN_BATCHING__WORKERS": str(softknn_workers)})
     if want("naive"):
         servers["naive"] = Server("naive", [sys.executable, "-m", "bench.naive_service", "--bundle", str(bundle), "--port",
                                             "{port}"], "/healthz")
@@ -293,6 +302,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
     ap.add_argument("--softknn-workers", type=int, default=0,
                     help="also run softknn as `softknn-wN` with SOFTKNN_BATCHING__WORKERS=N inference threads (0 = not)")
+    ap.add_argument("--runtime", default="torch", choices=["torch", "onnx"],
+                    help="onnx: also run softknn (and softknn-wN) with SOFTKNN_MODEL__RUNTIME=onnx, as softknn-onnx[-wN]")
     args = ap.parse_args()
     set_threads(args.threads)
     if args.threads:  # the same for every server started below
@@ -313,7 +324,7 @@ def main() -> None:
     engine = Engine(Encoder(device=device()), load_bundle(bundle, use_gpu=device() == "cuda"))
     only = set(args.only.split(",")) if args.only else None
     servers, info, missing = start_servers(bundle, args.peers, resolve_model_path(None), kb_texts, only,
-                                           softknn_workers=args.softknn_workers)
+                                           softknn_workers=args.softknn_workers, runtime=args.runtime)
     try:
         seq = sequential(servers, info, engine, queries, args.sequential)
         print(json.dumps({n: round(s["p50_ms"], 2) for n, s in seq.items()}), flush=True)

@@ -26,6 +26,7 @@ from .infer_request_retrieval_type_0 import InferRequestRetrievalType0
 from .infer_response import InferResponse
 from .infer_result import InferResult
 from .infer_result_label_scores_type_0 import InferResultLabelScoresType0
+from .model_runtime import ModelRuntime
 from .query_token import QueryToken
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .reload_request import ReloadRequest
@@ -62,6 +63,7 @@ __all__ = (
     "InferResponse",
     "InferResult",
     "InferResultLabelScoresType0",
+    "ModelRuntime",
     "QueryToken",
     "ReadyzResponseReadyz",
     "ReloadRequest",
