@@ -71,7 +71,7 @@ def forward(encs: dict, texts: list[str], repeats: int) -> dict:
     res = {}
     for B in (1, 8):
         batches = [ref.tokenize(texts[i:i + B]) for i in range(0, len(texts), B)]
-        fns = {k: (lambda e=e: [e.forward_plain(b) for b in batches]) for k, e in encs.items()}
+        fns = {k: (lambda e=e, bs=batches: [e.forward_plain(b) for b in bs]) for k, e in encs.items()}
         for fn in fns.values():
             fn()  # warm-up
         t = _interleaved(fns, repeats)
@@ -211,7 +211,7 @@ def main() -> None:
 
     t0 = time.perf_counter()
     encs = {"torch": Encoder()}
-    kw = dict(runtime="onnx", onnx_cache=args.cache, threads=1)
+    kw = {"runtime": "onnx", "onnx_cache": args.cache, "threads": 1}
     encs["onnx"] = Encoder(**kw)
     encs["onnx-extended"] = Encoder(**kw, onnx_optimization="extended")
     encs["onnx-int8"] = Encoder(**kw, precision="int8")

@@ -18,7 +18,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from softknn.errors import BundleError, InputTooLarge, InvalidInput, KBFormatError, ModelRuntimeError, SoftKNNError, UnsupportedModel
+from softknn.errors import (
+    BundleError,
+    InputTooLarge,
+    InvalidInput,
+    KBFormatError,
+    ModelRuntimeError,
+    SoftKNNError,
+    UnsupportedModel,
+)
 
 log = logging.getLogger("softknn.service")
 

@@ -23,7 +23,6 @@ import uuid
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from softknn.errors import ModelRuntimeError, UnsupportedModel
