@@ -129,6 +129,7 @@ def test_bundles_of_other_numerics_are_refused(encoder, sample_bundle):
     check_numerics(legacy, encoder.info, sample_bundle.path)
 
 
+@pytest.mark.slow  # a whole sample-KB build
 def test_the_builder_records_its_runtime_and_onnx_kv_equal_torch_kv(onnx_encoder, sample_bundle_path, sample_kb,
                                                                      tmp_path):
     from index_builder.pipeline import BuildConfig, build_bundle
