@@ -5,6 +5,7 @@
 Every server runs on 127.0.0.1 only, on the same real KB (the 10k real bundle of bench/kb.py; txtai
 indexes the same texts itself) and the same real short queries (Banking77 test texts):
     softknn    POST /v1/infer {"inputs": [q], "k": 8, "evidence": 5}: encode, k-NN, fused pass, evidence
+    softknn-onnx   with --runtime onnx: the same server with SOFTKNN_MODEL__RUNTIME=onnx (issue 16)
     softknn-wait2  the same server with SOFTKNN_BATCHING__MAX_WAIT_MS=2, the default before
                2026-11-30's second run (the batcher waits up to 2 ms for a batch to fill instead of
                taking what is queued when it is free): the before/after of that change
@@ -80,7 +81,8 @@ class Server:
 
 
 def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str],
-                  only: set[str] | None = None, softknn_workers: int = 0) -> tuple[dict, dict, list[str]]:
+                  only: set[str] | None = None, softknn_workers: int = 0,
+                  runtime: str = "torch") -> tuple[dict, dict, list[str]]:
     """Start the servers (all, or those in `only`); returns ({name: Server}, info, missing peers)."""
     from bench.kb import device
 
@@ -98,6 +100,13 @@ def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str]
     if softknn_workers:  # N inference worker threads (each with the torch threads every server gets)
         servers[f"softknn-w{softknn_workers}"] = softknn(f"softknn-w{softknn_workers}",
                                                          {"SOFTKNN_BATCHING__WORKERS": str(softknn_workers)})
+    if runtime != "torch":  # the same servers with model.runtime=onnx (issue 16), beside the torch ones
+        env = {"SOFTKNN_MODEL__RUNTIME": runtime}
+        if want(f"softknn-{runtime}"):
+            servers[f"softknn-{runtime}"] = softknn(f"softknn-{runtime}", env)
+        if softknn_workers:
+            name = f"softknn-{runtime}-w{softknn_workers}"
+            servers[name] = softknn(name, env | {"SOFTKNN_BATCHING__WORKERS": str(softknn_workers)})
     if want("naive"):
         servers["naive"] = Server("naive", [sys.executable, "-m", "bench.naive_service", "--bundle", str(bundle), "--port",
                                             "{port}"], "/healthz")
@@ -379,6 +388,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="--quick: also write the JSON here")
     ap.add_argument("--rounds", type=int, default=2, help="--fill-wait: rounds of (2 ms, 0)")
     ap.add_argument("--requests", type=int, default=120, help="--fill-wait: sequential requests per server")
+    ap.add_argument("--runtime", default="torch", choices=["torch", "onnx"],
+                    help="onnx: also run softknn (and softknn-wN) with SOFTKNN_MODEL__RUNTIME=onnx, as softknn-onnx[-wN]")
     args = ap.parse_args()
     if args.quick:
         args.clients = args.clients if args.clients != "1,4,16,64" else "1,4,16"
@@ -403,7 +414,7 @@ def main() -> None:
     engine = Engine(Encoder(device=device()), load_bundle(bundle, use_gpu=device() == "cuda"))
     only = set(args.only.split(",")) if args.only else None
     servers, info, missing = start_servers(bundle, args.peers, resolve_model_path(None), kb_texts, only,
-                                           softknn_workers=args.softknn_workers)
+                                           softknn_workers=args.softknn_workers, runtime=args.runtime)
     try:
         seq = sequential(servers, info, engine, queries, args.sequential)
         print(json.dumps({n: round(s["p50_ms"], 2) for n, s in seq.items()}), flush=True)

@@ -58,6 +58,8 @@ class BuildConfig:
 def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int) -> str:
     h = hashlib.sha256()
     h.update(encoder.info.fingerprint.encode())
+    if encoder.info.precision != "fp32":  # shards of other numerics must not be resumed into this build
+        h.update(encoder.info.precision.encode())
     settings = {"layer": layer, "chunk_tokens": cfg.chunk_tokens, "overlap": cfg.overlap,
                 "batch_size": cfg.batch_size, "kv_dtype": cfg.kv_dtype}
     h.update(json.dumps(settings, sort_keys=True).encode())
@@ -350,6 +352,8 @@ def _manifest(kb, cfg, encoder, layer, spec, docs, chunks, ntok, plan) -> dict:
             "head_dim": info.head_dim,
             "dim": info.dim,
             "max_seq_length": info.max_seq_length,
+            "runtime": info.runtime,  # what computed the K/V and embeddings (issue 16)
+            "precision": info.precision,  # served only with the same numerics (Engine)
         },
         "memory_layer": layer,
         "index": {"kind": spec.kind, "params": spec.params, "reason": spec.reason},

@@ -18,8 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from softknn.errors import (BundleError, InputTooLarge, InvalidInput, KBFormatError, ShardUnavailable, SoftKNNError,
-                            UnsupportedModel)
+from softknn.errors import (BundleError, InputTooLarge, InvalidInput, KBFormatError, ModelRuntimeError, ShardUnavailable,
+                            SoftKNNError, UnsupportedModel)
 
 log = logging.getLogger("softknn.service")
 
@@ -105,6 +105,7 @@ STATUS: dict[type[Exception], int] = {
     KBFormatError: 422,
     UnsupportedModel: 500,  # server configuration, never the client's fault
     ShardUnavailable: 503,  # a KB shard's actor died and is restarting (service.ray_serving): Retry-After
+    ModelRuntimeError: 500,  # model.runtime: an export that fails verification, a bad setting
     SoftKNNError: 400,
     Unauthorized: 401,
     Forbidden: 403,

@@ -30,6 +30,11 @@ class Metrics:
         self.ready = Gauge("softknn_ready", "1 when the model and a bundle are loaded and warm", registry=r)
         self.bundle = Info("softknn_bundle", "the bundle being served", registry=r)
         self.reloads = Counter("softknn_reloads", "bundle reloads by outcome", ["outcome"], registry=r)
+        self.model = Info("softknn_model", "the serving model and its runtime", registry=r)
+
+    def set_model(self, info) -> None:
+        self.model.info({"name": info.name, "fingerprint": info.fingerprint, "runtime": info.runtime,
+                         "precision": info.precision})
 
     def set_bundle(self, summary: dict, model_name: str) -> None:
         self.bundle.info({

@@ -22,7 +22,7 @@ from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import GROUP_SIZE, Engine, InferParams
 from softknn.errors import BundleError, InputTooLarge, SoftKNNError
-from softknn.settings import Settings, apply_threads
+from softknn.settings import Settings, apply_threads, encoder_options
 
 log = logging.getLogger("softknn.service")
 
@@ -90,10 +90,14 @@ class Runtime:
         t0 = time.perf_counter()
         threads = apply_threads(self.settings)
         if self.encoder is None:
-            self.encoder = Encoder(self.settings.model.name, device=self.settings.device())
+            self.encoder = Encoder(self.settings.model.name, device=self.settings.device(),
+                                   **encoder_options(self.settings, threads))
         self._counter = token_counter(self.encoder)
+        self.metrics.set_model(self.encoder.info)
         log.info("model loaded", extra={"model": self.encoder.info.name, "device": str(self.encoder.device),
-                                        "torch_threads": threads, "seconds": round(time.perf_counter() - t0, 2)})
+                                        "torch_threads": threads,
+                                        "runtime": self.encoder.info.runtime, "precision": self.encoder.info.precision,
+                                        "seconds": round(time.perf_counter() - t0, 2)})
 
     async def open(self, path: Path) -> Engine:
         """Verify and load a bundle for the loaded model (in a thread), then one warm-up pass.

@@ -292,8 +292,22 @@ class BundleSummary(_Out):
     bytes: int
 
 
+class ModelRuntime(_Out):
+    name: str = Field(description="what runs the plain forward: torch | onnx (SOFTKNN_MODEL__RUNTIME)")
+    precision: str = Field(description="its numerics: fp32 | int8 (SOFTKNN_MODEL__PRECISION)")
+    verified_max_abs_diff: float | None = Field(description="onnx: max |onnx − torch| over the verification "
+                                                "inputs, checked at start; null for torch")
+
+
 class IndexResponse(Served):
     index: BundleSummary
+    runtime: ModelRuntime = Field(description="the serving model runtime")
+
+
+def runtime_payload(encoder) -> dict:
+    onnx = getattr(encoder, "onnx", None)
+    return {"name": encoder.info.runtime, "precision": encoder.info.precision,
+            "verified_max_abs_diff": onnx.verification["max_abs_diff"] if onnx is not None else None}
 
 
 class Entry(_Out):

@@ -26,8 +26,9 @@ def settings_from(**overrides):
 
 def encoder_for(settings):
     from softknn.encoder import Encoder
+    from softknn.settings import apply_threads, encoder_options
 
-    return Encoder(settings.model.name, device=settings.device())
+    return Encoder(settings.model.name, device=settings.device(), **encoder_options(settings, apply_threads(settings)))
 
 
 def fail(e: Exception) -> None:

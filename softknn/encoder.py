@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from softknn.errors import InputTooLarge, InvalidInput, UnsupportedModel
+from softknn.errors import InputTooLarge, InvalidInput, ModelRuntimeError, UnsupportedModel
 
 ATTN_IMPLEMENTATION = "softknn"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -139,6 +139,8 @@ class ModelInfo:
     dim: int
     max_seq_length: int
     extra: dict = field(default_factory=dict)
+    runtime: str = "torch"  # what runs the plain forward: torch | onnx (issue 16)
+    precision: str = "fp32"  # its numerics: fp32 | int8 (onnx only); a bundle's K/V must share them
 
 
 def resolve_model_path(name_or_path: str | None) -> str:
@@ -163,7 +165,11 @@ def weight_fingerprint(module: torch.nn.Module) -> str:
 class Encoder:
     """A sentence-transformers model whose attention at one layer can be captured or fused."""
 
-    def __init__(self, model: str | None = None, device: str = "cpu"):
+    def __init__(self, model: str | None = None, device: str = "cpu", runtime: str = "torch", *,
+                 precision: str = "fp32", onnx_cache: Path | None = None, threads: int = 1,
+                 onnx_optimization: str = "all"):
+        """`runtime` runs the plain forward (and the layers before the memory layer): "torch", or
+        "onnx" (softknn.onnx_forward: exported, cached, verified against torch; CPU only)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
         from sentence_transformers import SentenceTransformer
 
@@ -195,8 +201,21 @@ class Encoder:
             if hasattr(self.st, "get_embedding_dimension")
             else self.st.get_sentence_embedding_dimension(),
             max_seq_length=self.max_seq_length,
+            runtime=runtime,
+            precision=precision,
         )
         self._normalized = type(self.st[len(self.st) - 1]).__name__ == "Normalize"
+        probe = self.tokenizer(["a"], return_tensors="pt")
+        self.onnx_inputs = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids") if k in probe)
+        self.onnx = None
+        if runtime == "onnx":
+            from softknn.onnx_forward import OnnxForward
+
+            self.onnx = OnnxForward(self, precision=precision, cache_dir=onnx_cache, threads=threads,
+                                    optimization=onnx_optimization)
+        elif runtime != "torch" or precision != "fp32":
+            raise ModelRuntimeError(f"runtime {runtime!r} with precision {precision!r}: expected torch (fp32) or "
+                                    "onnx (fp32 | int8)", field="model.runtime")
 
     def _attention_modules(self) -> list[torch.nn.Module]:
         mods = [m for m in self.model.modules() if isinstance(getattr(m, "layer_idx", None), int)]
@@ -277,6 +296,8 @@ class Encoder:
         self, batch: TokenBatch, *, capture_layer: int | None = None, keep_hidden: bool = False
     ) -> PlainPass:
         """The unmodified model; optionally capture layer `capture_layer`'s (k, v) and keep hidden states."""
+        if self.onnx is not None:
+            return self._forward_onnx(batch, capture_layer, keep_hidden)
         hook = _CaptureKV(self._attn[capture_layer]) if capture_layer is not None else None
         with _bind(hook):
             out = self.model(**batch.features, output_hidden_states=keep_hidden, return_dict=True)
@@ -290,6 +311,35 @@ class Encoder:
             query=hook.query if hook else None,
             capture_layer=capture_layer,
         )
+
+    def _forward_onnx(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass:
+        """forward_plain's outputs from the ONNX graph (the same fields, the same shapes)."""
+        n = self.info.num_layers
+        names = [f"hidden_{i}" for i in range(n + 1)] if keep_hidden else [f"hidden_{n}"]
+        if capture_layer is not None:
+            names += [f"{w}_{capture_layer}" for w in ("query", "key", "value")]
+        out = self.onnx.run(batch.features, names)
+        tokens = out[f"hidden_{n}"]  # (B, T, C)
+        qkv = [out.get(f"{w}_{capture_layer}") for w in ("query", "key", "value")]  # (B, nh, T, hs) | None
+        return PlainPass(
+            embedding=self._pool(batch, tokens),
+            token_embeddings=tokens,
+            hidden_states=tuple(out[f"hidden_{i}"] for i in range(n + 1)) if keep_hidden else None,
+            query=qkv[0], key=qkv[1], value=qkv[2],
+            capture_layer=capture_layer,
+        )
+
+    @torch.inference_mode()
+    def torch_layers(self, batch: TokenBatch) -> dict[str, torch.Tensor]:
+        """The reference for the ONNX graph, from the unmodified torch model: hidden_i (layer i's
+        input; hidden_n the last hidden state) and query_i/key_i/value_i, named as the graph's outputs."""
+        out: dict[str, torch.Tensor] = {}
+        for i in range(self.info.num_layers):  # one pass per layer: a hook captures one layer
+            hook = _CaptureKV(self._attn[i])
+            with _bind(hook):
+                res = self.model(**batch.features, output_hidden_states=True, return_dict=True)
+            out |= {f"query_{i}": hook.query, f"key_{i}": hook.key, f"value_{i}": hook.value}
+        return out | {f"hidden_{i}": h for i, h in enumerate(res.hidden_states)}
 
     @torch.inference_mode()
     def forward_fused(

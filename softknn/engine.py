@@ -111,10 +111,27 @@ class Retrieval:
         return cls([[]] * n, [[]] * n, [[]] * n, [0.0] * n, [""] * n, [[]] * n, [None] * n, [-1.0] * n, [None] * n)
 
 
+def check_numerics(manifest: dict, info, path) -> None:
+    """A bundle's K/V and embeddings and the served queries must come from the same numerics.
+
+    fp32 torch and fp32 onnx count as the same: the onnx runtime is verified against torch within
+    1e-4 whenever it opens (softknn.onnx_forward). int8 differs by far more, so it never mixes.
+    Bundles from before issue 16 carry no precision: they were built by torch in fp32.
+    """
+    model = manifest["model"]
+    built, runtime = model.get("precision", "fp32"), model.get("runtime", "torch")
+    if built != info.precision:
+        raise BundleError(f"{path}: built with {runtime} {built} numerics, but the model runs {info.runtime} "
+                          f"{info.precision}; keys/values and queries must share numerics: rebuild the bundle "
+                          f"with SOFTKNN_MODEL__PRECISION={info.precision} or serve it with "
+                          f"SOFTKNN_MODEL__PRECISION={built}", field="bundle")
+
+
 class Engine:
     def __init__(self, encoder: Encoder, bundle: Bundle):
         if bundle.manifest["model"]["fingerprint"] != encoder.info.fingerprint:
             raise BundleError(f"{bundle.path}: built with other model weights than {encoder.info.name}")
+        check_numerics(bundle.manifest, encoder.info, bundle.path)
         self.encoder = encoder
         self.bundle = bundle
         self.layer = encoder.check_layer(bundle.memory_layer)

@@ -48,3 +48,9 @@ class ShardUnavailable(SoftKNNError):
 
     kind = "shard_unavailable"
     headers = {"Retry-After": "1"}
+
+
+class ModelRuntimeError(SoftKNNError):
+    """The model runtime cannot be used: an export that fails verification, a bad runtime setting."""
+
+    kind = "model_runtime_error"

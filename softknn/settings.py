@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT
@@ -18,7 +18,21 @@ from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT
 class ModelSettings(BaseModel):
     name: str | None = Field(None, description="sentence-transformers model path; empty = packaged all-MiniLM-L6-v2")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when visible, else cpu")
-    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = the number of CPU cores")
+    threads: int = Field(0, ge=0, description="torch (and ONNX Runtime) intra-op threads; 0 = the number of CPU cores")
+    runtime: Literal["torch", "onnx"] = Field("torch", description="what runs the plain forward and the layers before "
+                                              "the memory layer: torch, or onnx (ONNX Runtime, CPU; exported once per "
+                                              "model, verified against torch within 1e-4 at start; docs/benchmarks.md)")
+    precision: Literal["fp32", "int8"] = Field("fp32", description="int8 = dynamic quantisation, onnx only, opt-in: "
+                                               "quality cost in docs/benchmarks.md; bundles must be built with the same")
+    onnx_cache: Path | None = Field(None, description="where ONNX exports are cached; empty = "
+                                    "$XDG_CACHE_HOME/softknn/onnx (~/.cache/softknn/onnx)")
+    onnx_optimization: Literal["basic", "extended", "all"] = Field("all", description="ONNX Runtime graph optimisation level")
+
+    @model_validator(mode="after")
+    def _runtime_precision(self):
+        if self.precision != "fp32" and self.runtime != "onnx":
+            raise ValueError(f"model.precision={self.precision} needs model.runtime=onnx")
+        return self
 
 
 class InferDefaults(BaseModel):
@@ -86,6 +100,13 @@ class Settings(BaseSettings):
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def encoder_options(settings: Settings, threads: int) -> dict:
+    """Encoder keyword arguments for the model runtime (threads: what apply_threads set)."""
+    m = settings.model
+    return {"runtime": m.runtime, "precision": m.precision, "onnx_cache": m.onnx_cache, "threads": threads,
+            "onnx_optimization": m.onnx_optimization}
 
 
 def apply_threads(settings: Settings) -> int:

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from service.deps import EngineDep, RequestIdDep
 from service.errors import NotFound
-from service.schemas import EntryResponse, ErrorResponse, IndexResponse, entry_payload, served
+from service.schemas import EntryResponse, ErrorResponse, IndexResponse, entry_payload, runtime_payload, served
 
 router = APIRouter(prefix="/v1", tags=["index"])
 ERRORS = {s: {"model": ErrorResponse} for s in (401, 404, 503)}
@@ -14,7 +14,7 @@ ERRORS = {s: {"model": ErrorResponse} for s in (401, 404, 503)}
 
 @router.get("/index", response_model=IndexResponse, responses=ERRORS, summary="The served bundle's summary")
 async def index(engine: EngineDep, request_id: RequestIdDep) -> dict:
-    return {**served(request_id, engine), "index": engine.bundle.summary()}
+    return {**served(request_id, engine), "index": engine.bundle.summary(), "runtime": runtime_payload(engine.encoder)}
 
 
 # chunk ids may contain '/', e.g. "handbook/01_crew_safety_drills.md#0" (a '#' must be sent as %23)

@@ -26,6 +26,7 @@ from .infer_request_retrieval_type_0 import InferRequestRetrievalType0
 from .infer_response import InferResponse
 from .infer_result import InferResult
 from .infer_result_label_scores_type_0 import InferResultLabelScoresType0
+from .model_runtime import ModelRuntime
 from .neighbour import Neighbour
 from .query_token import QueryToken
 from .readyz_response_readyz import ReadyzResponseReadyz
@@ -64,6 +65,7 @@ __all__ = (
     "InferResponse",
     "InferResult",
     "InferResultLabelScoresType0",
+    "ModelRuntime",
     "Neighbour",
     "QueryToken",
     "ReadyzResponseReadyz",

@@ -7,6 +7,7 @@ from attrs import define as _attrs_define
 
 if TYPE_CHECKING:
     from ..models.bundle_summary import BundleSummary
+    from ..models.model_runtime import ModelRuntime
 
 
 T = TypeVar("T", bound="IndexResponse")
@@ -21,6 +22,7 @@ class IndexResponse:
         model (str): serving model name
         model_fingerprint (str): sha256 over the model's weights
         request_id (str):
+        runtime (ModelRuntime):
     """
 
     bundle_version: str
@@ -28,6 +30,7 @@ class IndexResponse:
     model: str
     model_fingerprint: str
     request_id: str
+    runtime: ModelRuntime
 
     def to_dict(self) -> dict[str, Any]:
         bundle_version = self.bundle_version
@@ -40,6 +43,8 @@ class IndexResponse:
 
         request_id = self.request_id
 
+        runtime = self.runtime.to_dict()
+
         field_dict: dict[str, Any] = {}
 
         field_dict.update(
@@ -49,6 +54,7 @@ class IndexResponse:
                 "model": model,
                 "model_fingerprint": model_fingerprint,
                 "request_id": request_id,
+                "runtime": runtime,
             }
         )
 
@@ -57,6 +63,7 @@ class IndexResponse:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         from ..models.bundle_summary import BundleSummary  # noqa: PLC0415
+        from ..models.model_runtime import ModelRuntime  # noqa: PLC0415
 
         d = dict(src_dict)
         bundle_version = d.pop("bundle_version")
@@ -69,12 +76,15 @@ class IndexResponse:
 
         request_id = d.pop("request_id")
 
+        runtime = ModelRuntime.from_dict(d.pop("runtime"))
+
         index_response = cls(
             bundle_version=bundle_version,
             index=index,
             model=model,
             model_fingerprint=model_fingerprint,
             request_id=request_id,
+            runtime=runtime,
         )
 
         return index_response

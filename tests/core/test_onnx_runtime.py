@@ -1,0 +1,157 @@
+"""model.runtime=onnx (issue 16): the export is verified before use, equals torch on real inputs
+(plain forward and `exact: true` answers), and a bundle of other numerics is refused."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from softknn.engine import Engine, InferParams, check_numerics
+from softknn.errors import BundleError, ModelRuntimeError
+from softknn.onnx_forward import TOLERANCE
+from tests.conftest import shared_data
+
+
+@pytest.fixture(scope="module")
+def onnx_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("onnx-cache")
+
+
+@pytest.fixture(scope="module")
+def onnx_encoder(onnx_cache):
+    from softknn.encoder import Encoder
+
+    return Encoder(runtime="onnx", onnx_cache=onnx_cache, threads=1)
+
+
+def _close(a, b, path="result"):
+    """Every number within TOLERANCE, everything else (ids, labels, ranks, flags) equal."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and not isinstance(b, bool):
+        assert b == pytest.approx(a, abs=TOLERANCE, nan_ok=True), path
+    else:
+        assert a == b, path
+
+
+def test_opening_records_the_verification_within_tolerance(onnx_encoder):
+    v = onnx_encoder.onnx.verification
+    assert v["precision"] == "fp32" and 0 < v["max_abs_diff"] <= TOLERANCE
+    assert onnx_encoder.info.runtime == "onnx" and onnx_encoder.info.precision == "fp32"
+    assert onnx_encoder.onnx.path.exists() and onnx_encoder.onnx.sidecar.exists()
+
+
+def test_plain_forward_equals_torch_on_banking77_texts(encoder, onnx_encoder):
+    with open(shared_data("banking77", "test.csv"), newline="", encoding="utf-8") as f:
+        texts = [r["text"] for r in csv.DictReader(f)][:48]
+    layer = encoder.check_layer(-2)
+    for i in range(0, len(texts), 8):  # padded batches of 8
+        batch = encoder.tokenize(texts[i:i + 8])
+        ref = encoder.forward_plain(batch, keep_hidden=True, capture_layer=layer)
+        got = onnx_encoder.forward_plain(batch, keep_hidden=True, capture_layer=layer)
+        assert got.embedding.shape == ref.embedding.shape and got.query.shape == ref.query.shape
+        for name in ("embedding", "token_embeddings", "query", "key", "value"):
+            d = float((getattr(got, name) - getattr(ref, name)).abs().max())
+            assert d <= TOLERANCE, (name, d)
+        assert len(got.hidden_states) == len(ref.hidden_states) == encoder.info.num_layers + 1
+        for h_got, h_ref in zip(got.hidden_states, ref.hidden_states, strict=True):
+            assert float((h_got - h_ref).abs().max()) <= TOLERANCE
+
+
+def test_exact_answers_equal_torch_answers(engine, onnx_encoder, sample_bundle):
+    fast = Engine(onnx_encoder, sample_bundle)
+    texts = ["Can I bring my dog on the ferry?", "What happens when a sailing is cancelled because of the weather?",
+             "refund", "Is there food on board for vegetarians and how late is the cafe open?"]
+    params = [InferParams(exact=True), InferParams(exact=True, mixing="joint"),
+              InferParams(exact=True, retrieval="dense", alpha=0.3), InferParams(exact=True, k=16)]
+    _close(engine.infer(texts, params), fast.infer(texts, params))
+
+
+def test_a_tampered_export_is_refused(onnx_encoder, tmp_path):
+    from softknn.encoder import Encoder
+
+    shutil.copy2(onnx_encoder.onnx.path, tmp_path / onnx_encoder.onnx.path.name)
+    shutil.copy2(onnx_encoder.onnx.sidecar, tmp_path / onnx_encoder.onnx.sidecar.name)
+    path = tmp_path / onnx_encoder.onnx.path.name
+    with open(path, "r+b") as f:  # flip bytes in the middle of the weights
+        f.seek(path.stat().st_size // 2)
+        chunk = f.read(16)
+        f.seek(path.stat().st_size // 2)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    with pytest.raises(ModelRuntimeError, match="modified after it was written"):
+        Encoder(runtime="onnx", onnx_cache=tmp_path)
+
+
+def test_an_export_that_disagrees_with_torch_is_refused(onnx_encoder, tmp_path):
+    """A graph whose record checks out but whose numbers do not (a wrong export): refused at open."""
+    import onnx
+
+    from softknn.encoder import Encoder
+    from softknn.onnx_forward import _sha256
+
+    model = onnx.load(str(onnx_encoder.onnx.path))
+    init = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 1
+                and onnx.numpy_helper.to_array(t).size == 384)
+    arr = onnx.numpy_helper.to_array(init).copy()
+    arr[0] += 1e-2  # one bias or norm weight, off by 0.01
+    init.CopyFrom(onnx.numpy_helper.from_array(arr, init.name))
+    path = tmp_path / onnx_encoder.onnx.path.name
+    onnx.save(model, str(path))
+    meta = json.loads(onnx_encoder.onnx.sidecar.read_text()) | {"sha256": _sha256(path)}
+    path.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(ModelRuntimeError, match=r"differs from torch by .* \(> 0.0001\)"):
+        Encoder(runtime="onnx", onnx_cache=tmp_path)
+
+
+def test_bundles_of_other_numerics_are_refused(encoder, sample_bundle):
+    int8 = SimpleNamespace(runtime="onnx", precision="int8")
+    with pytest.raises(BundleError, match="built with torch fp32 numerics, but the model runs onnx int8"):
+        check_numerics(sample_bundle.manifest, int8, sample_bundle.path)
+    foreign = copy.copy(sample_bundle)
+    foreign.manifest = copy.deepcopy(sample_bundle.manifest)
+    foreign.manifest["model"] |= {"runtime": "onnx", "precision": "int8"}
+    with pytest.raises(BundleError, match="built with onnx int8 numerics, but the model runs torch fp32"):
+        Engine(encoder, foreign)
+    legacy = copy.deepcopy(sample_bundle.manifest)  # before issue 16: no runtime recorded = torch fp32
+    del legacy["model"]["runtime"], legacy["model"]["precision"]
+    check_numerics(legacy, encoder.info, sample_bundle.path)
+
+
+@pytest.mark.slow  # a whole sample-KB build
+def test_the_builder_records_its_runtime_and_onnx_kv_equal_torch_kv(onnx_encoder, sample_bundle_path, sample_kb,
+                                                                     tmp_path):
+    from index_builder.pipeline import BuildConfig, build_bundle
+
+    build_bundle(sample_kb, tmp_path / "b", BuildConfig(), onnx_encoder, progress=False)
+    built = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    ref = json.loads((sample_bundle_path / "manifest.json").read_text())
+    assert (built["model"]["runtime"], built["model"]["precision"]) == ("onnx", "fp32")
+    assert (ref["model"]["runtime"], ref["model"]["precision"]) == ("torch", "fp32")
+    assert built["counts"] == ref["counts"]
+    for name in ("kv_keys.npy", "kv_values.npy", "embeddings.npy"):
+        if (sample_bundle_path / name).exists():
+            a = np.load(sample_bundle_path / name).astype(np.float32)
+            b = np.load(tmp_path / "b" / name).astype(np.float32)
+            assert a.shape == b.shape and float(np.abs(a - b).max()) <= TOLERANCE, name
+
+
+def test_int8_needs_the_onnx_runtime():
+    from pydantic import ValidationError
+
+    from softknn.settings import Settings
+
+    with pytest.raises(ValidationError, match="model.precision=int8 needs model.runtime=onnx"):
+        Settings(model={"precision": "int8"})
+    assert Settings(model={"runtime": "onnx", "precision": "int8"}).model.precision == "int8"

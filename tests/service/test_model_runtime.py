@@ -1,0 +1,68 @@
+"""model.runtime in the service (issue 16): /v1/index and /metrics name it; onnx serves `exact: true`
+answers equal to torch's; an export that fails verification keeps the service from starting."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from tests.service.conftest import wait_ready
+
+BODY = {"inputs": ["Can I take my bicycle on the morning boat?", "refund"], "exact": True, "k": 8, "evidence": 3}
+
+
+def test_index_and_metrics_name_the_torch_runtime(inproc):
+    r = inproc.get("/v1/index")
+    assert r.status_code == 200
+    assert r.json()["runtime"] == {"name": "torch", "precision": "fp32", "verified_max_abs_diff": None}
+    metrics = inproc.get("/metrics").text
+    assert 'runtime="torch"' in metrics and 'precision="fp32"' in metrics
+    assert next(line for line in metrics.splitlines() if line.startswith("softknn_model_info{")).endswith(" 1.0")
+
+
+def _close(a, b, path="r"):
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for k in a:
+            _close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _close(x, y, f"{path}[{i}]")
+    elif isinstance(a, float):
+        assert b == pytest.approx(a, abs=1e-4), path
+    elif path.endswith("request_id"):
+        return
+    else:
+        assert a == b, path
+
+
+def test_the_onnx_setting_serves_exact_answers_equal_to_torch(inproc, make_settings, tmp_path):
+    settings = make_settings(model={"threads": 1, "runtime": "onnx", "onnx_cache": tmp_path})
+    with TestClient(create_app(settings)) as client:  # the app loads its own model with the setting
+        wait_ready(client, 300)
+        idx = client.get("/v1/index").json()
+        assert idx["runtime"]["name"] == "onnx" and idx["runtime"]["precision"] == "fp32"
+        assert 0 < idx["runtime"]["verified_max_abs_diff"] <= 1e-4
+        assert 'runtime="onnx"' in client.get("/metrics").text
+        got = client.post("/v1/infer", json=BODY)
+    want = inproc.post("/v1/infer", json=BODY)
+    assert got.status_code == want.status_code == 200
+    _close(got.json(), want.json())
+
+    # the same cache with the export tampered with: the service does not start, and says why
+    export = next(tmp_path.glob("*-fp32.onnx"))
+    data = bytearray(export.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    export.write_bytes(bytes(data))
+    with TestClient(create_app(settings)) as client:
+        end = time.monotonic() + 300
+        while (r := client.get("/healthz")).status_code == 200 and time.monotonic() < end:
+            time.sleep(0.2)  # startup (model load, then the export's checks) runs in the background
+        assert r.status_code == 503
+        assert "modified after it was written" in r.json()["error"]["message"]
+    shutil.rmtree(tmp_path, ignore_errors=True)
