@@ -66,6 +66,9 @@ def build(
     overlap: Annotated[int, typer.Option(help="tokens shared by consecutive chunks")] = 32,
     batch_size: Annotated[int, typer.Option(help="chunks per model pass")] = 32,
     kv_dtype: Annotated[str, typer.Option(help="float32 | float16 for stored keys/values")] = "float32",
+    memory: Annotated[str, typer.Option(help="memory representation: kv (stored K/V) | hidden | hidden-fp16 | "
+                                             "hidden-int8 (layer-L input states; K/V projected at query time) | "
+                                             "recompute (nothing stored; layers 0..L rerun)")] = "kv",
     id_field: Annotated[str, typer.Option(help="record field/column holding the id")] = "id",
     text_field: Annotated[str, typer.Option(help="record field/column holding the text")] = "text",
     label_field: Annotated[str, typer.Option(help="record field/column holding the label")] = "label",
@@ -77,17 +80,20 @@ def build(
     from index_builder.pipeline import BuildConfig, build_bundle
     from index_builder.reader import Fields
 
+    from softknn.memory_repr import check_kind
+
     try:
+        check_kind(memory)  # before the model loads: a typo fails at once
         settings = _settings(model__name=model)
         cfg = BuildConfig(layer=layer, index_type=index, chunk_tokens=chunk_tokens, overlap=overlap,
-                          batch_size=batch_size, kv_dtype=kv_dtype, lexical=lexical,
+                          batch_size=batch_size, kv_dtype=kv_dtype, memory=memory, lexical=lexical,
                           fields=Fields(id=id_field, text=text_field, label=label_field))
         manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
     c = manifest["counts"]
     typer.echo(f"built {out}: version {manifest['version_id']}, {c['chunks']} chunks, {c['tokens']} memory tokens, "
-               f"index {manifest['index']['kind']} ({manifest['index']['reason']})")
+               f"index {manifest['index']['kind']} ({manifest['index']['reason']}), memory {manifest['memory']}")
 
 
 @app.command("add-lexical")
@@ -111,16 +117,18 @@ def verify(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> 
         m = verify_bundle(bundle)
     except SoftKNNError as e:
         _fail(e)
-    typer.echo(f"ok: {bundle} version {m['version_id']}, {len(m['files'])} files verified")
+    typer.echo(f"ok: {bundle} version {m['version_id']}, {len(m['files'])} files verified, memory {m.get('memory', 'kv')}")
 
 
 @app.command()
 def info(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> None:
-    """Print a bundle's manifest summary as JSON (no checksum pass; see `verify`)."""
+    """Print a bundle's manifest as JSON, with `memory_summary` (its memory's kind and bytes per chunk); no checksum pass (see `verify`)."""
     from softknn.bundle import read_manifest
+    from softknn.memory_repr import memory_summary
 
     try:
         m = read_manifest(bundle)
+        m = {**m, "memory": m.get("memory", "kv"), "memory_summary": memory_summary(m)}
     except SoftKNNError as e:
         _fail(e)
     typer.echo(json.dumps(m, indent=2, sort_keys=True))
