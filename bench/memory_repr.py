@@ -169,14 +169,14 @@ def plot(res: dict, path: Path) -> None:
         x = np.arange(len(kinds)) + (0.2 if ds == "banking77" else -0.2)
         axes[0].bar(x, [max(r[k]["memory_bytes_per_chunk"], 1) for k in kinds], 0.4, label=ds, color=color)
         for i, k in enumerate(kinds):
-            axes[0].annotate(f"{r[k]['ratio_vs_kv']}×" if k != "kv" else "1×", (x[i], max(r[k]["memory_bytes_per_chunk"], 1)),
+            axes[0].annotate("0 B" if not r[k]["memory_bytes_per_chunk"] else f"{r[k]['ratio_vs_kv']}×", (x[i], max(r[k]["memory_bytes_per_chunk"], 1)),
                              ha="center", va="bottom", fontsize=7)
         for j, kk in enumerate(KS):
             axes[1].plot(kinds, [r[k][f"p50_ms_k{kk}"] for k in kinds], marker="o", ls="-" if j == 0 else "--",
                          color=color, label=f"{ds} k={kk}")
         axes[2].bar(x, [max(r[k]["max_abs_delta"], 1e-9) for k in kinds], 0.4, color=color, label=ds)
     axes[0].set(yscale="log", ylabel="memory bytes per chunk (log)", title="memory on disk (ratio to kv)")
-    axes[1].set(ylabel="p50 ms, one short input", title="Engine.infer latency")
+    axes[1].set(yscale="log", ylabel="p50 ms, one short input (log)", title="Engine.infer latency (exact search)")
     axes[2].set(yscale="log", ylabel="max |Δ fused embedding| vs kv", title="output difference (1e-9 = exact)")
     axes[2].axhline(1e-5, color="grey", ls=":", lw=1)
     axes[2].axhline(1e-3, color="grey", ls="--", lw=1)
@@ -192,7 +192,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=11, help="latency samples per arm and k")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
     args = ap.parse_args()
+    if args.plot_only:
+        plot(json.loads((RESULTS / "memory_repr.json").read_text()), RESULTS / "memory_repr.png")
+        return
     torch.set_num_threads(args.threads)
     WORK.mkdir(parents=True, exist_ok=True)
     enc = Encoder()
