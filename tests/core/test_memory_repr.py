@@ -161,6 +161,7 @@ def _cli(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # three CLI processes, each loading the model
 def test_cli_info_reports_memory_and_bad_memory_is_refused(bundles, tmp_path):
     info = _cli("info", bundles["hidden-int8"])
     assert info.returncode == 0, info.stderr
