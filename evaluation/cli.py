@@ -45,6 +45,7 @@ def prepare_validation(kb: Path, fields, bundle_manifest: dict, work: Path, enco
     cfg = BuildConfig(layer=bundle_manifest["memory_layer"] if layer is None else layer,
                       index_type=bundle_manifest["index"]["kind"], chunk_tokens=b["chunk_tokens"],
                       overlap=b["overlap"], batch_size=b["batch_size"], kv_dtype=bundle_manifest["kv_dtype"],
+                      memory=bundle_manifest.get("memory", "kv"),
                       fields=Fields(), lexical=bool(bundle_manifest.get("lexical")))
     split = {"kb": str(Path(kb).resolve()), "fraction": fraction, "seed": seed, "n_rest": len(rest),
              "n_held": len(held), "layer": cfg.layer, "kv_dtype": cfg.kv_dtype, "chunk_tokens": cfg.chunk_tokens,

@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from index_builder.chunker import Chunk, chunk_documents
 from index_builder.reader import Fields, read_kb
-from softknn.bundle import DATA_FILES, atomic_write_bytes, finalize, verify_bundle
+from softknn.bundle import atomic_write_bytes, data_files, finalize, verify_bundle
 from softknn.encoder import Encoder
 from softknn.errors import BundleError, KBFormatError
 from evaluation.calibration import calibrate_loo
@@ -31,6 +31,7 @@ from softknn.engine import InferParams
 from softknn.lexical import LexicalIndex, LexicalSpec
 from softknn.retrieval import CANDIDATES
 from softknn.memory import build_index, choose_index
+from softknn.memory_repr import HIDDEN_DTYPES, check_kind, int8_scale, quantize_int8
 
 log = logging.getLogger(__name__)
 KV_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -48,7 +49,8 @@ class BuildConfig:
     chunk_tokens: int | None = None  # default: the model's max_seq_length − 8 (room for specials)
     overlap: int = 32
     batch_size: int = 32
-    kv_dtype: str = "float32"
+    kv_dtype: str = "float32"  # of stored K/V (memory "kv" only)
+    memory: str = "kv"  # the memory representation: softknn.memory_repr.MEMORY_KINDS
     fields: Fields = field(default_factory=Fields)
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
     calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (evaluation.calibration)
@@ -61,7 +63,7 @@ def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: i
     if encoder.info.precision != "fp32":  # shards of other numerics must not be resumed into this build
         h.update(encoder.info.precision.encode())
     settings = {"layer": layer, "chunk_tokens": cfg.chunk_tokens, "overlap": cfg.overlap,
-                "batch_size": cfg.batch_size, "kv_dtype": cfg.kv_dtype}
+                "batch_size": cfg.batch_size, "kv_dtype": cfg.kv_dtype, "memory": cfg.memory}
     h.update(json.dumps(settings, sort_keys=True).encode())
     for c in chunks:
         h.update(json.dumps(c.record(), sort_keys=True, ensure_ascii=False).encode())
@@ -114,24 +116,33 @@ def _write_error(e: OSError, parent: Path) -> BundleError:
 
 
 def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: int, cfg: BuildConfig) -> dict[str, np.ndarray]:
-    """One model pass over one batch of chunk texts: embeddings, and the layer-`layer` keys, values
-    and document char spans of every memory token (`starts`: each chunk's first char in its document).
-    Returns the shard's arrays by name (each is written as NAME.npy). The same call runs here and on
-    Ray workers (index_builder/distributed.py), which carry whatever arrays it returns."""
-    dtype = KV_DTYPES[cfg.kv_dtype]
+    """One model pass over one batch of chunk texts: embeddings, the document char spans of every
+    memory token (`starts`: each chunk's first char in its document) and the memory (layer-`layer`
+    K/V; or layer L's input states in float32 — quantised only in _assemble, which sees every batch —
+    or nothing for `recompute`). Returns the arrays by name (each is written as NAME.npy). The same
+    call runs here and on Ray workers (index_builder/distributed.py), which carry whatever it returns."""
     batch = encoder.tokenize(list(texts), truncate=True)
-    plain = encoder.forward_plain(batch, capture_layer=layer)
+    hidden = cfg.memory.startswith("hidden")
+    plain = encoder.forward_plain(batch, capture_layer=layer, keep_hidden=hidden)
     memory = ~batch.special  # (B, T) non-special, non-pad tokens are memory tokens
-    keys, values, spans, counts = [], [], [], []
+    keys, values, states, spans, counts = [], [], [], [], []
     for b, start in enumerate(starts):
         idx = memory[b].nonzero().flatten()
-        keys.append(plain.key[b][:, idx].transpose(0, 1).cpu().numpy())  # (n, nh, hs)
-        values.append(plain.value[b][:, idx].transpose(0, 1).cpu().numpy())
+        if cfg.memory == "kv":
+            keys.append(plain.key[b][:, idx].transpose(0, 1).cpu().numpy())  # (n, nh, hs)
+            values.append(plain.value[b][:, idx].transpose(0, 1).cpu().numpy())
+        elif hidden:
+            states.append(plain.hidden_states[layer][b, idx].float().cpu().numpy())  # (n, C): layer L's input
         spans.append(batch.offsets[b, idx].numpy().astype(np.int64) + start)  # doc char spans
         counts.append(len(idx))
-    return {"emb": plain.embedding.float().cpu().numpy(), "counts": np.asarray(counts, dtype=np.int64),
-            "keys": np.concatenate(keys).astype(dtype), "values": np.concatenate(values).astype(dtype),
-            "spans": np.concatenate(spans)}
+    out = {"emb": plain.embedding.float().cpu().numpy(), "counts": np.asarray(counts, dtype=np.int64)}
+    if cfg.memory == "kv":
+        dtype = KV_DTYPES[cfg.kv_dtype]
+        out["keys"], out["values"] = np.concatenate(keys).astype(dtype), np.concatenate(values).astype(dtype)
+    elif hidden:
+        out["hidden"] = np.concatenate(states).astype(np.float32)
+    out["spans"] = np.concatenate(spans)
+    return out
 
 
 def write_shard(shard: Path, rows: list[int], arrays: dict[str, np.ndarray]) -> None:
@@ -149,7 +160,8 @@ def _encode_shard(encoder: Encoder, chunks: list[Chunk], rows: list[int], layer:
     write_shard(shard, rows, arrays)
 
 
-def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, dim: int, dtype, tmp: Path) -> int:
+def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, dim: int, dtype, tmp: Path,
+              memory_kind: str = "kv") -> int:
     """Concatenate shards into chunk order; returns the number of memory tokens."""
     n = len(chunks)
     shards = [work / f"shard-{s:06d}" for s in range(n_shards)]
@@ -163,20 +175,39 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
     start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     ntok = int(counts.sum())
     emb = _open_memmap(tmp / "embeddings.npy", np.float32, (n, dim))
-    keys = _open_memmap(tmp / "kv_keys.npy", dtype, (ntok, nh, hs))
-    vals = _open_memmap(tmp / "kv_values.npy", dtype, (ntok, nh, hs))
     spans = _open_memmap(tmp / "token_spans.npy", np.int64, (ntok, 2))
+    # the memory: name in the shard -> (bundle array, how a shard's rows are converted)
+    mem: dict[str, tuple[np.ndarray, object]] = {}
+    if memory_kind == "kv":
+        mem["keys.npy"] = (_open_memmap(tmp / "kv_keys.npy", dtype, (ntok, nh, hs)), None)
+        mem["values.npy"] = (_open_memmap(tmp / "kv_values.npy", dtype, (ntok, nh, hs)), None)
+    elif memory_kind != "recompute":
+        convert = None
+        if memory_kind == "hidden-int8":  # one scale per channel needs every shard's max first
+            absmax = np.zeros(nh * hs, dtype=np.float32)
+            for sh in shards:
+                h = np.load(sh / "hidden.npy", mmap_mode="r")
+                if len(h):
+                    absmax = np.maximum(absmax, np.abs(h).max(0))
+            scale = int8_scale(absmax)
+            _save(tmp / "mem_hidden_scale.npy", scale)
+            convert = lambda x: quantize_int8(np.asarray(x), scale)  # noqa: E731
+        mem["hidden.npy"] = (_open_memmap(tmp / "mem_hidden.npy", HIDDEN_DTYPES[memory_kind], (ntok, nh * hs)), convert)
     for s, sh in enumerate(shards):
         rows = np.load(sh / "rows.npy")
-        e, k, v, sp = (np.load(sh / f, mmap_mode="r") for f in ("emb.npy", "keys.npy", "values.npy", "spans.npy"))
+        e, sp = (np.load(sh / f, mmap_mode="r") for f in ("emb.npy", "spans.npy"))
+        src = {name: np.load(sh / name, mmap_mode="r") for name in mem}
         for b, r in enumerate(rows.tolist()):
             _, f = where[r]
             c, dst = counts[r], start[r]
             emb[r] = e[b]
-            keys[dst : dst + c], vals[dst : dst + c], spans[dst : dst + c] = k[f : f + c], v[f : f + c], sp[f : f + c]
-    for arr in (emb, keys, vals, spans):
+            spans[dst : dst + c] = sp[f : f + c]
+            for name, (arr, convert) in mem.items():
+                x = src[name][f : f + c]
+                arr[dst : dst + c] = convert(x) if convert else x
+    for arr in (emb, spans, *(a for a, _ in mem.values())):
         arr.flush()
-    del emb, keys, vals, spans
+    del emb, spans, mem, src
     _save(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1))
     return ntok
 
@@ -207,6 +238,11 @@ def build_bundle(
         raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)}")
     if cfg.shards < 1:
         raise ValueError(f"shards must be ≥ 1, got {cfg.shards}")
+    if cfg.shards > 1 and cfg.memory != "kv":  # shards slice the stored K/V; the others are not sliced yet
+        raise ValueError(f"shards apply to memory 'kv' only for now, not {cfg.memory!r}")
+    check_kind(cfg.memory)
+    if cfg.memory != "kv" and cfg.kv_dtype != "float32":
+        raise ValueError(f"kv_dtype {cfg.kv_dtype!r} applies to memory 'kv' only; memory {cfg.memory!r} sets its own dtype")
     docs = read_kb(kb, cfg.fields)
     chunks = chunk_documents(docs, encoder.tokenizer, chunk_tokens, cfg.overlap)
     if not chunks:
@@ -252,7 +288,7 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
     tmp.mkdir()
     try:
         info = encoder.info
-        ntok = _assemble(work, len(batches), chunks, info.num_heads, info.head_dim, info.dim, dtype, tmp)
+        ntok = _assemble(work, len(batches), chunks, info.num_heads, info.head_dim, info.dim, dtype, tmp, cfg.memory)
         xb = np.load(tmp / "embeddings.npy")
         spec = choose_index(len(chunks), info.dim, cfg.index_type, cfg.index_params)
         # serialize + Python write, not faiss.write_index: a full disk then raises OSError with errno
@@ -320,7 +356,7 @@ def add_lexical(bundle: Path) -> dict:
     tmp = bundle.parent / f".{bundle.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        for name in DATA_FILES:
+        for name in data_files({**manifest, "lexical": None}):
             try:
                 os.link(bundle / name, tmp / name)
             except OSError:
@@ -358,6 +394,7 @@ def _manifest(kb, cfg, encoder, layer, spec, docs, chunks, ntok, plan) -> dict:
         "memory_layer": layer,
         "index": {"kind": spec.kind, "params": spec.params, "reason": spec.reason},
         "kv_dtype": cfg.kv_dtype,
+        "memory": cfg.memory,
         "counts": {"docs": len(docs), "chunks": len(chunks), "tokens": ntok, "labelled_chunks": sum(labels.values())},
         "labels": sorted(labels),
         "label_counts": dict(sorted(labels.items())),

@@ -285,6 +285,8 @@ class BundleSummary(_Out):
     memory_layer: int
     index: dict[str, Any]
     kv_dtype: str
+    memory: dict[str, Any] = Field(description="the memory representation (kv, hidden, hidden-fp16, hidden-int8, "
+                                               "recompute): kind, files, bytes, bytes_per_chunk")
     counts: dict[str, int]
     labels: list[str]
     calibration: dict[str, Any]

@@ -7,6 +7,8 @@ A bundle is one directory:
     index.faiss        FAISS index over embeddings.npy
     kv_keys.npy        (Ntok, nh, hs) layer-L keys of every chunk's non-special tokens
     kv_values.npy      (Ntok, nh, hs) values
+                       (these two for the default memory `kv`; the manifest's `memory` names
+                       another representation and its files: softknn.memory_repr)
     chunk_tokens.npy   (N, 2) int64: first row in kv_* and token count of each chunk
     token_spans.npy    (Ntok, 2) int64: each memory token's char span in its document
     chunks.jsonl       per chunk: chunk_id, doc_id, text, start, end (char span), label, metadata
@@ -31,24 +33,18 @@ import numpy as np
 
 from softknn.errors import BundleError
 from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
-from softknn.memory import ChunkIndex, IndexSpec, KVStore
+from softknn.memory import ChunkIndex, IndexSpec
+from softknn.memory_repr import MEMORY_FILES, MemoryStore, load_memory, memory_files, memory_summary
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-DATA_FILES = (
-    "embeddings.npy",
-    "index.faiss",
-    "kv_keys.npy",
-    "kv_values.npy",
-    "chunk_tokens.npy",
-    "token_spans.npy",
-    "chunks.jsonl",
-)
+CORE_FILES = ("embeddings.npy", "index.faiss", "chunk_tokens.npy", "token_spans.npy", "chunks.jsonl")
+DATA_FILES = CORE_FILES[:2] + MEMORY_FILES["kv"] + CORE_FILES[2:]  # a bundle of the default memory `kv`
 
 
 def data_files(manifest: dict) -> tuple[str, ...]:
-    """Every file the bundle must hold: the core files, and the lexical index's if the manifest has one."""
-    return DATA_FILES + (LEXICAL_FILES if manifest.get("lexical") else ())
+    """Every file the bundle must hold: the core files, its memory's, and the lexical index's if it has one."""
+    return CORE_FILES[:2] + memory_files(manifest) + CORE_FILES[2:] + (LEXICAL_FILES if manifest.get("lexical") else ())
 
 
 def sha256_file(path: Path, bufsize: int = 1 << 22) -> str:
@@ -175,7 +171,7 @@ class Bundle:
     path: Path
     manifest: dict
     index: ChunkIndex
-    kv: KVStore
+    kv: MemoryStore  # the memory layer's K/V source, whatever the representation (softknn.memory_repr)
     chunks: list[dict]
     token_spans: np.ndarray  # (Ntok, 2)
     labels: list[str] = field(default_factory=list)
@@ -210,6 +206,7 @@ def bundle_summary(path: Path, m: dict) -> dict:
         "memory_layer": m["memory_layer"],
         "index": m["index"],
         "kv_dtype": m["kv_dtype"],
+        "memory": memory_summary(m),
         "counts": m["counts"],
         "labels": m.get("labels", []),
         "calibration": m.get("calibration", {}),
@@ -270,12 +267,12 @@ def load_bundle(
     except RuntimeError as e:
         raise BundleError(f"{path / 'index.faiss'}: not a FAISS index ({str(e).strip().splitlines()[-1]})") from e
     ct = np.asarray(load("chunk_tokens.npy"))
-    kv = KVStore(load("kv_keys.npy"), load("kv_values.npy"), ct[:, 0], ct[:, 1])
     try:
         with open(path / "chunks.jsonl", encoding="utf-8") as f:
             chunks = [json.loads(line) for line in f]
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BundleError(f"{path / 'chunks.jsonl'}: unreadable: {e}") from e
+    kv = load_memory(path, manifest, load, ct, [c["text"] for c in chunks])
     n = manifest["counts"]["chunks"]
     if not (len(chunks) == n == xb.shape[0] == index.ntotal == len(ct)):
         raise BundleError(f"{path}: inconsistent chunk counts (manifest {n}, chunks {len(chunks)}, index {index.ntotal})")

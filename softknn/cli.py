@@ -74,6 +74,9 @@ def build(
     overlap: Annotated[int, typer.Option(help="tokens shared by consecutive chunks")] = 32,
     batch_size: Annotated[int, typer.Option(help="chunks per model pass")] = 32,
     kv_dtype: Annotated[str, typer.Option(help="float32 | float16 for stored keys/values")] = "float32",
+    memory: Annotated[str, typer.Option(help="memory representation: kv (stored K/V) | hidden | hidden-fp16 | "
+                                             "hidden-int8 (layer-L input states; K/V projected at query time) | "
+                                             "recompute (nothing stored; layers 0..L rerun)")] = "kv",
     id_field: Annotated[str, typer.Option(help="record field/column holding the id (missing: ids are filled in "
                                                 "as <file>-<row>)")] = "id",
     text_field: Annotated[Optional[str], typer.Option(
@@ -100,7 +103,12 @@ def build(
     try:
         fields, notes = resolve_fields(kb, Fields(id=id_field, text=text_field or "text", label=label_field),
                                        text_given=text_field is not None)
-    except SoftKNNError as e:
+        from softknn.memory_repr import check_kind
+
+        check_kind(memory)  # a typo fails before the model loads
+        if shards > 1 and memory != "kv":
+            raise ValueError(f"--shards applies to memory 'kv' only for now, not {memory!r} (docs/scale.md)")
+    except (SoftKNNError, ValueError) as e:
         _fail(e)
     for n in notes:
         _note(n)
@@ -116,7 +124,7 @@ def build(
             encode = RayEncode(address, workers=ray_workers, progress=progress)
         settings = _settings(model__name=model)
         cfg = BuildConfig(layer=layer, index_type=index, chunk_tokens=chunk_tokens, overlap=overlap,
-                          batch_size=batch_size, kv_dtype=kv_dtype, lexical=lexical, shards=shards,
+                          batch_size=batch_size, kv_dtype=kv_dtype, memory=memory, lexical=lexical, shards=shards,
                           fields=fields)
         manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress, encode=encode)
     except (SoftKNNError, ValueError) as e:
@@ -124,7 +132,7 @@ def build(
     c = manifest["counts"]
     sharded = f", {len(manifest['shards'])} shards" if manifest.get("shards") else ""
     typer.echo(f"built {out}: version {manifest['version_id']}, {c['chunks']} chunks{sharded}, {c['tokens']} memory tokens, "
-               f"index {manifest['index']['kind']} ({manifest['index']['reason']})")
+               f"index {manifest['index']['kind']} ({manifest['index']['reason']}), memory {manifest['memory']}")
     _report_loo(manifest.get("calibration") or {})
     if encode is not None and encode.workers_used:
         typer.echo(f"encoded with Ray Data: {encode.workers_used} workers on {len(encode.nodes)} node(s)")
@@ -169,17 +177,19 @@ def verify(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> 
     except SoftKNNError as e:
         _fail(e)
     sharded = f" in {len(m['shards'])} shards" if m.get("shards") else ""
-    typer.echo(f"ok: {bundle} version {m['version_id']}, {len(m['files'])} files verified{sharded}")
+    typer.echo(f"ok: {bundle} version {m['version_id']}, {len(m['files'])} files verified{sharded}, memory {m.get('memory', 'kv')}")
 
 
 @app.command(cls=Command)
 def info(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> None:
-    """Print a bundle's manifest summary as JSON (no checksum pass; see `verify`)."""
+    """Print a bundle's manifest as JSON, with `memory_summary` (its memory's kind and bytes per chunk); no checksum pass (see `verify`)."""
     need_bundle(bundle)
     from softknn.bundle import read_manifest
+    from softknn.memory_repr import memory_summary
 
     try:
         m = read_manifest(bundle)
+        m = {**m, "memory": m.get("memory", "kv"), "memory_summary": memory_summary(m)}
     except SoftKNNError as e:
         _fail(e)
     typer.echo(json.dumps(m, indent=2, sort_keys=True))

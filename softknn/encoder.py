@@ -380,3 +380,43 @@ class Encoder:
             hidden = layer(hidden, attention_mask=mask4d)
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden
         return hidden  # (B, T, C)
+
+    # --- compact memory (issue 14): K/V from the memory layer's input, or recomputed ------------
+    def project_kv(self, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (n, nh, hs) = the layer's own key/value Linear on its input hidden states (n, C).
+
+        The same tensors `_CaptureKV` records at that layer (BertSelfAttention: `key(h)` viewed as
+        (…, nh, hs), unscaled; the 1/√hs scaling lives in the attention function), up to the
+        round-off of a GEMM of another shape.
+        """
+        attn = self._attn[layer]
+        if not (isinstance(getattr(attn, "key", None), torch.nn.Linear) and isinstance(getattr(attn, "value", None), torch.nn.Linear)):
+            raise UnsupportedModel(f"{self.path}: layer {layer}'s attention has no key/value Linear to project "
+                                   "hidden states with; build with --memory kv")
+        nh, hs = self.info.num_heads, self.info.head_dim
+        with torch.inference_mode():
+            h = hidden.to(self.device, attn.key.weight.dtype)  # (n, C)
+            return attn.key(h).view(-1, nh, hs), attn.value(h).view(-1, nh, hs)  # (n, nh, hs) each
+
+    @torch.inference_mode()
+    def capture_kv(self, batch: TokenBatch, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """key, value (B, nh, T, hs) at layer `layer`, running layers 0..layer only: the capture hook
+        stops the pass once it has them (the `recompute` memory; same code path as the build's capture)."""
+        hook = _StopAfterCapture(self._attn[layer])
+        try:
+            with _bind(hook):
+                self.model(**batch.features, return_dict=True)
+        except _Captured:
+            pass
+        assert hook.key is not None, "the capture layer never ran"
+        return hook.key, hook.value
+
+
+class _Captured(Exception):
+    """Raised by _StopAfterCapture to end a forward pass at the capture layer."""
+
+
+class _StopAfterCapture(_CaptureKV):
+    def __call__(self, module, query, key, value, attention_mask, **kwargs):
+        self.query, self.key, self.value = query, key, value
+        raise _Captured

@@ -135,6 +135,7 @@ class Engine:
         self.encoder = encoder
         self.bundle = bundle
         self.layer = encoder.check_layer(bundle.memory_layer)
+        bundle.kv.attach(encoder, self.layer)  # a hidden-state or recompute memory computes K/V with this model
 
     # --- retrieval ----------------------------------------------------------------------------
     def resolve(self, params: list[InferParams]) -> list[InferParams]:

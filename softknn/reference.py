@@ -43,6 +43,7 @@ def reference_embedding(encoder: Encoder, bundle: Bundle, text: str, *, alpha: f
     w = knn_weights(st, torch.ones_like(st, dtype=torch.bool), temperature, kernel)[0].tolist()
     rows = [c for c, wc in zip(order, w, strict=True) if wc > 0]
     w = [wc for wc in w if wc > 0]
+    bundle.kv.attach(encoder, encoder.check_layer(bundle.memory_layer))
     chunks = [bundle.kv.chunk(c) for c in rows]
     batch = encoder.tokenize([text])
 

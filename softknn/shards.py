@@ -192,6 +192,12 @@ class _KV:
         self.owner, self.start, self.count = owner, start, count
         self.num_heads, self.head_dim = nh, hs
 
+    def attach(self, encoder, layer: int) -> None:
+        """Nothing to attach: a sharded bundle's memory is stored K/V (memory 'kv'; see the builder)."""
+        if self.owner.manifest.get("memory", "kv") != "kv":
+            raise BundleError(f"{self.owner.path}: a sharded bundle serves memory 'kv' only, not "
+                              f"{self.owner.manifest['memory']!r}")
+
     def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
         """The MemoryBatch one store's `gather` builds: S = max |R|, Lm = the longest chunk, each
         chunk's rows fetched from its shard and placed in its (input, slot)."""

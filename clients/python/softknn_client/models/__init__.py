@@ -5,6 +5,7 @@ from .bundle_summary_calibration import BundleSummaryCalibration
 from .bundle_summary_counts import BundleSummaryCounts
 from .bundle_summary_index import BundleSummaryIndex
 from .bundle_summary_lexical import BundleSummaryLexical
+from .bundle_summary_memory import BundleSummaryMemory
 from .bundle_summary_model import BundleSummaryModel
 from .diagnostics import Diagnostics
 from .diagnostics_mixing import DiagnosticsMixing
@@ -44,6 +45,7 @@ __all__ = (
     "BundleSummaryCounts",
     "BundleSummaryIndex",
     "BundleSummaryLexical",
+    "BundleSummaryMemory",
     "BundleSummaryModel",
     "Diagnostics",
     "DiagnosticsMixing",

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from ..models.bundle_summary_counts import BundleSummaryCounts
     from ..models.bundle_summary_index import BundleSummaryIndex
     from ..models.bundle_summary_lexical import BundleSummaryLexical
+    from ..models.bundle_summary_memory import BundleSummaryMemory
     from ..models.bundle_summary_model import BundleSummaryModel
 
 
@@ -28,6 +29,8 @@ class BundleSummary:
         kv_dtype (str):
         labels (list[str]):
         lexical (BundleSummaryLexical): the BM25 index: available, default_retrieval, settings, bytes
+        memory (BundleSummaryMemory): the memory representation (kv, hidden, hidden-fp16, hidden-int8, recompute): kind,
+            files, bytes, bytes_per_chunk
         memory_layer (int):
         model (BundleSummaryModel):
         path (str):
@@ -42,6 +45,7 @@ class BundleSummary:
     kv_dtype: str
     labels: list[str]
     lexical: BundleSummaryLexical
+    memory: BundleSummaryMemory
     memory_layer: int
     model: BundleSummaryModel
     path: str
@@ -65,6 +69,8 @@ class BundleSummary:
 
         lexical = self.lexical.to_dict()
 
+        memory = self.memory.to_dict()
+
         memory_layer = self.memory_layer
 
         model = self.model.to_dict()
@@ -85,6 +91,7 @@ class BundleSummary:
                 "kv_dtype": kv_dtype,
                 "labels": labels,
                 "lexical": lexical,
+                "memory": memory,
                 "memory_layer": memory_layer,
                 "model": model,
                 "path": path,
@@ -100,6 +107,7 @@ class BundleSummary:
         from ..models.bundle_summary_counts import BundleSummaryCounts  # noqa: PLC0415
         from ..models.bundle_summary_index import BundleSummaryIndex  # noqa: PLC0415
         from ..models.bundle_summary_lexical import BundleSummaryLexical  # noqa: PLC0415
+        from ..models.bundle_summary_memory import BundleSummaryMemory  # noqa: PLC0415
         from ..models.bundle_summary_model import BundleSummaryModel  # noqa: PLC0415
 
         d = dict(src_dict)
@@ -124,6 +132,8 @@ class BundleSummary:
 
         lexical = BundleSummaryLexical.from_dict(d.pop("lexical"))
 
+        memory = BundleSummaryMemory.from_dict(d.pop("memory"))
+
         memory_layer = d.pop("memory_layer")
 
         model = BundleSummaryModel.from_dict(d.pop("model"))
@@ -141,6 +151,7 @@ class BundleSummary:
             kv_dtype=kv_dtype,
             labels=labels,
             lexical=lexical,
+            memory=memory,
             memory_layer=memory_layer,
             model=model,
             path=path,

@@ -1,0 +1,249 @@
+"""Compact memory (issue 14): every memory representation side by side, in one run.
+
+For one Banking77 KB and one ObliQA KB (fixed, seeded subsets: see SUBSETS), the same chunks are
+built once per representation (kv = stored float32 K/V, the reference; hidden; hidden-fp16;
+hidden-int8; recompute) and measured:
+
+  - bytes per chunk of the memory files on disk (manifest sizes / chunks), and the ratio to kv;
+  - p50 latency of Engine.infer for one short input at k = 8 and k = 32 (exact search, the arms
+    interleaved round-robin so the shared box's load hits them alike);
+  - max |Δ output| (fused embedding, exact: true, k = 8 and 32) against kv, over Q_DELTA queries;
+  - quality: Banking77 accuracy (the served prediction, the memory-mass readout and the two-round
+    requery with the fused embedding — the last two read the memory) and ObliQA dev nDCG@10 /
+    recall@10 of the evidence order (memory-mass) and of the requery, softknn.evaluation's metrics,
+    for every arm.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python bench/memory_repr.py        # writes bench/results/memory_repr.{json,png}
+
+Targets (issue 14): hidden ≥ 2× fewer bytes than kv with |Δ| ≤ 1e-5; the best lossy ≥ 8× fewer
+with |Δ| ≤ 1e-3 and quality within 0.1 point of kv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import RESULTS, write  # noqa: E402
+from index_builder.pipeline import BuildConfig, build_bundle  # noqa: E402
+from index_builder.reader import Fields  # noqa: E402
+from softknn.bundle import load_bundle  # noqa: E402
+from softknn.encoder import Encoder  # noqa: E402
+from softknn.engine import Engine, InferParams  # noqa: E402
+from softknn.evaluation import Query, Strategy, classification_metrics, retrieval_metrics, run_variants  # noqa: E402
+from softknn.memory_repr import MEMORY_KINDS  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path("/work/shared/data")
+OBLIQA = REPO / "artifacts-main" / "eval" / "obliqa"  # kb.jsonl + questions_val.jsonl (bench/obliqa_prepare.py)
+WORK = REPO / "artifacts" / "bench" / "memory_repr"  # the built bundles (ignored by git)
+SUBSETS = {"banking77_kb": 2000, "banking77_queries": 400, "obliqa_questions": 100, "obliqa_kb": 500, "seed": 0}
+Q_DELTA = 32
+SHORT = "I lost my card, can you block it?"
+KS = (8, 32)
+
+
+def banking77(work: Path) -> tuple[Path, list[Query]]:
+    rng = random.Random(SUBSETS["seed"])
+    with open(DATA / "banking77" / "train.csv", newline="") as f:
+        train = list(csv.DictReader(f))
+    with open(DATA / "banking77" / "test.csv", newline="") as f:
+        test = list(csv.DictReader(f))
+    kb = sorted(rng.sample(range(len(train)), SUBSETS["banking77_kb"]))
+    qs = sorted(rng.sample(range(len(test)), SUBSETS["banking77_queries"]))
+    path = work / "banking77.jsonl"
+    path.write_text("".join(json.dumps({"id": f"tr{i}", "text": train[i]["text"], "label": train[i]["category"]}) + "\n"
+                            for i in kb))
+    return path, [Query(f"te{i}", test[i]["text"], test[i]["category"]) for i in qs]
+
+
+def obliqa(work: Path) -> tuple[Path, list[Query]]:
+    """The first N dev questions' gold passages plus seeded other passages, up to obliqa_kb."""
+    rng = random.Random(SUBSETS["seed"])
+    questions = [json.loads(x) for x in (OBLIQA / "questions_val.jsonl").read_text().splitlines() if x.strip()]
+    questions = questions[: SUBSETS["obliqa_questions"]]
+    passages = [json.loads(x) for x in (OBLIQA / "kb.jsonl").read_text().splitlines() if x.strip()]
+    gold = {g for q in questions for g in q["gold_ids"]}
+    keep = [p for p in passages if p["ID"] in gold]
+    rest = [p for p in passages if p["ID"] not in gold]
+    keep += rng.sample(rest, max(0, SUBSETS["obliqa_kb"] - len(keep)))
+    keep.sort(key=lambda p: p["ID"])
+    path = work / "obliqa.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in keep))
+    return path, [Query(q["id"], q["text"], None, list(q["gold_ids"])) for q in questions]
+
+
+def build_all(enc: Encoder, kb: Path, name: str, fields: Fields, work: Path) -> dict[str, dict]:
+    out = {}
+    for kind in MEMORY_KINDS:
+        path = work / f"{name}-{kind}"
+        t0 = time.perf_counter()
+        m = build_bundle(kb, path, BuildConfig(memory=kind, fields=fields, lexical=False, calibrate=False), enc,
+                         force=True, progress=False)
+        bundle = load_bundle(path)
+        mem = bundle.summary()["memory"]
+        out[kind] = {"path": path, "engine": Engine(enc, bundle), "build_s": round(time.perf_counter() - t0, 1),
+                     "memory_bytes": mem["bytes"], "memory_bytes_per_chunk": mem["bytes_per_chunk"],
+                     "bundle_bytes_per_chunk": round(sum(f["bytes"] for f in m["files"].values()) / m["counts"]["chunks"], 1),
+                     "chunks": m["counts"]["chunks"], "tokens": m["counts"]["tokens"]}
+        print(f"  {name} {kind}: {mem['bytes_per_chunk']} B/chunk, built in {out[kind]['build_s']} s", flush=True)
+    return out
+
+
+def latency(arms: dict[str, dict], repeats: int) -> dict:
+    """p50 ms of Engine.infer([SHORT]) per arm and k, the arms interleaved round-robin."""
+    times = {kind: {k: [] for k in KS} for kind in arms}
+    for kind, a in arms.items():  # warm-up
+        a["engine"].infer([SHORT], [InferParams(k=KS[0], exact=True)])
+    for _ in range(repeats):
+        for k in KS:
+            for kind, a in arms.items():
+                t0 = time.perf_counter()
+                a["engine"].infer([SHORT], [InferParams(k=k, exact=True)])
+                times[kind][k].append(1000 * (time.perf_counter() - t0))
+    return {kind: {f"p50_ms_k{k}": round(statistics.median(v), 2) for k, v in t.items()} for kind, t in times.items()}
+
+
+def deltas(arms: dict[str, dict], texts: list[str]) -> dict:
+    """max |Δ fused embedding| against kv, exact: true, at each k; and whether the evidence ids agree."""
+    out = {kind: {} for kind in arms}
+    for k in KS:
+        params = [InferParams(k=k, exact=True, evidence=k)] * len(texts)
+        ref = arms["kv"]["engine"].infer(texts, params)
+        e_ref = np.array([r["embedding"] for r in ref])
+        for kind, a in arms.items():
+            got = ref if kind == "kv" else a["engine"].infer(texts, params)
+            out[kind][f"max_abs_delta_k{k}"] = float(np.abs(np.array([r["embedding"] for r in got]) - e_ref).max())
+            out[kind][f"same_evidence_k{k}"] = all([e["chunk_id"] for e in g["evidence"]] == [e["chunk_id"] for e in r["evidence"]]
+                                                   for g, r in zip(got, ref, strict=True))
+    for kind in arms:
+        out[kind]["max_abs_delta"] = max(out[kind][f"max_abs_delta_k{k}"] for k in KS)
+    return out
+
+
+def quality(arms: dict[str, dict], queries: list[Query], labelled: bool) -> dict:
+    """softknn.evaluation over the queries: the served readout and the two-round requery, per arm."""
+    out = {}
+    variants = [(InferParams(retrieval="dense"), Strategy()), (InferParams(retrieval="dense"), Strategy(rounds=2))]
+    for kind, a in arms.items():
+        t0 = time.perf_counter()
+        run = run_variants(a["engine"], queries, variants, depth=10, progress=False)
+        one, two = run.outcomes
+        if labelled:
+            gold = [q.label for q in queries]
+            out[kind] = {"accuracy": 100 * classification_metrics(gold, [o["prediction"] for o in one])["accuracy"],
+                         "mass_accuracy": 100 * classification_metrics(gold, [o["mass_prediction"] for o in one])["accuracy"],
+                         "requery_accuracy": 100 * classification_metrics(gold, [o["prediction"] for o in two])["accuracy"]}
+        else:
+            gold = [q.gold for q in queries]
+            m1 = retrieval_metrics([o["ranked"] for o in one], gold, (10,), 10)
+            m2 = retrieval_metrics([o["ranked"] for o in two], gold, (10,), 10)
+            out[kind] = {"ndcg@10": 100 * m1["ndcg@10"], "recall@10": 100 * m1["recall@10"],
+                         "requery_ndcg@10": 100 * m2["ndcg@10"], "requery_recall@10": 100 * m2["recall@10"]}
+        out[kind] = {k: round(v, 3) for k, v in out[kind].items()} | {"eval_s": round(time.perf_counter() - t0, 1)}
+        print(f"  quality {kind}: {out[kind]}", flush=True)
+    return out
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = list(MEMORY_KINDS)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ds, color in (("obliqa", "#4C72B0"), ("banking77", "#DD8452")):
+        r = res["datasets"][ds]["arms"]
+        x = np.arange(len(kinds)) + (0.2 if ds == "banking77" else -0.2)
+        axes[0].bar(x, [max(r[k]["memory_bytes_per_chunk"], 1) for k in kinds], 0.4, label=ds, color=color)
+        for i, k in enumerate(kinds):
+            axes[0].annotate("0 B" if not r[k]["memory_bytes_per_chunk"] else f"{r[k]['ratio_vs_kv']}×", (x[i], max(r[k]["memory_bytes_per_chunk"], 1)),
+                             ha="center", va="bottom", fontsize=7)
+        for j, kk in enumerate(KS):
+            axes[1].plot(kinds, [r[k][f"p50_ms_k{kk}"] for k in kinds], marker="o", ls="-" if j == 0 else "--",
+                         color=color, label=f"{ds} k={kk}")
+        axes[2].bar(x, [max(r[k]["max_abs_delta"], 1e-9) for k in kinds], 0.4, color=color, label=ds)
+    axes[0].set(yscale="log", ylabel="memory bytes per chunk (log)", title="memory on disk (ratio to kv)")
+    axes[1].set(yscale="log", ylabel="p50 ms, one short input (log)", title="Engine.infer latency (exact search)")
+    axes[2].set(yscale="log", ylabel="max |Δ fused embedding| vs kv", title="output difference (1e-9 = exact)")
+    axes[2].axhline(1e-5, color="grey", ls=":", lw=1)
+    axes[2].axhline(1e-3, color="grey", ls="--", lw=1)
+    for ax in axes:
+        ax.set_xticks(range(len(kinds)), kinds, rotation=20)
+        ax.legend(fontsize=7)
+    fig.suptitle("softknn memory representations (bench/memory_repr.py)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=11, help="latency samples per arm and k")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
+    args = ap.parse_args()
+    if args.plot_only:
+        plot(json.loads((RESULTS / "memory_repr.json").read_text()), RESULTS / "memory_repr.png")
+        return
+    torch.set_num_threads(args.threads)
+    WORK.mkdir(parents=True, exist_ok=True)
+    enc = Encoder()
+    res = {"subsets": SUBSETS, "short_input": SHORT, "ks": list(KS), "q_delta": Q_DELTA, "datasets": {}}
+    for name, make, fields, labelled in (("obliqa", obliqa, Fields(id="ID", text="Passage"), False),
+                                         ("banking77", banking77, Fields(), True)):
+        t0 = time.perf_counter()
+        kb, queries = make(WORK)
+        print(f"{name}: building {len(MEMORY_KINDS)} bundles", flush=True)
+        arms = build_all(enc, kb, name, fields, WORK)
+        lat = latency(arms, args.repeats)
+        dl = deltas(arms, [q.text for q in queries[:Q_DELTA]])
+        ql = quality(arms, queries, labelled)
+        kv_bytes = arms["kv"]["memory_bytes"]
+        res["datasets"][name] = {"queries": len(queries), "chunks": arms["kv"]["chunks"], "tokens": arms["kv"]["tokens"],
+                                 "seconds": round(time.perf_counter() - t0, 1), "arms": {
+            kind: {k: v for k, v in a.items() if k not in ("path", "engine")}
+            | {"ratio_vs_kv": round(kv_bytes / a["memory_bytes"], 3) if a["memory_bytes"] else None}
+            | lat[kind] | dl[kind] | {"quality": ql[kind],
+                                      "quality_delta_vs_kv": {m: round(ql[kind][m] - ql["kv"][m], 3) for m in ql[kind] if m != "eval_s"}}
+            for kind, a in arms.items()}}
+        print(json.dumps({k: {m: v[m] for m in ("memory_bytes_per_chunk", "ratio_vs_kv", "p50_ms_k8", "p50_ms_k32", "max_abs_delta")}
+                          for k, v in res["datasets"][name]["arms"].items()}, indent=1), flush=True)
+    res["targets"] = targets(res)
+    out = write("memory_repr", res)
+    plot(res, RESULTS / "memory_repr.png")
+    print(f"wrote {out}")
+    print(json.dumps(res["targets"], indent=1))
+
+
+def targets(res: dict) -> dict:
+    """The issue's targets, checked on both datasets; the best lossy = the fewest bytes with |Δ| ≤ 1e-3."""
+    t = {}
+    for name, d in res["datasets"].items():
+        a = d["arms"]
+        lossy = [k for k in ("hidden-fp16", "hidden-int8") if a[k]["max_abs_delta"] <= 1e-3]
+        best = min(lossy, key=lambda k: a[k]["memory_bytes"]) if lossy else None
+        t[name] = {"hidden_ratio": a["hidden"]["ratio_vs_kv"], "hidden_delta": a["hidden"]["max_abs_delta"],
+                   "hidden_ok": a["hidden"]["ratio_vs_kv"] >= 2 and a["hidden"]["max_abs_delta"] <= 1e-5,
+                   "best_lossy": best}
+        if best:
+            worst_quality = max(abs(v) for v in a[best]["quality_delta_vs_kv"].values())
+            t[name] |= {"best_lossy_ratio": a[best]["ratio_vs_kv"], "best_lossy_delta": a[best]["max_abs_delta"],
+                        "best_lossy_worst_quality_delta_points": worst_quality,
+                        "best_lossy_ok": a[best]["ratio_vs_kv"] >= 8 and worst_quality <= 0.1}
+    return t
+
+
+if __name__ == "__main__":
+    main()

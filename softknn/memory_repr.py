@@ -1,0 +1,223 @@
+"""Memory representations (issue 14): what a bundle stores to give the memory layer its K/V.
+
+The fused attention needs, for every retrieved chunk, its memory tokens' layer-L keys and values
+(nh, n_c, hs). A bundle can store them in one of these forms, chosen at build time and named in
+the manifest's `memory` field (a bundle without the field is `kv`):
+
+    kv           kv_keys.npy, kv_values.npy (Ntok, nh, hs): the K/V themselves (float32, or the
+                 build's --kv-dtype), 2·C values per token
+    hidden       mem_hidden.npy (Ntok, C) float32: layer L's *input* hidden states; k, v are
+                 recomputed for the retrieved rows only with the layer's own key/value Linear
+                 (Encoder.project_kv): half the bytes, same answers up to float round-off
+    hidden-fp16  the same states in float16 (a quarter)
+    hidden-int8  the same states in int8 with one symmetric scale per channel,
+                 mem_hidden_scale.npy (C,) float32: h ≈ q·scale, q = round(h / scale),
+                 scale_c = max_t |h_tc| / 127 (an eighth of kv, plus C floats)
+    recompute    nothing: layers 0..L run over the retrieved chunks' texts at query time
+                 (Encoder.capture_kv) to get their K/V
+
+Every store answers the same interface — `count`/`start` (token rows per chunk), `chunk(c)`,
+`gather(ids, weights, device)` (the fast path) and `gather_reference` (one chunk at a time), and
+`attach(encoder, layer)` (the model the non-`kv` stores compute K/V with) — and `load_memory`
+is the one loader, so a caller (the engine, a shard) never looks at the representation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from softknn.attention import MemoryBatch
+from softknn.errors import BundleError
+from softknn.memory import KVStore, pad_memory, pad_memory_reference
+
+MEMORY_KINDS = ("kv", "hidden", "hidden-fp16", "hidden-int8", "recompute")
+HIDDEN_DTYPES = {"hidden": np.float32, "hidden-fp16": np.float16, "hidden-int8": np.int8}
+MEMORY_FILES = {
+    "kv": ("kv_keys.npy", "kv_values.npy"),
+    "hidden": ("mem_hidden.npy",),
+    "hidden-fp16": ("mem_hidden.npy",),
+    "hidden-int8": ("mem_hidden.npy", "mem_hidden_scale.npy"),
+    "recompute": (),
+}
+
+
+def memory_kind(manifest: dict) -> str:
+    """The bundle's memory representation; bundles built before the field existed store `kv`."""
+    kind = manifest.get("memory", "kv")
+    if kind not in MEMORY_KINDS:
+        raise BundleError(f"manifest memory {kind!r} is not one of {MEMORY_KINDS}; a newer softknn built it?")
+    return kind
+
+
+def check_kind(kind: str) -> str:
+    if kind not in MEMORY_KINDS:
+        raise ValueError(f"memory must be one of {', '.join(MEMORY_KINDS)}, not {kind!r}")
+    return kind
+
+
+def memory_files(manifest: dict) -> tuple[str, ...]:
+    return MEMORY_FILES[memory_kind(manifest)]
+
+
+def memory_summary(manifest: dict) -> dict:
+    """What /v1/index and `softknn info` say of the memory: its kind, files and bytes per chunk."""
+    kind = memory_kind(manifest)
+    files = manifest.get("files", {})
+    n = max(1, manifest["counts"]["chunks"])
+    nbytes = sum(files[f]["bytes"] for f in MEMORY_FILES[kind] if f in files)
+    return {"kind": kind, "files": list(MEMORY_FILES[kind]), "bytes": nbytes, "bytes_per_chunk": round(nbytes / n, 1),
+            "computed_at_query_time": {"kv": "nothing", "recompute": "layers 0..L over the retrieved chunks"}.get(
+                kind, "K/V from the stored hidden states (the layer's key/value projections)")}
+
+
+def quantize_int8(h: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """q (n, C) int8 = round(h / scale) clipped to ±127; scale (C,) > 0."""
+    return np.clip(np.rint(h / scale), -127, 127).astype(np.int8)
+
+
+def int8_scale(absmax: np.ndarray) -> np.ndarray:
+    """Per-channel symmetric scale (C,) float32 from each channel's max |h| (1 where a channel is all 0)."""
+    return np.where(absmax > 0, absmax / 127.0, 1.0).astype(np.float32)
+
+
+class _Attached:
+    """The encoder and layer a computed memory uses; refuses to run before `attach`."""
+
+    encoder = None
+    layer: int | None = None
+
+    def attach(self, encoder, layer: int) -> None:
+        info = encoder.info
+        if (info.num_heads, info.head_dim) != (self.num_heads, self.head_dim):
+            raise BundleError(f"memory of {self.num_heads}×{self.head_dim} heads, model {info.num_heads}×{info.head_dim}")
+        self.encoder, self.layer = encoder, int(layer)
+
+    def _need(self):
+        if self.encoder is None:
+            raise BundleError(f"{type(self).__name__}: attach(encoder, layer) first: this memory computes its K/V with the model")
+        return self.encoder
+
+
+class HiddenStore(_Attached):
+    """Per chunk, its memory tokens' layer-L input hidden states (Ntok, C), float32/float16/int8."""
+
+    def __init__(self, hidden: np.ndarray, scale: np.ndarray | None, start: np.ndarray, count: np.ndarray,
+                 num_heads: int, head_dim: int):
+        assert hidden.ndim == 2 and hidden.shape[1] == num_heads * head_dim, (hidden.shape, num_heads, head_dim)
+        assert (scale is None) == (hidden.dtype != np.int8), "int8 states need their scale, others none"
+        self.hidden, self.scale = hidden, scale
+        self.start, self.count = start, count
+        self.num_heads, self.head_dim = num_heads, head_dim
+
+    def states(self, rows: np.ndarray) -> torch.Tensor:
+        """(n, C) float32 hidden states of store rows (dequantised: q·scale for int8)."""
+        h = np.asarray(self.hidden[rows], dtype=np.float32)
+        if self.scale is not None:
+            h = h * self.scale
+        return torch.from_numpy(h)
+
+    def rows(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (n, nh, hs) of store rows: one projection of all of them."""
+        return self._need().project_kv(self.layer, self.states(rows))
+
+    def chunk(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k_c, v_c (nh, n_c, hs) float32."""
+        st, n = int(self.start[c]), int(self.count[c])
+        k, v = self.rows(np.arange(st, st + n))
+        return k.transpose(0, 1), v.transpose(0, 1)
+
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """K/V of every retrieved token row projected in one GEMM, then padded as KVStore.gather does."""
+        return pad_memory(ids, weights, self.start, self.count, self.num_heads, self.head_dim, device, self.rows)
+
+    def gather_reference(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """One chunk at a time: its states, then `key`/`value` of the layer written out as h·Wᵀ + b."""
+        attn = self._need()._attn[self.layer]
+        nh, hs = self.num_heads, self.head_dim
+
+        def chunk(c: int) -> tuple[torch.Tensor, torch.Tensor]:
+            st, n = int(self.start[c]), int(self.count[c])
+            h = self.states(np.arange(st, st + n)).double()  # (n, C)
+            k = h @ attn.key.weight.double().T + attn.key.bias.double()  # (n, nh·hs)
+            v = h @ attn.value.weight.double().T + attn.value.bias.double()
+            return k.view(n, nh, hs).float(), v.view(n, nh, hs).float()
+
+        with torch.inference_mode():
+            return pad_memory_reference(ids, weights, self.count, nh, hs, device, chunk)
+
+
+class RecomputeStore(_Attached):
+    """No stored memory: the retrieved chunks' texts run through layers 0..L at query time."""
+
+    def __init__(self, texts: list[str], start: np.ndarray, count: np.ndarray, num_heads: int, head_dim: int):
+        self.texts = texts
+        self.start, self.count = start, count
+        self.num_heads, self.head_dim = num_heads, head_dim
+
+    def _kv(self, chunks: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """k, v (n_c, nh, hs) of each chunk, from one padded pass over their texts (tokenized as the build did)."""
+        enc = self._need()
+        batch = enc.tokenize([self.texts[c] for c in chunks], truncate=True)
+        key, value = enc.capture_kv(batch, self.layer)  # (B, nh, T, hs)
+        out = []
+        for b, c in enumerate(chunks):
+            idx = (~batch.special[b]).nonzero().flatten()  # the memory tokens, as the build chose them
+            if len(idx) != int(self.count[c]):
+                raise BundleError(f"chunk {c}: {len(idx)} memory tokens on re-tokenizing, the bundle says {int(self.count[c])}")
+            out.append((key[b][:, idx].transpose(0, 1).float().cpu(), value[b][:, idx].transpose(0, 1).float().cpu()))
+        return out
+
+    def chunk(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k_c, v_c (nh, n_c, hs) float32."""
+        k, v = self._kv([c])[0]
+        return k.transpose(0, 1), v.transpose(0, 1)
+
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """The distinct retrieved chunks in one pass (sorted by length, so little padding), then padded."""
+        uniq = sorted({c for r in ids for c in r}, key=lambda c: (int(self.count[c]), c))
+        kv = dict(zip(uniq, self._kv(uniq), strict=True)) if uniq else {}
+        owner = {}  # store row -> (chunk, position) for the rows pad_memory asks for
+        for c in uniq:
+            st = int(self.start[c])
+            for i in range(int(self.count[c])):
+                owner[st + i] = (c, i)
+
+        def rows(r: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+            pick = [owner[int(x)] for x in r]
+            return (torch.stack([kv[c][0][i] for c, i in pick]), torch.stack([kv[c][1][i] for c, i in pick]))
+
+        return pad_memory(ids, weights, self.start, self.count, self.num_heads, self.head_dim, device, rows)
+
+    def gather_reference(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """One pass per retrieved chunk, alone (no padding at all)."""
+        return pad_memory_reference(ids, weights, self.count, self.num_heads, self.head_dim, device,
+                                    lambda c: self._kv([c])[0])
+
+
+MemoryStore = KVStore | HiddenStore | RecomputeStore
+
+
+def load_memory(path: Path, manifest: dict, load: Callable[[str], np.ndarray], chunk_tokens: np.ndarray,
+                texts: list[str]) -> MemoryStore:
+    """The bundle's memory store, whatever its representation (`load(name)` memory-maps one .npy)."""
+    kind = memory_kind(manifest)
+    start, count = chunk_tokens[:, 0], chunk_tokens[:, 1]
+    nh, hs = int(manifest["model"]["num_heads"]), int(manifest["model"]["head_dim"])
+    if kind == "kv":
+        return KVStore(load("kv_keys.npy"), load("kv_values.npy"), start, count)
+    if kind == "recompute":
+        return RecomputeStore(texts, start, count, nh, hs)
+    hidden = load("mem_hidden.npy")
+    if hidden.dtype != HIDDEN_DTYPES[kind] or hidden.ndim != 2 or hidden.shape[1] != nh * hs:
+        raise BundleError(f"{Path(path) / 'mem_hidden.npy'}: {hidden.dtype} {hidden.shape}, memory {kind!r} "
+                          f"needs {np.dtype(HIDDEN_DTYPES[kind])} (Ntok, {nh * hs})")
+    scale = None
+    if kind == "hidden-int8":
+        scale = np.asarray(load("mem_hidden_scale.npy"), dtype=np.float32)
+        if scale.shape != (nh * hs,) or not (scale > 0).all():
+            raise BundleError(f"{Path(path) / 'mem_hidden_scale.npy'}: needs ({nh * hs},) positive scales")
+    return HiddenStore(hidden, scale, start, count, nh, hs)
