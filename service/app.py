@@ -61,6 +61,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await loading
         await asyncio.to_thread(runtime.batcher.close)
+        await asyncio.to_thread(runtime.close)
         log.info("stopped")
 
 

@@ -59,9 +59,12 @@ def serve(
         raise typer.Exit(2) from None
     configure_logging(settings.log_level)
     if ray:
-        from service.ray_serving import serve_ray
-
         import json
+
+        from softknn.console import need_ray
+
+        need_ray()
+        from service.ray_serving import serve_ray
 
         try:
             resources = json.loads(shard_resources) if shard_resources else None

@@ -137,6 +137,13 @@ class Runtime:
         self.metrics.set_bundle(engine.bundle.summary(), engine.encoder.info.name)
         self.metrics.ready.set(1)
 
+    def close(self) -> None:
+        """At shutdown, after the batcher: release what the bundle holds outside this process (a
+        sharded bundle's Ray shard actors; a plain bundle holds nothing to release)."""
+        close = getattr(self.engine.bundle, "close", None) if self.engine is not None else None
+        if close is not None:
+            close()
+
     @property
     def ready(self) -> bool:
         return self.status == "ready" and self.engine is not None

@@ -119,6 +119,9 @@ def build(
     try:
         encode = None
         if ray:
+            from softknn.console import need_ray
+
+            need_ray()
             from index_builder.distributed import RayEncode
 
             encode = RayEncode(address, workers=ray_workers, progress=progress)

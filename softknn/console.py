@@ -43,3 +43,11 @@ def need_bundle(path: Path) -> None:
         fail(f"{path}: no such bundle folder (build one with `softknn build KB --out {path}`)")
     if not (path / "manifest.json").is_file():
         fail(f"{path}: not a bundle (no manifest.json)")
+
+
+def need_ray() -> None:
+    """`--ray` without Ray installed: say how to get it (it is an extra), not an ImportError."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        fail("--ray needs Ray, an optional extra: pip install -e '.[ray]' (or the CPU image, which carries it)")

@@ -98,7 +98,7 @@ def test_cli_verify_and_info(sample_bundle_path, tmp_path):
     ok = _cli("verify", sample_bundle_path)
     assert ok.wait(timeout=60) == 0 and "ok:" in ok.stdout.read()
     missing = _cli("verify", tmp_path / "nope")
-    assert missing.wait(timeout=60) == 2 and "not a bundle" in missing.stderr.read()
+    assert missing.wait(timeout=60) == 2 and "no such bundle folder" in missing.stderr.read()
     info = _cli("info", sample_bundle_path)
     assert info.wait(timeout=60) == 0
     m = json.loads(info.stdout.read())
