@@ -124,7 +124,9 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
     elif address:
         ray.init(address=address, namespace=NAMESPACE)
     else:
-        ray.init(num_cpus=num_cpus, namespace=NAMESPACE, include_dashboard=False)
+        # "local": a new cluster of this process (ray.init() without an address would join the
+        # machine's most recently started one, which is not what "default: start a local one" means)
+        ray.init(address="local", num_cpus=num_cpus, namespace=NAMESPACE, include_dashboard=False)
     opts = {"num_cpus": shard_cpus, "shared": True, "resources": shard_resources}
 
     def build_app():  # runs on each replica: the same app as `softknn serve`, its shards as actors

@@ -23,7 +23,7 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False, namespace="softknn", log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="softknn", log_to_driver=False)
     yield
     ray.shutdown()
 
