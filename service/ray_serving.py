@@ -16,6 +16,9 @@
 from __future__ import annotations
 
 import logging
+import math
+import os
+
 from softknn.errors import BundleError
 from softknn.shards import Shard, ShardUnavailable
 
@@ -126,6 +129,10 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
     else:
         # "local": a new cluster of this process (ray.init() without an address would join the
         # machine's most recently started one, which is not what "default: start a local one" means)
+        # Its logical CPUs must hold every actor this starts, or a shard actor waits forever for a
+        # CPU (2 shards + 1 replica on a 2-core machine): at least the machine's cores, at least that.
+        if num_cpus is None:
+            num_cpus = max(os.cpu_count() or 1, math.ceil(replicas * replica_cpus + _shard_count(settings) * shard_cpus))
         ray.init(address="local", num_cpus=num_cpus, namespace=NAMESPACE, include_dashboard=False)
     opts = {"num_cpus": shard_cpus, "shared": True, "resources": shard_resources}
 
@@ -142,6 +149,16 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
     finally:
         if blocking:
             shutdown_ray()
+
+
+def _shard_count(settings) -> int:
+    """How many shard actors serving settings.bundle starts (0 for an unsharded bundle)."""
+    from softknn.bundle import read_manifest
+
+    try:
+        return len(read_manifest(settings.bundle).get("shards") or [])
+    except Exception:  # unreadable here: the replica reports it; size the cluster as if unsharded
+        return 0
 
 
 def shutdown_ray() -> None:
