@@ -79,8 +79,8 @@ def run_size(n: int, xq: np.ndarray, texts: list[str], enc, kinds: list[str], n_
             engine = Engine(enc, bundle)
             deltas = []
             for q in texts[:n_delta]:
-                a = engine.infer([q], InferParams(k=8))[0]["embedding"]
-                b = engine.infer([q], InferParams(k=8, exact=True))[0]["embedding"]
+                a = engine.infer([q], InferParams(k=8))[0].embedding
+                b = engine.infer([q], InferParams(k=8, exact=True))[0].embedding
                 deltas.append(float(np.max(np.abs(np.subtract(a, b)))))
             row["max_abs_delta_output"] = max(deltas)
             row["queries_with_delta_gt_1e-5"] = sum(d > 1e-5 for d in deltas)

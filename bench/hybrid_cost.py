@@ -493,6 +493,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     from softknn.bundle import Bundle
     from softknn.engine import Engine, InferParams
     from softknn.lexical import LexicalIndex, LexicalSpec
+    from softknn.manifest import Counts, IndexRecord, Manifest
     from softknn.memory import ChunkIndex, KVStore
 
     texts_b, ids_b, intents_b, real_b = base
@@ -522,8 +523,9 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     index_ready_s = time.perf_counter() - t0
     kv = KVStore(np.zeros((1, 12, 32), np.float16), np.zeros((1, 12, 32), np.float16),
                  np.zeros(n, np.int64), np.zeros(n, np.int64))
-    manifest = {"version_id": f"hybrid-cost-{n}-{spec.kind}", "memory_layer": 0,
-                "index": {"kind": spec.kind, "params": spec.params, "reason": spec.reason}, "counts": {"chunks": n}}
+    manifest = Manifest.model_construct(  # just what retrieval reads: no model, files or K/V here
+        version_id=f"hybrid-cost-{n}-{spec.kind}", memory_layer=0,
+        index=IndexRecord(kind=spec.kind, params=spec.params, reason=spec.reason), counts=Counts.model_construct(chunks=n))
     bundle = Bundle(path=SCRATCH, manifest=manifest, index=cindex, kv=kv,
                     chunks=[{"chunk_id": str(i)} for i in range(n)], token_spans=np.zeros((0, 2), np.int64),
                     lexical=lex)

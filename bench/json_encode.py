@@ -1,9 +1,11 @@
-"""Rendering a /v1/infer answer: the standard library's json (Starlette's JSONResponse) vs orjson.
+"""Rendering a /v1/infer answer: the standard library's json (Starlette's JSONResponse) vs orjson,
+and orjson over the engine's typed results (softknn.results dataclasses, what the route renders
+since issue 15) vs over the same results as plain dicts (what it rendered before).
 
     python -m bench.json_encode [--calls 2000] [--threads 1]
 
 The answers are real: Engine.infer on 20 real queries (bench/kb.py) over the 10k real bundle,
-k 8, evidence 5, wrapped as the route wraps them. Both encoders render the same objects,
+k 8, evidence 5, wrapped as the route wraps them. The three arms render the same answers,
 interleaved; the decoded results are checked equal. Writes bench/results/json_encode.json|png.
 """
 
@@ -28,29 +30,31 @@ def main() -> None:
     import orjson
 
     from bench.kb import device, queries, synthetic_bundle
-    from service.schemas import result_payload
     from softknn.encoder import Encoder
     from softknn.engine import Engine, InferParams
 
     engine = Engine(Encoder(device=device()), synthetic_bundle(10_000, "flat"))
-    answers = [{"request_id": "x" * 32, "results": [result_payload(r) for r in engine.infer([q], InferParams(k=8, evidence=5))]}
-               for q in queries(20)]
+    typed = [{"request_id": "x" * 32, "results": engine.infer([q], InferParams(k=8, evidence=5))} for q in queries(20)]
+    plain = [{**a, "results": [r.to_dict() for r in a["results"]]} for a in typed]
 
     def stdlib(a):  # what starlette.responses.JSONResponse.render does
         return json.dumps(a, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
 
-    same = all(json.loads(stdlib(a)) == json.loads(orjson.dumps(a)) for a in answers)
-    t = {"json": [], "orjson": []}
+    arms = {"json": (stdlib, plain), "orjson": (orjson.dumps, plain), "orjson_typed": (orjson.dumps, typed)}
+    same = all(json.loads(stdlib(p)) == json.loads(orjson.dumps(p)) == json.loads(orjson.dumps(t))
+               for p, t in zip(plain, typed, strict=True))
+    t = {name: [] for name in arms}
     for i in range(args.calls):
-        a = answers[i % len(answers)]
-        for name, fn in (("json", stdlib), ("orjson", orjson.dumps)):
+        for name, (fn, answers) in arms.items():
+            a = answers[i % len(answers)]
             c0 = time.perf_counter()
             fn(a)
             t[name].append(time.perf_counter() - c0)
-    row = {"answer_bytes_median": statistics.median(len(stdlib(a)) for a in answers), "same_decoded": same,
+    row = {"answer_bytes_median": statistics.median(len(stdlib(a)) for a in plain), "same_decoded": same,
            **{f"{n}_ms_median": statistics.median(v) * 1e3 for n, v in t.items()},
            **{f"{n}_ms_min": min(v) * 1e3 for n, v in t.items()}}
     row["speedup"] = row["json_ms_median"] / row["orjson_ms_median"]
+    row["typed_vs_dicts"] = row["orjson_typed_ms_median"] / row["orjson_ms_median"]
     print(json.dumps(row))
     write("json_encode", {"command": f"python -m bench.json_encode --calls {args.calls} --threads {args.threads}",
                           "rows": [row]})
@@ -60,7 +64,9 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.bar(["json (stdlib)", "orjson"], [row["json_ms_median"], row["orjson_ms_median"]], color=["#999", "#4C72B0"])
+    ax.bar(["json (stdlib)\ndicts", "orjson\ndicts", "orjson\ntyped results"],
+           [row["json_ms_median"], row["orjson_ms_median"], row["orjson_typed_ms_median"]],
+           color=["#999", "#4C72B0", "#55A868"])
     ax.set_ylabel("ms per answer (median)")
     ax.set_title(f"Rendering a {row['answer_bytes_median'] / 1000:.1f} KB /v1/infer answer")
     fig.tight_layout()

@@ -167,8 +167,8 @@ def synthetic_bundle(n: int, kind: str = "flat", params: dict | None = None, *, 
         index = cached_index(xb, spec)
     rows = np.arange(n) % len(real)
     kv = KVStore(real.kv.keys, real.kv.values, real.kv.start[rows], real.kv.count[rows])
-    manifest = dict(real.manifest, index={"kind": spec.kind, "params": spec.params, "reason": spec.reason},
-                    counts={**real.manifest["counts"], "chunks": n}, version_id=f"bench-{n}-{spec.kind}")
+    manifest = real.manifest.replaced(index={"kind": spec.kind, "params": spec.params, "reason": spec.reason},
+                                      counts={**real.manifest.raw["counts"], "chunks": n}, version_id=f"bench-{n}-{spec.kind}")
     return Bundle(path=real.path, manifest=manifest, index=ChunkIndex(index, xb, spec, use_gpu=device() == "cuda"), kv=kv,
                   chunks=TiledChunks(real.chunks, n), token_spans=real.token_spans, labels=real.labels)
 

@@ -121,11 +121,11 @@ def deltas(arms: dict[str, dict], texts: list[str]) -> dict:
     for k in KS:
         params = [InferParams(k=k, exact=True, evidence=k)] * len(texts)
         ref = arms["kv"]["engine"].infer(texts, params)
-        e_ref = np.array([r["embedding"] for r in ref])
+        e_ref = np.array([r.embedding for r in ref])
         for kind, a in arms.items():
             got = ref if kind == "kv" else a["engine"].infer(texts, params)
-            out[kind][f"max_abs_delta_k{k}"] = float(np.abs(np.array([r["embedding"] for r in got]) - e_ref).max())
-            out[kind][f"same_evidence_k{k}"] = all([e["chunk_id"] for e in g["evidence"]] == [e["chunk_id"] for e in r["evidence"]]
+            out[kind][f"max_abs_delta_k{k}"] = float(np.abs(np.array([r.embedding for r in got]) - e_ref).max())
+            out[kind][f"same_evidence_k{k}"] = all([e.chunk_id for e in g.evidence] == [e.chunk_id for e in r.evidence]
                                                    for g, r in zip(got, ref, strict=True))
     for kind in arms:
         out[kind]["max_abs_delta"] = max(out[kind][f"max_abs_delta_k{k}"] for k in KS)

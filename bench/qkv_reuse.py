@@ -40,8 +40,8 @@ def main() -> None:
         kept = enc.forward_plain(batch, keep_hidden=True, capture_layer=engine.layer)
         plain = enc.forward_plain(batch, keep_hidden=True)
         cases.append((batch, kept, plain, engine.retrieve(kept.embedding.float().cpu().numpy(), [p])))
-    diff = max(float(np.abs(np.array(engine.fuse(b, k, r, [p])[0]["embedding"]) -
-                            np.array(engine.fuse(b, pl, r, [p])[0]["embedding"])).max()) for b, k, pl, r in cases)
+    diff = max(float(np.abs(np.array(engine.fuse(b, k, r, [p])[0].embedding) -
+                            np.array(engine.fuse(b, pl, r, [p])[0].embedding)).max()) for b, k, pl, r in cases)
     reuse, recompute = [], []
     for _ in range(args.rounds):
         for batch, kept, plain, retr in cases:

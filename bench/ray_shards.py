@@ -70,8 +70,9 @@ def rows_bundle(n_real: int, n: int, lo: int, hi: int):
     spec = choose_index(hi - lo, xb.shape[1], "flat")
     rows = np.arange(lo, hi) % len(real)
     kv = KVStore(real.kv.keys, real.kv.values, real.kv.start[rows], real.kv.count[rows])
-    manifest = dict(real.manifest, index={"kind": "flat", "params": {}, "reason": "bench"},
-                    counts={**real.manifest["counts"], "chunks": hi - lo}, version_id=f"bench-{n}-{lo}-{hi}")
+    manifest = real.manifest.replaced(index={"kind": "flat", "params": {}, "reason": "bench"},
+                                      counts={**real.manifest.raw["counts"], "chunks": hi - lo},
+                                      version_id=f"bench-{n}-{lo}-{hi}")
     return Bundle(path=real.path, manifest=manifest, index=ChunkIndex(build_index(xb, spec), xb, spec), kv=kv,
                   chunks=kb.TiledChunks(real.chunks, n)[lo:hi], token_spans=real.token_spans, labels=real.labels)
 
@@ -91,7 +92,7 @@ def sharded(one, n_real: int, n: int, threads: int):
     half = n // 2
     backend = RayShards([(n_real, n, 0, half, threads), (n_real, n, half, n, threads)], actor_cls=BenchShard,
                         num_cpus=1, timeout_s=120)
-    b = ShardedBundle(path=one.path, manifest=dict(one.manifest, version_id=f"bench-{n}-2shards"), backend=backend,
+    b = ShardedBundle(path=one.path, manifest=one.manifest.replaced(version_id=f"bench-{n}-2shards"), backend=backend,
                       chunks=one.chunks, lo=[0, half], labels=one.labels)
     b.index = _Index(b, one.index.spec)
     b.kv = _KV(b, one.kv.start, one.kv.count, one.kv.num_heads, one.kv.head_dim)
@@ -135,8 +136,8 @@ def main() -> None:
                 if i >= 5:
                     lat[name].append(time.perf_counter() - t)
             a, b = res["single"], res["ray_2_shards"]
-            delta = max(delta, float(np.abs(np.asarray(a["embedding"]) - np.asarray(b["embedding"])).max()))
-            same_ids &= [x["chunk_id"] for x in a["evidence"]] == [x["chunk_id"] for x in b["evidence"]]
+            delta = max(delta, float(np.abs(np.asarray(a.embedding) - np.asarray(b.embedding)).max()))
+            same_ids &= [x.chunk_id for x in a.evidence] == [x.chunk_id for x in b.evidence]
         two.close()
     finally:
         ray.shutdown()

@@ -36,6 +36,7 @@ from evaluation.metrics import (
 from softknn.bundle import atomic_write_bytes
 from softknn.engine import Engine, InferParams
 from softknn.errors import InvalidInput, KBFormatError
+from softknn.results import InferResult
 from softknn.retrieval import DEFAULT_TEMPERATURE, RETRIEVALS
 
 MATCH = ("doc", "chunk")
@@ -120,33 +121,33 @@ def _ranked_ids(items: list[tuple[str, str]], match: str) -> list[str]:
     return list(seen)
 
 
-def _outcome(r: dict, match: str) -> dict:
-    scores = r["label_scores"] or {}
+def _outcome(r: InferResult, match: str) -> dict:
+    scores = r.label_scores or {}
     top = next(iter(scores.items()), (None, 0.0))
-    ev = r["evidence"]
+    ev = r.evidence
     mass: dict[str, float] = {}  # the memory-mass readout Σ_c share(c)·onehot(label_c) (≠ w_db in joint)
     for e in ev:
-        if e["label"] is not None:
-            mass[e["label"]] = mass.get(e["label"], 0.0) + e["mass_share"]
+        if e.label is not None:
+            mass[e.label] = mass.get(e.label, 0.0) + e.mass_share
     return {
         "prediction": top[0],  # forced: the abstain rule is applied afterwards with its threshold
         "score": float(top[1]),
         "mass_prediction": min(mass, key=lambda c: (-mass[c], c)) if mass else None,
-        "max_similarity": r["diagnostics"]["nearest_similarity"],  # s_1 = max e_q·e_c (the abstain gate's)
-        "ranked": _ranked_ids([(e["chunk_id"], e["doc_id"]) for e in ev], match),
+        "max_similarity": r.diagnostics.nearest_similarity,  # s_1 = max e_q·e_c (the abstain gate's)
+        "ranked": _ranked_ids([(e.chunk_id, e.doc_id) for e in ev], match),
         "label_scores": dict(list(scores.items())[:3]),
-        "items": [(e["chunk_id"], e["doc_id"], e["similarity"], e["mass_share"]) for e in ev],
-        "memory_share": r["diagnostics"]["memory_share"],
-        "w_db_effective_k": r["diagnostics"]["w_db_effective_k"],
+        "items": [(e.chunk_id, e.doc_id, e.similarity, e.mass_share) for e in ev],
+        "memory_share": r.diagnostics.memory_share,
+        "w_db_effective_k": r.diagnostics.w_db_effective_k,
     }
 
 
-def _fused(engine: Engine, batch, plain, xq: np.ndarray, params: InferParams, strategy: Strategy) -> list[dict]:
+def _fused(engine: Engine, batch, plain, xq: np.ndarray, params: InferParams, strategy: Strategy) -> list[InferResult]:
     """Engine.infer's retrieve + fuse on a shared plain pass (tests check it equals infer); round 2 optional."""
     ps = engine.resolve([params] * len(xq))
     res = engine.fuse(batch, plain, engine.retrieve(xq, ps, batch.texts), ps)
     if strategy.rounds == 2:
-        e1 = np.asarray([r["embedding"] for r in res], dtype=np.float32)  # (B, D) fused embeddings
+        e1 = np.asarray([r.embedding for r in res], dtype=np.float32)  # (B, D) fused embeddings
         xq2 = e1 if strategy.requery == "fused" else xq + e1
         xq2 = xq2 / np.linalg.norm(xq2, axis=1, keepdims=True)
         res = engine.fuse(batch, plain, engine.retrieve(xq2, ps, batch.texts), ps)
@@ -326,7 +327,7 @@ def evaluate(engine: Engine, queries: list[Query], params: InferParams, strategy
     reported side by side under "retrieval" (default: every one the bundle serves).
     """
     params = engine.resolve([params])[0]
-    cal = engine.bundle.manifest.get("calibration") or {}
+    cal = engine.bundle.manifest.raw.get("calibration") or {}
     rules = rules_from_calibration(cal)
     if threshold is not None:
         rules.setdefault("softknn", {})["score"] = {"threshold": threshold}

@@ -356,7 +356,7 @@ def add_lexical(bundle: Path) -> dict:
     tmp = bundle.parent / f".{bundle.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        for name in data_files({**manifest, "lexical": None}):
+        for name in data_files(manifest.get("memory", "kv"), lexical=False):
             try:
                 os.link(bundle / name, tmp / name)
             except OSError:

@@ -64,4 +64,5 @@ def finalize_sharded(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = 
     manifest (one version_id over all shards), rename into place (the old bundle kept until then)."""
     from softknn.bundle import finalize
 
-    return finalize(tmp_dir, out, manifest, force=force, names=shard_files(manifest))
+    names = shard_files([sh["dir"] for sh in manifest["shards"]], manifest.get("memory", "kv"), bool(manifest.get("lexical")))
+    return finalize(tmp_dir, out, manifest, force=force, names=names)

@@ -22,6 +22,7 @@ from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import GROUP_SIZE, Engine, InferParams
 from softknn.errors import BundleError, InputTooLarge, SoftKNNError
+from softknn.results import InferResult
 from softknn.settings import Settings, apply_threads, encoder_options
 
 log = logging.getLogger("softknn.service")
@@ -33,7 +34,7 @@ WARMUP_TEXT = "softknn warm-up: how are the ferries today?"
 INLINE_ADMIT_CHARS = 2048
 
 
-def run_engine(engine: Engine, texts: list[str], params: list[InferParams], group_size: int = GROUP_SIZE) -> list[dict]:
+def run_engine(engine: Engine, texts: list[str], params: list[InferParams], group_size: int = GROUP_SIZE) -> list[InferResult]:
     """The batcher's runner: one micro-batch through the core, as `softknn query` would run it
     (in length-sorted passes of at most `group_size` texts: Engine.infer)."""
     return engine.infer(texts, params, group_size=group_size)
@@ -183,7 +184,7 @@ class Runtime:
         return out, tokens, cut
 
     async def infer(self, texts: list[str], params: list[InferParams], *, truncate: bool, cut: Sequence[int] = (),
-                    request_id: str | None = None) -> tuple[Engine, list[dict]]:
+                    request_id: str | None = None) -> tuple[Engine, list[InferResult]]:
         """Admit, queue, wait: (the engine that answered, one result per text).
 
         `cut` lists inputs already cut before (to the character limit); their results, like those
@@ -209,9 +210,9 @@ class Runtime:
             raise InferenceFailed(f"inference failed ({type(e).__name__}); "
                                   "see the server log for this request id") from e
         for i in {*cut, *cut_here}:
-            results[i]["diagnostics"]["truncated"] = True
+            results[i] = results[i].truncated()
         for r in results:
-            self.metrics.memory_share.observe(r["diagnostics"]["memory_share"])
+            self.metrics.memory_share.observe(r.diagnostics.memory_share)
         return engine, results
 
     async def reload(self, path: Path) -> tuple[str | None, Engine]:

@@ -7,7 +7,7 @@ app by `infer_request_model(settings)` (its OpenAPI schema shows the real bounds
 Size limits (too many inputs, a text over `max_chars` without `truncate`) raise the core's
 `InputTooLarge`, which the one error map answers with 413.
 
-Responses document every field of the engine's result object (softknn/engine.py) with
+Responses document every field of the engine's result object (softknn/results.py) with
 `extra="forbid"`, so a field the core adds without documenting it fails the contract tests.
 """
 
@@ -347,14 +347,6 @@ def served(request_id: str, engine) -> dict:
     info = engine.encoder.info
     return {"request_id": request_id, "model": info.name, "model_fingerprint": info.fingerprint,
             "bundle_version": engine.bundle.version}
-
-
-def result_payload(r: dict) -> dict:
-    """The engine's result with the optional keys always present (null when absent)."""
-    out = dict(r)
-    for key in ("abstain_reason", "tokens", "token_embeddings", "head_memory_share"):
-        out.setdefault(key, None)
-    return out
 
 
 def entry_payload(bundle, row: int) -> dict:

@@ -33,6 +33,7 @@ import numpy as np
 
 from softknn.errors import BundleError
 from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
+from softknn.manifest import Manifest
 from softknn.memory import ChunkIndex, IndexSpec
 from softknn.memory_repr import MEMORY_FILES, MemoryStore, load_memory, memory_files, memory_summary
 
@@ -42,9 +43,14 @@ CORE_FILES = ("embeddings.npy", "index.faiss", "chunk_tokens.npy", "token_spans.
 DATA_FILES = CORE_FILES[:2] + MEMORY_FILES["kv"] + CORE_FILES[2:]  # a bundle of the default memory `kv`
 
 
-def data_files(manifest: dict) -> tuple[str, ...]:
-    """Every file the bundle must hold: the core files, its memory's, and the lexical index's if it has one."""
-    return CORE_FILES[:2] + memory_files(manifest) + CORE_FILES[2:] + (LEXICAL_FILES if manifest.get("lexical") else ())
+def data_files(memory: str = "kv", lexical: bool = False) -> tuple[str, ...]:
+    """Every file a bundle must hold: the core files, its memory's, and the lexical index's if it has one."""
+    return CORE_FILES[:2] + memory_files(memory) + CORE_FILES[2:] + (LEXICAL_FILES if lexical else ())
+
+
+def record_files(manifest: dict) -> tuple[str, ...]:
+    """data_files of a manifest being written (a dict: the builder's record, before it is typed)."""
+    return data_files(manifest.get("memory", "kv"), bool(manifest.get("lexical")))
 
 
 def sha256_file(path: Path, bufsize: int = 1 << 22) -> str:
@@ -79,7 +85,7 @@ def finalize(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False,
     after the new bundle is in place, so a crash leaves either the old or the new bundle.
     """
     files = {}
-    for name in names if names is not None else data_files(manifest):
+    for name in names if names is not None else record_files(manifest):
         p = tmp_dir / name
         if not p.is_file():
             raise BundleError(f"{p}: missing while finalizing the bundle")
@@ -139,37 +145,38 @@ def read_manifest(path: Path) -> dict:
 
 
 def verify_bundle(path: Path) -> dict:
-    """Check the manifest and every file's size and sha256; return the manifest or raise BundleError."""
+    """Check the manifest (its fields, softknn.manifest) and every file's size and sha256; return
+    the manifest as written (the dict its version_id hashes) or raise BundleError."""
     path = Path(path)
-    manifest = read_manifest(path)
-    files = manifest.get("files", {})
-    from softknn.shards import is_sharded, shard_files
+    raw = read_manifest(path)
+    m = Manifest.of(raw, path / MANIFEST)
+    from softknn.shards import shard_files
 
-    for name in shard_files(manifest) if is_sharded(manifest) else data_files(manifest):
-        if name not in files:
+    for name in shard_files(m) if m.sharded else data_files(m.memory, m.lexical is not None):
+        f = m.files.get(name)
+        if f is None:
             raise BundleError(f"{path / MANIFEST}: no checksum recorded for {name}")
         p = path / name
         if not p.is_file():
             raise BundleError(f"{p}: missing")
-        if p.stat().st_size != files[name]["bytes"]:
-            raise BundleError(f"{p}: size {p.stat().st_size} != manifest {files[name]['bytes']}")
-        if sha256_file(p) != files[name]["sha256"]:
+        if p.stat().st_size != f.bytes:
+            raise BundleError(f"{p}: size {p.stat().st_size} != manifest {f.bytes}")
+        if sha256_file(p) != f.sha256:
             raise BundleError(f"{p}: sha256 mismatch (corrupt or modified)")
-    if version_id(manifest) != manifest.get("version_id"):
+    if version_id(raw) != m.version_id:
         raise BundleError(f"{path / MANIFEST}: version_id does not match its content (edited manifest)")
-    if is_sharded(manifest):
-        for sh in manifest["shards"]:
-            sub = read_manifest(path / sh["dir"])
-            if sub.get("version_id") != sh["version_id"] or version_id(sub) != sh["version_id"]:
-                raise BundleError(f"{path / sh['dir'] / MANIFEST}: version {sub.get('version_id')}, "
-                                  f"the bundle's manifest says {sh['version_id']}")
-    return manifest
+    for sh in m.shards or ():
+        sub = read_manifest(path / sh.dir)
+        if sub.get("version_id") != sh.version_id or version_id(sub) != sh.version_id:
+            raise BundleError(f"{path / sh.dir / MANIFEST}: version {sub.get('version_id')}, "
+                              f"the bundle's manifest says {sh.version_id}")
+    return raw
 
 
 @dataclass
 class Bundle:
     path: Path
-    manifest: dict
+    manifest: Manifest
     index: ChunkIndex
     kv: MemoryStore  # the memory layer's K/V source, whatever the representation (softknn.memory_repr)
     chunks: list[dict]
@@ -180,11 +187,11 @@ class Bundle:
 
     @property
     def version(self) -> str:
-        return self.manifest["version_id"]
+        return self.manifest.version_id
 
     @property
     def memory_layer(self) -> int:
-        return int(self.manifest["memory_layer"])
+        return self.manifest.memory_layer
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -196,37 +203,38 @@ class Bundle:
         return bundle_summary(self.path, self.manifest)
 
 
-def bundle_summary(path: Path, m: dict) -> dict:
-    """What /v1/index says of a bundle (sharded or not)."""
+def bundle_summary(path: Path, m: Manifest) -> dict:
+    """What /v1/index says of a bundle (sharded or not): the manifest's sections as written."""
+    raw = m.raw
     out = {
-        "version_id": m["version_id"],
+        "version_id": m.version_id,
         "path": str(path),
-        "created_at": m.get("created_at"),
-        "model": m["model"],
-        "memory_layer": m["memory_layer"],
-        "index": m["index"],
-        "kv_dtype": m["kv_dtype"],
+        "created_at": m.created_at,
+        "model": raw["model"],
+        "memory_layer": m.memory_layer,
+        "index": raw["index"],
+        "kv_dtype": m.kv_dtype,
         "memory": memory_summary(m),
-        "counts": m["counts"],
-        "labels": m.get("labels", []),
-        "calibration": m.get("calibration", {}),
+        "counts": raw["counts"],
+        "labels": m.labels,
+        "calibration": raw.get("calibration") or {},
         "lexical": lexical_summary(m),
-        "bytes": sum(f["bytes"] for f in m["files"].values()),
+        "bytes": sum(f.bytes for f in m.files.values()),
     }
     return out  # a sharded bundle's shards are in its manifest (`softknn info`); the API shape stays the same
 
 
-def lexical_summary(manifest: dict) -> dict:
+def lexical_summary(m: Manifest) -> dict:
     """What /v1/index and `softknn info` say of the lexical index, and the retrieval it enables."""
-    lex = manifest.get("lexical")
-    if not lex:
+    lex = m.lexical
+    if lex is None:
         return {"available": False, "default_retrieval": "dense",
                 "note": "built without a lexical index: serves dense retrieval only "
                         "(rebuild, or `softknn add-lexical DIR`, for hybrid and lexical)"}
-    lexical_bytes = sum(f["bytes"] for name, f in manifest["files"].items() if name.endswith(LEXICAL_FILES))
-    return {"available": True, "default_retrieval": "hybrid", "settings": lex["settings"],
-            "vocabulary": lex.get("vocabulary"), "postings": lex.get("postings"), "bytes": lexical_bytes,
-            "bytes_per_chunk": round(lexical_bytes / max(1, manifest["counts"]["chunks"]), 1)}
+    lexical_bytes = sum(f.bytes for name, f in m.files.items() if name.endswith(LEXICAL_FILES))
+    return {"available": True, "default_retrieval": "hybrid", "settings": lex.settings,
+            "vocabulary": lex.vocabulary, "postings": lex.postings, "bytes": lexical_bytes,
+            "bytes_per_chunk": round(lexical_bytes / max(1, m.counts.chunks), 1)}
 
 
 def load_npy(path: Path) -> np.ndarray:
@@ -249,14 +257,14 @@ def load_bundle(
     import faiss
 
     path = Path(path)
-    manifest = verify_bundle(path) if verify else read_manifest(path)
-    fp = manifest["model"]["fingerprint"]
+    manifest = Manifest.of(verify_bundle(path) if verify else read_manifest(path), path / MANIFEST)
+    fp = manifest.model.fingerprint
     if expected_fingerprint is not None and fp != expected_fingerprint:
         raise BundleError(
             f"{path}: built with model weights {fp[:12]}…, but the loaded model is {expected_fingerprint[:12]}…"
-            f" ({manifest['model'].get('name')}); rebuild the bundle with this model"
+            f" ({manifest.model.name}); rebuild the bundle with this model"
         )
-    if manifest.get("shards"):
+    if manifest.sharded:
         from softknn.shards import load_sharded
 
         return load_sharded(path, manifest, backend_factory=shard_backend, use_gpu=use_gpu)
@@ -273,13 +281,13 @@ def load_bundle(
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BundleError(f"{path / 'chunks.jsonl'}: unreadable: {e}") from e
     kv = load_memory(path, manifest, load, ct, [c["text"] for c in chunks])
-    n = manifest["counts"]["chunks"]
+    n = manifest.counts.chunks
     if not (len(chunks) == n == xb.shape[0] == index.ntotal == len(ct)):
         raise BundleError(f"{path}: inconsistent chunk counts (manifest {n}, chunks {len(chunks)}, index {index.ntotal})")
-    spec = IndexSpec(manifest["index"]["kind"], manifest["index"]["params"], manifest["index"].get("reason", ""))
+    spec = IndexSpec(manifest.index.kind, manifest.index.params, manifest.index.reason)
     lexical = None
-    if manifest.get("lexical"):
-        lexical = LexicalIndex.load(path, LexicalSpec.from_manifest(manifest["lexical"]["settings"]))
+    if manifest.lexical is not None:
+        lexical = LexicalIndex.load(path, LexicalSpec.from_manifest(manifest.lexical.settings))
         if len(lexical) != n:
             raise BundleError(f"{path}: lexical index has {len(lexical)} chunks, the manifest {n}")
     return Bundle(
@@ -289,7 +297,7 @@ def load_bundle(
         kv=kv,
         chunks=chunks,
         token_spans=load("token_spans.npy"),
-        labels=list(manifest.get("labels", [])),
+        labels=list(manifest.labels),
         lexical=lexical,
         _by_id={c["chunk_id"]: i for i, c in enumerate(chunks)},
     )

@@ -187,12 +187,13 @@ def verify(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> 
 def info(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> None:
     """Print a bundle's manifest as JSON, with `memory_summary` (its memory's kind and bytes per chunk); no checksum pass (see `verify`)."""
     need_bundle(bundle)
-    from softknn.bundle import read_manifest
+    from softknn.bundle import MANIFEST, read_manifest
+    from softknn.manifest import Manifest
     from softknn.memory_repr import memory_summary
 
     try:
         m = read_manifest(bundle)
-        m = {**m, "memory": m.get("memory", "kv"), "memory_summary": memory_summary(m)}
+        m = {**m, "memory": m.get("memory", "kv"), "memory_summary": memory_summary(Manifest.of(m, bundle / MANIFEST))}
     except SoftKNNError as e:
         _fail(e)
     typer.echo(json.dumps(m, indent=2, sort_keys=True))
@@ -236,23 +237,23 @@ def query(
         _fail(e)
     meta = {"bundle_version": b.version, "model": encoder.info.name, "model_fingerprint": encoder.info.fingerprint}
     if as_json:
-        typer.echo(json.dumps({**meta, "results": results}, ensure_ascii=False))
+        typer.echo(json.dumps({**meta, "results": [r.to_dict() for r in results]}, ensure_ascii=False))
         return
     for text, r in zip(texts, results, strict=True):
         typer.secho(f"\n> {text}", bold=True)
-        dg = r["diagnostics"]
-        mix = f" λ={dg['lexical_weight']}" if dg["retrieval"] == "hybrid" else ""
-        pred = "— abstained" if r.get("abstained") else repr(r["prediction"])
-        typer.echo(f"  retrieval {dg['retrieval']}{mix}  memory share {dg['memory_share']:.3f}  "
-                   f"w_db eff-k {dg['w_db_effective_k']:.2f}  prediction {pred}")
-        if r.get("abstained"):
-            typer.echo(f"  abstained (no prediction): {r['abstain_reason']}")
-        for ev in r["evidence"]:
-            spans = ", ".join(repr(s["text"]) for s in ev["spans"][:3])
-            bm25 = "" if ev["bm25"] is None else f" bm25 {ev['bm25']:.2f}"
-            words = f" matched {', '.join(ev['matched_terms'])}" if ev.get("matched_terms") else ""
-            typer.echo(f"  [{ev['mass_share']:.3f}] {ev['chunk_id']} ({ev['label']}): {ev['text'][:90]!r}  ← {spans}")
-            typer.echo(f"          s {ev['similarity']:.3f}  dense {ev['dense_similarity']:.3f}{bm25}{words}")
+        dg = r.diagnostics
+        mix = f" λ={dg.lexical_weight}" if dg.retrieval == "hybrid" else ""
+        pred = "— abstained" if r.abstained else repr(r.prediction)
+        typer.echo(f"  retrieval {dg.retrieval}{mix}  memory share {dg.memory_share:.3f}  "
+                   f"w_db eff-k {dg.w_db_effective_k:.2f}  prediction {pred}")
+        if r.abstained:
+            typer.echo(f"  abstained (no prediction): {r.abstain_reason}")
+        for ev in r.evidence:
+            spans = ", ".join(repr(s.text) for s in ev.spans[:3])
+            bm25 = "" if ev.bm25 is None else f" bm25 {ev.bm25:.2f}"
+            words = f" matched {', '.join(ev.matched_terms)}" if ev.matched_terms else ""
+            typer.echo(f"  [{ev.mass_share:.3f}] {ev.chunk_id} ({ev.label}): {ev.text[:90]!r}  ← {spans}")
+            typer.echo(f"          s {ev.similarity:.3f}  dense {ev.dense_similarity:.3f}{bm25}{words}")
 
 
 @app.command(cls=Command)

@@ -1,7 +1,7 @@
 """Knowledge-augmented inference: encode → k-NN over the KB → fused forward → evidence.
 
 One `Engine` holds a model and a bundle; `infer` takes a batch of texts, each with its own
-parameters (the service's micro-batches mix requests), and returns one result dict per text —
+parameters (the service's micro-batches mix requests), and returns one `InferResult` (softknn.results) per text —
 the same object `softknn query --json` prints and `POST /v1/infer` returns.
 """
 
@@ -17,7 +17,9 @@ from softknn.attention import KERNELS, fused_attention, knn_weights_row, truncat
 from softknn.bundle import Bundle
 from softknn.encoder import Encoder, PlainPass, TokenBatch
 from softknn.errors import BundleError, InvalidInput
+from softknn.manifest import Manifest
 from softknn.evidence import effective_k, evidence_items, label_scores, weight_entropy
+from softknn.results import Diagnostics, InferResult, Neighbour, Prediction, Token, VersusPlain
 from softknn.retrieval import CANDIDATES, DEFAULT_TEMPERATURE, LEXICAL_WEIGHT, RETRIEVALS, topk_fast, topk_reference
 
 MIXING = ("fixed", "joint")
@@ -111,15 +113,14 @@ class Retrieval:
         return cls([[]] * n, [[]] * n, [[]] * n, [0.0] * n, [""] * n, [[]] * n, [None] * n, [-1.0] * n, [None] * n)
 
 
-def check_numerics(manifest: dict, info, path) -> None:
+def check_numerics(manifest: Manifest, info, path) -> None:
     """A bundle's K/V and embeddings and the served queries must come from the same numerics.
 
     fp32 torch and fp32 onnx count as the same: the onnx runtime is verified against torch within
     1e-4 whenever it opens (softknn.onnx_forward). int8 differs by far more, so it never mixes.
     Bundles from before issue 16 carry no precision: they were built by torch in fp32.
     """
-    model = manifest["model"]
-    built, runtime = model.get("precision", "fp32"), model.get("runtime", "torch")
+    built, runtime = manifest.model.precision, manifest.model.runtime
     if built != info.precision:
         raise BundleError(f"{path}: built with {runtime} {built} numerics, but the model runs {info.runtime} "
                           f"{info.precision}; keys/values and queries must share numerics: rebuild the bundle "
@@ -129,7 +130,7 @@ def check_numerics(manifest: dict, info, path) -> None:
 
 class Engine:
     def __init__(self, encoder: Encoder, bundle: Bundle):
-        if bundle.manifest["model"]["fingerprint"] != encoder.info.fingerprint:
+        if bundle.manifest.model.fingerprint != encoder.info.fingerprint:
             raise BundleError(f"{bundle.path}: built with other model weights than {encoder.info.name}")
         check_numerics(bundle.manifest, encoder.info, bundle.path)
         self.encoder = encoder
@@ -140,7 +141,7 @@ class Engine:
     # --- retrieval ----------------------------------------------------------------------------
     def resolve(self, params: list[InferParams]) -> list[InferParams]:
         """Validated, with the retrieval and temperature this bundle serves them with."""
-        cal = (self.bundle.manifest.get("calibration") or {}).get("retrieval_defaults")
+        cal = self.bundle.manifest.calibration.retrieval_defaults
         return [p.validate().resolved(self.bundle.lexical is not None, cal) for p in params]
 
     def retrieve(self, xq: np.ndarray, params: list[InferParams], texts: list[str] | None = None) -> Retrieval:
@@ -229,7 +230,7 @@ class Engine:
 
     # --- the fused pass -----------------------------------------------------------------------
     def infer(self, texts: list[str], params: InferParams | list[InferParams], *,
-              group_size: int = GROUP_SIZE) -> list[dict]:
+              group_size: int = GROUP_SIZE) -> list[InferResult]:
         """One result per text. More than `group_size` texts run as passes of at most that many,
         shortest texts together (by characters), answers in the input order.
 
@@ -247,7 +248,7 @@ class Engine:
         params = self.resolve(params)
         if len(texts) > group_size > 0:
             order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
-            out: list[dict | None] = [None] * len(texts)
+            out: list[InferResult | None] = [None] * len(texts)
             for g in range(0, len(order), group_size):
                 idx = order[g : g + group_size]
                 for i, r in zip(idx, self._infer([texts[i] for i in idx], [params[i] for i in idx], idx), strict=True):
@@ -255,14 +256,14 @@ class Engine:
             return out  # type: ignore[return-value]
         return self._infer(texts, params)
 
-    def _infer(self, texts: list[str], params: list[InferParams], positions: list[int] | None = None) -> list[dict]:
+    def _infer(self, texts: list[str], params: list[InferParams], positions: list[int] | None = None) -> list[InferResult]:
         batch = self.encoder.tokenize(texts, truncate=[p.truncate for p in params], positions=positions)
         # the memory layer's q, k, v are kept: the fused pass reuses them (Encoder._resume)
         plain = self.encoder.forward_plain(batch, keep_hidden=True, capture_layer=self.layer)
         retr = self.retrieve(plain.embedding.float().cpu().numpy(), params, texts)
         return self.fuse(batch, plain, retr, params)
 
-    def fuse(self, batch: TokenBatch, plain: PlainPass, retr: Retrieval, params: list[InferParams]) -> list[dict]:
+    def fuse(self, batch: TokenBatch, plain: PlainPass, retr: Retrieval, params: list[InferParams]) -> list[InferResult]:
         dev = self.encoder.device
         memory = self.bundle.kv.gather(retr.rows, retr.weights, dev)
         alpha = torch.tensor([p.alpha for p in params], device=dev)
@@ -278,7 +279,7 @@ class Engine:
         fr = captured["fr"]
         return [self._result(b, batch, fr, emb, tokens, retr, params[b], plain.embedding) for b in range(len(params))]
 
-    def versus_plain(self, e_plain: np.ndarray, e_aug: np.ndarray, n: int = NEAREST_SHOWN) -> dict:
+    def versus_plain(self, e_plain: np.ndarray, e_aug: np.ndarray, n: int = NEAREST_SHOWN) -> VersusPlain:
         """What the KB changed in one input's output: cos(e, e') and ‖e' − e‖ between the plain
         model's embedding e and the knowledge-augmented e', and the n nearest KB chunks of each by
         exact search (e·e_c, e'·e_c). The label scores are not here: they come from w_db over R,
@@ -286,14 +287,14 @@ class Engine:
         e, e2 = np.asarray(e_plain, dtype=np.float64), np.asarray(e_aug, dtype=np.float64)  # (D,)
         D, I = self.bundle.index.search(np.stack([e, e2]), n, exact=True)  # (2, n)
 
-        def near(j: int) -> list[dict]:
-            return [{"chunk_id": self.bundle.chunks[i]["chunk_id"], "label": self.bundle.chunks[i].get("label"),
-                     "similarity": float(s)} for s, i in zip(D[j], I[j], strict=True) if i >= 0]
+        def near(j: int) -> list[Neighbour]:
+            return [Neighbour(self.bundle.chunks[i]["chunk_id"], self.bundle.chunks[i].get("label"), float(s))
+                    for s, i in zip(D[j], I[j], strict=True) if i >= 0]
 
-        return {"cosine": float(e @ e2 / (np.linalg.norm(e) * np.linalg.norm(e2))), "l2": float(np.linalg.norm(e2 - e)),
-                "nearest_plain": near(0), "nearest_augmented": near(1)}
+        return VersusPlain(cosine=float(e @ e2 / (np.linalg.norm(e) * np.linalg.norm(e2))),
+                           l2=float(np.linalg.norm(e2 - e)), nearest_plain=near(0), nearest_augmented=near(1))
 
-    def _result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: InferParams, plain_emb=None) -> dict:
+    def _result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: InferParams, plain_emb=None) -> InferResult:
         valid = batch.mask[b].to(fr.out.device)
         rows = retr.rows[b]
         w = retr.weights[b]
@@ -303,57 +304,52 @@ class Engine:
         h_db = weight_entropy(w)
         h_att = float(fr.entropy[b][:, valid].mean())
         mem_share_tok = fr.gate_mem[b].sum(-1)  # (nh, T)
-        diag = {
-            "memory_share": float(mem_share_tok[:, valid].mean()),
-            "retrieved": S,
-            "k": p.k,
-            "alpha": p.alpha if p.mixing == "fixed" else None,
-            "mixing": p.mixing,
-            "temperature": p.temperature,
-            "kernel": p.kernel,
-            "threshold": p.threshold,
-            "retrieval": p.retrieval,
-            "lexical_weight": p.lexical_weight if p.retrieval == "hybrid" else None,
-            "candidates": p.candidates if p.retrieval != "dense" else None,
-            "nearest_similarity": retr.nearest[b],
-            "search": retr.searched[b],
-            "memory_layer": self.layer,
-            "w_db_entropy": h_db,
-            "w_db_effective_k": effective_k(h_db),
-            "attention_entropy": h_att,
-            "attention_effective_k": math.exp(h_att),
-            "attention_entropy_intra": float(fr.entropy_in[b][:, valid].mean()),
-            "truncation_bound": retr.bound[b],
-            "n_tokens": int(batch.n_tokens[b]),
-            "truncated": bool(batch.truncated[b]),
-        }
-        labels = [self.bundle.chunks[r].get("label") for r in rows]
-        result = {
-            "embedding": emb[b].float().cpu().tolist(),
-            "evidence": evidence_items(fr, b, batch=batch, bundle=self.bundle, rows=rows, scores=retr.scores[b],
-                                       weights=weights, alpha=p.alpha, joint=p.mixing == "joint",
-                                       n_items=p.evidence, n_spans=p.spans, why=lambda s: self._why(retr, b, s)),
-            "diagnostics": diag,
-            "label_scores": None,
-            "prediction": None,
-            "abstained": False,
-        }
+        diag = Diagnostics(
+            memory_share=float(mem_share_tok[:, valid].mean()),
+            retrieved=S,
+            k=p.k,
+            alpha=p.alpha if p.mixing == "fixed" else None,
+            mixing=p.mixing,
+            temperature=p.temperature,
+            kernel=p.kernel,
+            threshold=p.threshold,
+            retrieval=p.retrieval,
+            lexical_weight=p.lexical_weight if p.retrieval == "hybrid" else None,
+            candidates=p.candidates if p.retrieval != "dense" else None,
+            nearest_similarity=retr.nearest[b],
+            search=retr.searched[b],
+            memory_layer=self.layer,
+            w_db_entropy=h_db,
+            w_db_effective_k=effective_k(h_db),
+            attention_entropy=h_att,
+            attention_effective_k=math.exp(h_att),
+            attention_entropy_intra=float(fr.entropy_in[b][:, valid].mean()),
+            truncation_bound=retr.bound[b],
+            n_tokens=int(batch.n_tokens[b]),
+            truncated=bool(batch.truncated[b]),
+        )
+        evidence = evidence_items(fr, b, batch=batch, bundle=self.bundle, rows=rows, scores=retr.scores[b],
+                                  weights=weights, alpha=p.alpha, joint=p.mixing == "joint", n_items=p.evidence,
+                                  n_spans=p.spans, why=lambda s: self._why(retr, b, s))
+        scores, verdict = None, Prediction(None, False)
         if self.bundle.labels:
-            scores = label_scores(labels, w)
-            result["label_scores"] = scores
-            result.update(self._predict(scores, p, retr.nearest[b]))
+            scores = label_scores([self.bundle.chunks[r].get("label") for r in rows], w)
+            verdict = self._predict(scores, p, retr.nearest[b])
+        extra = {}
         if p.return_tokens:
             n = int(batch.n_tokens[b])
-            result["tokens"] = [
-                {"index": t, "text": batch.texts[b][s:e], "start": s, "end": e, "special": bool(batch.special[b, t]),
-                 "memory_share": float(mem_share_tok[:, t].mean())}
+            extra["tokens"] = [
+                Token(index=t, text=batch.texts[b][s:e], start=s, end=e, special=bool(batch.special[b, t]),
+                      memory_share=float(mem_share_tok[:, t].mean()))
                 for t, (s, e) in enumerate(batch.offsets[b, :n].tolist())
             ]
-            result["token_embeddings"] = tokens[b, :n].float().cpu().tolist()
-            result["head_memory_share"] = mem_share_tok[:, :n].float().cpu().tolist()  # (nh, n)
+            extra["token_embeddings"] = tokens[b, :n].float().cpu().tolist()
+            extra["head_memory_share"] = mem_share_tok[:, :n].float().cpu().tolist()  # (nh, n)
             if plain_emb is not None:
-                result["versus_plain"] = self.versus_plain(plain_emb[b].float().cpu().numpy(), emb[b].float().cpu().numpy())
-        return result
+                extra["versus_plain"] = self.versus_plain(plain_emb[b].float().cpu().numpy(), emb[b].float().cpu().numpy())
+        return InferResult(embedding=emb[b].float().cpu().tolist(), evidence=evidence, diagnostics=diag,
+                           label_scores=scores, prediction=verdict.prediction, abstained=verdict.abstained,
+                           abstain_reason=verdict.abstain_reason, **extra)
 
     def _why(self, retr: Retrieval, b: int, s: int) -> dict:
         """Why chunk R[s] of input b was retrieved: its dense and BM25 scores, the words that matched."""
@@ -361,7 +357,7 @@ class Engine:
         return {"dense_similarity": retr.dense[b][s], "bm25": None if bm25 is None else bm25[s],
                 "matched_terms": self.matched_words(retr, b, retr.rows[b][s])}
 
-    def _predict(self, scores: dict[str, float], p: InferParams, s_1: float) -> dict:
+    def _predict(self, scores: dict[str, float], p: InferParams, s_1: float) -> Prediction:
         """The top label, or an explicit abstain.
 
         With the bundle's calibration (softknn calibrate): abstain when the nearest chunk's
@@ -371,21 +367,19 @@ class Engine:
         queries at a 0.97% in-scope loss, the score-only rule 42.7%. A request's own
         abstain_threshold keeps the score-only rule.
         """
-        cal = self.bundle.manifest.get("calibration", {}) or {}
+        cal = self.bundle.manifest.calibration
         thr = p.abstain_threshold
         s_min = None
         if thr is None:
-            thr = cal.get("abstain_threshold")
-            s_min = cal.get("min_similarity")
-            if s_min is not None:
-                thr = cal.get("abstain_threshold_gated", thr)
+            thr = cal.abstain_threshold
+            s_min = cal.min_similarity
+            if s_min is not None and cal.abstain_threshold_gated is not None:
+                thr = cal.abstain_threshold_gated
         if not scores:
-            return {"prediction": None, "abstained": True, "abstain_reason": "no labelled chunk in R"}
+            return Prediction(None, True, "no labelled chunk in R")
         if s_min is not None and s_1 < s_min:
-            return {"prediction": None, "abstained": True,
-                    "abstain_reason": f"nearest KB chunk similarity {s_1:.3f} < {s_min:.3f} (out of domain)"}
+            return Prediction(None, True, f"nearest KB chunk similarity {s_1:.3f} < {s_min:.3f} (out of domain)")
         label, top = next(iter(scores.items()))
         if thr is not None and top < thr:
-            return {"prediction": None, "abstained": True,
-                    "abstain_reason": f"top label score {top:.3f} < abstain threshold {thr:.3f}"}
-        return {"prediction": label, "abstained": False}
+            return Prediction(None, True, f"top label score {top:.3f} < abstain threshold {thr:.3f}")
+        return Prediction(label, False)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from softknn.attention import FusedResult, entropy
+from softknn.results import EvidenceItem, QueryToken, Span
 
 
 def influence(fr: FusedResult, b: int, valid: torch.Tensor, *, weights: torch.Tensor, alpha: float,
@@ -69,10 +70,11 @@ def evidence_items(
     joint: bool,
     n_items: int,
     n_spans: int,
-    why=None,
-) -> list[dict]:
+    why,
+) -> list[EvidenceItem]:
     """Evidence for input b, ranked by memory-mass share, each with its spans and influence.
-    `why(s)`: extra fields of the item in slot s of R (its dense and BM25 scores: Engine._why)."""
+    `why(s)`: why the chunk in slot s of R was retrieved: its dense_similarity, bm25 and
+    matched_terms (Engine._why)."""
     if not rows or n_items <= 0:  # nothing asked for: skip the per-token work (~1.5 ms, bench/fused_forward.py)
         return []
     valid = batch.mask[b].cpu()  # (T,)
@@ -103,34 +105,34 @@ def evidence_items(
         tops = _top(pulls, 9, 3)
         spans = []
         for (ws, we, m, _), p_w, top in zip(words, pulls.tolist(), tops, strict=True):
-            spans.append({
-                "start": ws,
-                "end": we,
-                "text": c["text"][ws - c["start"] : we - c["start"]],
-                "weight": float(m),
-                "share": float(m / max(share_list[s], 1e-12)),
-                "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, p_w[i]) for i in top],
-            })
+            spans.append(Span(
+                start=ws,
+                end=we,
+                text=c["text"][ws - c["start"] : we - c["start"]],
+                weight=float(m),
+                share=float(m / max(share_list[s], 1e-12)),
+                query_tokens=[_qtok(text, q_spans[i], q_special[i], i, p_w[i]) for i in top],
+            ))
         reach_s = reach_np[:, s]  # (n,)
         reach_l = reach_s.tolist()
         top_q = _top(reach_s[None], 6, 5)[0]
-        items.append({
-            "rank": rank,
-            "chunk_id": c["chunk_id"],
-            "doc_id": c["doc_id"],
-            "text": c["text"],
-            "start": c["start"],
-            "end": c["end"],
-            "label": c.get("label"),
-            "metadata": c.get("metadata") or {},
-            "similarity": float(scores[s]),
-            "weight": float(weights[s]),
-            "mass_share": share_list[s],
-            "influence": float(infl[s]),
-            "spans": spans,
-            "query_tokens": [_qtok(text, q_spans[i], q_special[i], i, reach_l[i]) for i in top_q],
-            **(why(s) if why is not None else {}),
-        })
+        items.append(EvidenceItem(
+            rank=rank,
+            chunk_id=c["chunk_id"],
+            doc_id=c["doc_id"],
+            text=c["text"],
+            start=c["start"],
+            end=c["end"],
+            label=c.get("label"),
+            metadata=c.get("metadata") or {},
+            similarity=float(scores[s]),
+            weight=float(weights[s]),
+            mass_share=share_list[s],
+            influence=float(infl[s]),
+            spans=spans,
+            query_tokens=[_qtok(text, q_spans[i], q_special[i], i, reach_l[i]) for i in top_q],
+            **why(s),
+        ))
     return items
 
 
@@ -143,9 +145,9 @@ def _top(values: np.ndarray, decimals: int, k: int) -> list[list[int]]:
     return np.lexsort((idx, -r), axis=1)[:, :k].tolist()
 
 
-def _qtok(text: str, span: list[int], special: bool, index: int, weight: float) -> dict:
+def _qtok(text: str, span: list[int], special: bool, index: int, weight: float) -> QueryToken:
     s, e = span
-    return {"index": index, "text": "[special]" if special else text[s:e], "start": s, "end": e, "weight": weight}
+    return QueryToken(index=index, text="[special]" if special else text[s:e], start=s, end=e, weight=weight)
 
 
 def label_scores(labels: list[str | None], weights: list[float]) -> dict[str, float]:

@@ -32,6 +32,7 @@ import torch
 
 from softknn.attention import MemoryBatch
 from softknn.errors import BundleError
+from softknn.manifest import Manifest
 from softknn.memory import KVStore, pad_memory, pad_memory_reference
 
 MEMORY_KINDS = ("kv", "hidden", "hidden-fp16", "hidden-int8", "recompute")
@@ -45,9 +46,8 @@ MEMORY_FILES = {
 }
 
 
-def memory_kind(manifest: dict) -> str:
-    """The bundle's memory representation; bundles built before the field existed store `kv`."""
-    kind = manifest.get("memory", "kv")
+def memory_kind(kind: str) -> str:
+    """A bundle's memory representation, checked (bundles built before the field existed store `kv`)."""
     if kind not in MEMORY_KINDS:
         raise BundleError(f"manifest memory {kind!r} is not one of {MEMORY_KINDS}; a newer softknn built it?")
     return kind
@@ -59,16 +59,15 @@ def check_kind(kind: str) -> str:
     return kind
 
 
-def memory_files(manifest: dict) -> tuple[str, ...]:
-    return MEMORY_FILES[memory_kind(manifest)]
+def memory_files(kind: str) -> tuple[str, ...]:
+    return MEMORY_FILES[memory_kind(kind)]
 
 
-def memory_summary(manifest: dict) -> dict:
+def memory_summary(m: Manifest) -> dict:
     """What /v1/index and `softknn info` say of the memory: its kind, files and bytes per chunk."""
-    kind = memory_kind(manifest)
-    files = manifest.get("files", {})
-    n = max(1, manifest["counts"]["chunks"])
-    nbytes = sum(files[f]["bytes"] for f in MEMORY_FILES[kind] if f in files)
+    kind = memory_kind(m.memory)
+    n = max(1, m.counts.chunks)
+    nbytes = sum(m.files[f].bytes for f in MEMORY_FILES[kind] if f in m.files)
     return {"kind": kind, "files": list(MEMORY_FILES[kind]), "bytes": nbytes, "bytes_per_chunk": round(nbytes / n, 1),
             "computed_at_query_time": {"kv": "nothing", "recompute": "layers 0..L over the retrieved chunks"}.get(
                 kind, "K/V from the stored hidden states (the layer's key/value projections)")}
@@ -201,12 +200,12 @@ class RecomputeStore(_Attached):
 MemoryStore = KVStore | HiddenStore | RecomputeStore
 
 
-def load_memory(path: Path, manifest: dict, load: Callable[[str], np.ndarray], chunk_tokens: np.ndarray,
+def load_memory(path: Path, manifest: Manifest, load: Callable[[str], np.ndarray], chunk_tokens: np.ndarray,
                 texts: list[str]) -> MemoryStore:
     """The bundle's memory store, whatever its representation (`load(name)` memory-maps one .npy)."""
-    kind = memory_kind(manifest)
+    kind = memory_kind(manifest.memory)
     start, count = chunk_tokens[:, 0], chunk_tokens[:, 1]
-    nh, hs = int(manifest["model"]["num_heads"]), int(manifest["model"]["head_dim"])
+    nh, hs = manifest.model.num_heads, manifest.model.head_dim
     if kind == "kv":
         return KVStore(load("kv_keys.npy"), load("kv_values.npy"), start, count)
     if kind == "recompute":

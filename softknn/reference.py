@@ -24,7 +24,7 @@ def similarity_reference(bundle: Bundle, e_q: np.ndarray, text: str, retrieval: 
     d = np.asarray(bundle.index.xb, dtype=np.float64) @ np.asarray(e_q, dtype=np.float64)
     if retrieval == "dense":
         return d
-    spec = LexicalSpec.from_manifest(bundle.manifest["lexical"]["settings"])
+    spec = LexicalSpec.from_manifest(bundle.manifest.lexical.settings)
     an = Analyzer(spec)
     b = bm25_reference(an.terms(text), [an.terms(c["text"]) for c in bundle.chunks], spec)
     return scores_reference(d, b, retrieval, lexical_weight, candidates)

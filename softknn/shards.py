@@ -43,22 +43,22 @@ import torch
 
 from softknn.attention import MemoryBatch
 from softknn.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
+from softknn.manifest import Manifest
 
 SHARD_DIR = "shard-{:04d}"
 
 
-def is_sharded(manifest: dict) -> bool:
-    return bool(manifest.get("shards"))
-
-
-def shard_files(manifest: dict) -> list[str]:
-    """Every file a sharded bundle must hold, relative to its directory (shard manifests included)."""
+def shard_files(dirs: Manifest | list[str], memory: str = "kv", lexical: bool = False) -> list[str]:
+    """Every file a sharded bundle must hold, relative to its directory (shard manifests included):
+    of a typed manifest, or of the shard dirs, memory kind and lexical flag of one being written."""
     from softknn.bundle import MANIFEST, data_files
 
+    if isinstance(dirs, Manifest):
+        dirs, memory, lexical = [sh.dir for sh in dirs.shards or ()], dirs.memory, dirs.lexical is not None
     out = []
-    for sh in manifest["shards"]:
-        out.append(f"{sh['dir']}/{MANIFEST}")
-        out += [f"{sh['dir']}/{name}" for name in data_files(manifest)]
+    for d in dirs:
+        out.append(f"{d}/{MANIFEST}")
+        out += [f"{d}/{name}" for name in data_files(memory, lexical)]
     return out
 
 
@@ -194,9 +194,9 @@ class _KV:
 
     def attach(self, encoder, layer: int) -> None:
         """Nothing to attach: a sharded bundle's memory is stored K/V (memory 'kv'; see the builder)."""
-        if self.owner.manifest.get("memory", "kv") != "kv":
+        if self.owner.manifest.memory != "kv":
             raise BundleError(f"{self.owner.path}: a sharded bundle serves memory 'kv' only, not "
-                              f"{self.owner.manifest['memory']!r}")
+                              f"{self.owner.manifest.memory!r}")
 
     def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
         """The MemoryBatch one store's `gather` builds: S = max |R|, Lm = the longest chunk, each
@@ -237,7 +237,7 @@ class ShardedBundle:
     """A sharded bundle where the Engine expects a `Bundle` (same attributes), over `backend`'s shards."""
 
     path: Path
-    manifest: dict
+    manifest: Manifest
     backend: object  # LocalShards or service.ray_serving.RayShards: .call(method, args per shard)
     chunks: list[dict]
     lo: list[int]  # first global row of each shard
@@ -249,8 +249,8 @@ class ShardedBundle:
     _by_id: dict[str, int] = field(default_factory=dict)
 
     n_shards = property(lambda self: len(self.lo))
-    version = property(lambda self: self.manifest["version_id"])
-    memory_layer = property(lambda self: int(self.manifest["memory_layer"]))
+    version = property(lambda self: self.manifest.version_id)
+    memory_layer = property(lambda self: self.manifest.memory_layer)
 
     def __len__(self) -> int:
         return len(self.chunks)
@@ -283,7 +283,7 @@ class ShardedBundle:
         self.backend.close()
 
 
-def load_sharded(path: Path, manifest: dict, *, backend_factory=None, use_gpu: bool = False) -> ShardedBundle:
+def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gpu: bool = False) -> ShardedBundle:
     """A verified sharded bundle's metadata, and its shards opened by `backend_factory(specs)`
     (specs: [(shard dir, lo)]; default: in this process)."""
     from softknn.bundle import load_npy, read_manifest
@@ -294,14 +294,14 @@ def load_sharded(path: Path, manifest: dict, *, backend_factory=None, use_gpu: b
     chunks: list[dict] = []
     starts, counts, spans, first, lo, lex_parts = [], [], [], [], [], []
     tok = 0
-    for sh in manifest["shards"]:
-        d = path / sh["dir"]
-        sub = read_manifest(d)
-        if [len(chunks), len(chunks) + sub["counts"]["chunks"]] != list(sh["rows"]):
-            raise BundleError(f"{d}: rows {sh['rows']} in the manifest, the shard holds {sub['counts']['chunks']} chunks "
+    for sh in manifest.shards:
+        d = path / sh.dir
+        sub = Manifest.of(read_manifest(d), d / "manifest.json")
+        if (len(chunks), len(chunks) + sub.counts.chunks) != sh.rows:
+            raise BundleError(f"{d}: rows {list(sh.rows)} in the manifest, the shard holds {sub.counts.chunks} chunks "
                               f"from row {len(chunks)}")
-        if sub["version_id"] != sh["version_id"]:
-            raise BundleError(f"{d / 'manifest.json'}: version {sub['version_id']}, the bundle's manifest says {sh['version_id']}")
+        if sub.version_id != sh.version_id:
+            raise BundleError(f"{d / 'manifest.json'}: version {sub.version_id}, the bundle's manifest says {sh.version_id}")
         try:
             with open(d / "chunks.jsonl", encoding="utf-8") as f:
                 chunks += [json.loads(line) for line in f]
@@ -312,22 +312,22 @@ def load_sharded(path: Path, manifest: dict, *, backend_factory=None, use_gpu: b
         counts.append(ct[:, 1])
         spans.append(load_npy(d / "token_spans.npy"))
         first.append(tok)
-        lo.append(int(sh["rows"][0]))
-        tok += int(sub["counts"]["tokens"])
-        if manifest.get("lexical"):
-            lex_parts.append(LexicalIndex.load(d, LexicalSpec.from_manifest(manifest["lexical"]["settings"])))
-    if len(chunks) != manifest["counts"]["chunks"]:
-        raise BundleError(f"{path}: the shards hold {len(chunks)} chunks, the manifest {manifest['counts']['chunks']}")
-    specs = [(str(path / sh["dir"]), int(sh["rows"][0])) for sh in manifest["shards"]]
+        lo.append(sh.rows[0])
+        tok += sub.counts.tokens
+        if manifest.lexical is not None:
+            lex_parts.append(LexicalIndex.load(d, LexicalSpec.from_manifest(manifest.lexical.settings)))
+    if len(chunks) != manifest.counts.chunks:
+        raise BundleError(f"{path}: the shards hold {len(chunks)} chunks, the manifest {manifest.counts.chunks}")
+    specs = [(str(path / sh.dir), sh.rows[0]) for sh in manifest.shards]
     if backend_factory is None:
         backend = LocalShards([Shard(d, lo_s, use_gpu=use_gpu) for d, lo_s in specs])
     else:
-        backend = backend_factory(specs, manifest["version_id"])
+        backend = backend_factory(specs, manifest.version_id)
     m = manifest
-    b = ShardedBundle(path=path, manifest=m, backend=backend, chunks=chunks, lo=lo, labels=list(m.get("labels", [])),
+    b = ShardedBundle(path=path, manifest=m, backend=backend, chunks=chunks, lo=lo, labels=list(m.labels),
                       _by_id={c["chunk_id"]: i for i, c in enumerate(chunks)})
-    b.index = _Index(b, IndexSpec(m["index"]["kind"], m["index"]["params"], m["index"].get("reason", "")))
-    b.kv = _KV(b, np.concatenate(starts), np.concatenate(counts), m["model"]["num_heads"], m["model"]["head_dim"])
+    b.index = _Index(b, IndexSpec(m.index.kind, m.index.params, m.index.reason))
+    b.kv = _KV(b, np.concatenate(starts), np.concatenate(counts), m.model.num_heads, m.model.head_dim)
     b.token_spans = _Spans(spans, first)
     b.lexical = _Lexical(b, lex_parts) if lex_parts else None
     return b

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from service.deps import RequestIdDep, RuntimeDep, SettingsDep
-from service.schemas import ErrorResponse, InferRequestBase, InferResponse, result_payload, served
+from service.schemas import ErrorResponse, InferRequestBase, InferResponse, served
 
 ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 413, 422, 429, 503)}
 
@@ -32,8 +32,9 @@ def build_router(InferRequest: type[InferRequestBase]) -> APIRouter:
         params = body.to_params(settings.defaults.hybrid_pool, settings.defaults.candidates)
         engine, results = await runtime.infer(body.inputs, params, truncate=body.truncate, cut=body.cut,
                                               request_id=request_id)
-        # Returned as is (documented by InferResponse, checked by the contract tests): validating
-        # hundreds of thousands of floats per response on the event loop buys nothing.
-        return FastJSONResponse({**served(request_id, engine), "results": [result_payload(r) for r in results]})
+        # The engine's typed results (softknn.results), rendered by orjson as they are: documented by
+        # InferResponse and checked against it by the contract tests; validating hundreds of
+        # thousands of floats per response on the event loop buys nothing.
+        return FastJSONResponse({**served(request_id, engine), "results": results})
 
     return router

@@ -67,18 +67,18 @@ def test_calibration_picks_the_best_cell_and_spends_the_margin_of_the_budget():
 
 
 def test_a_labelled_bundle_is_calibrated_at_build_and_abstains_out_of_the_box(engine, sample_bundle):
-    cal = sample_bundle.manifest["calibration"]
+    cal = sample_bundle.manifest.raw["calibration"]
     assert cal["method"].startswith("leave-one-out")
     assert cal["leave_one_out"]["n"] == sum(c.get("label") is not None for c in sample_bundle.chunks)
     assert 0.0 < cal["min_similarity"] < 1.0 and cal["abstain_threshold_gated"] is not None
     lam, tau = cal["retrieval_defaults"]["hybrid"]["lexical_weight"], cal["retrieval_defaults"]["hybrid"]["temperature"]
     ood, ind = engine.infer(["How long should I boil an egg for a soft yolk?",
                              "Can I bring my dog on the Coral Line ferry to Brindlewick?"], InferParams())
-    assert (ood["diagnostics"]["lexical_weight"], ood["diagnostics"]["temperature"]) == (lam, tau)
-    s1 = ood["diagnostics"]["nearest_similarity"]
-    assert ood["abstained"] is True and ood["prediction"] is None
-    assert ood["abstain_reason"] == f"nearest KB chunk similarity {s1:.3f} < {cal['min_similarity']:.3f} (out of domain)"
-    assert ind["abstained"] is False and ind["prediction"] == "pets_and_animals"
+    assert (ood.diagnostics.lexical_weight, ood.diagnostics.temperature) == (lam, tau)
+    s1 = ood.diagnostics.nearest_similarity
+    assert ood.abstained is True and ood.prediction is None
+    assert ood.abstain_reason == f"nearest KB chunk similarity {s1:.3f} < {cal['min_similarity']:.3f} (out of domain)"
+    assert ind.abstained is False and ind.prediction == "pets_and_animals"
     own = engine.infer(["How long should I boil an egg for a soft yolk?"], InferParams(lexical_weight=0.9,
                                                                                     temperature=0.5))[0]
-    assert (own["diagnostics"]["lexical_weight"], own["diagnostics"]["temperature"]) == (0.9, 0.5)  # a request's own win
+    assert (own.diagnostics.lexical_weight, own.diagnostics.temperature) == (0.9, 0.5)  # a request's own win

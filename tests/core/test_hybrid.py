@@ -91,10 +91,10 @@ def test_engine_fast_path_equals_exact_brute_force(engine, mode, k):
         p = dict(k=k, retrieval=mode, evidence=k)
         fast = engine.infer([q], InferParams(**p))[0]
         exact = engine.infer([q], InferParams(exact=True, **p))[0]
-        by_id = lambda r: {e["chunk_id"]: e["similarity"] for e in r["evidence"]}  # noqa: E731
+        by_id = lambda r: {e.chunk_id: e.similarity for e in r.evidence}  # noqa: E731
         assert by_id(fast).keys() == by_id(exact).keys(), q
         assert max(abs(by_id(fast)[c] - by_id(exact)[c]) for c in by_id(fast)) <= 1e-6
-        assert np.abs(np.array(fast["embedding"]) - np.array(exact["embedding"])).max() <= 1e-5
+        assert np.abs(np.array(fast.embedding) - np.array(exact.embedding)).max() <= 1e-5
 
 
 @pytest.mark.parametrize("mode,lam,mixing", [("hybrid", 0.5, "fixed"), ("hybrid", 0.2, "joint"),
@@ -108,9 +108,9 @@ def test_exact_hybrid_over_the_whole_kb_equals_the_brute_force_reference(engine,
                                         retrieval=mode, lexical_weight=lam))[0]
     ref, rows, w = reference_embedding(encoder, sample_bundle, q, alpha=0.7, mixing=mixing, k=n, temperature=0.1,
                                        retrieval=mode, lexical_weight=lam)
-    assert res["diagnostics"]["retrieved"] == len(rows) == n
-    assert np.abs(np.array(res["embedding"]) - ref).max() <= 1e-5
-    got = {e["chunk_id"]: e["weight"] for e in res["evidence"]}
+    assert res.diagnostics.retrieved == len(rows) == n
+    assert np.abs(np.array(res.embedding) - ref).max() <= 1e-5
+    got = {e.chunk_id: e.weight for e in res.evidence}
     want = {sample_bundle.chunks[r]["chunk_id"]: x for r, x in zip(rows, w)}
     assert got.keys() == want.keys()
     assert max(abs(got[c] - want[c]) for c in want) <= 1e-6
@@ -122,32 +122,32 @@ def test_hybrid_top_k_ranks_by_the_mixed_similarity(engine, encoder, sample_bund
     e_q = encoder.st.encode([q], convert_to_numpy=True)[0]
     s = similarity_reference(sample_bundle, e_q, q, "hybrid", 0.5)
     want = [sample_bundle.chunks[c]["chunk_id"] for c in np.lexsort((np.arange(len(s)), -s))[:8]]
-    got = sorted(r["evidence"], key=lambda e: (-e["similarity"], e["chunk_id"]))
-    assert [e["chunk_id"] for e in got] == want
+    got = sorted(r.evidence, key=lambda e: (-e.similarity, e.chunk_id))
+    assert [e.chunk_id for e in got] == want
     for e in got:
-        assert e["similarity"] == pytest.approx(s[sample_bundle.row_of(e["chunk_id"])], abs=1e-6)
+        assert e.similarity == pytest.approx(s[sample_bundle.row_of(e.chunk_id)], abs=1e-6)
 
 
 # --- evidence shows why ----------------------------------------------------------------------------
 def test_evidence_carries_dense_similarity_bm25_and_the_matched_words(engine, encoder, sample_bundle):
     q = "Can I bring my dogs on the Coral Line?"
     r = engine.infer([q], InferParams(k=5, evidence=5))[0]
-    assert r["diagnostics"]["retrieval"] == "hybrid"  # the default where the bundle has a lexical index
+    assert r.diagnostics.retrieval == "hybrid"  # the default where the bundle has a lexical index
     e_q = encoder.st.encode([q], convert_to_numpy=True)[0]
     lex = sample_bundle.lexical
     bm25 = lex.scores(lex.analyzer.terms(q))
-    for e in r["evidence"]:
-        row = sample_bundle.row_of(e["chunk_id"])
-        assert e["dense_similarity"] == pytest.approx(float(np.asarray(sample_bundle.index.xb)[row] @ e_q), abs=1e-5)
-        assert e["bm25"] == pytest.approx(float(bm25[row]), abs=1e-5)
-        chunk_terms = set(lex.analyzer.terms(e["text"]))
+    for e in r.evidence:
+        row = sample_bundle.row_of(e.chunk_id)
+        assert e.dense_similarity == pytest.approx(float(np.asarray(sample_bundle.index.xb)[row] @ e_q), abs=1e-5)
+        assert e.bm25 == pytest.approx(float(bm25[row]), abs=1e-5)
+        chunk_terms = set(lex.analyzer.terms(e.text))
         want = [w for t, s, t_end in lex.analyzer.words(q) for w in [q[s:t_end]] if t in chunk_terms]
-        assert e["matched_terms"] == list(dict.fromkeys(want))
-    dogs = next(e for e in r["evidence"] if "dog" in e["text"].lower())
-    assert "dogs" in dogs["matched_terms"]  # the input's own word, matched through its stem
+        assert e.matched_terms == list(dict.fromkeys(want))
+    dogs = next(e for e in r.evidence if "dog" in e.text.lower())
+    assert "dogs" in dogs.matched_terms  # the input's own word, matched through its stem
     dense = engine.infer([q], InferParams(k=5, evidence=5, retrieval="dense"))[0]
-    assert all(e["bm25"] is None and e["matched_terms"] is None for e in dense["evidence"])
-    assert all(e["dense_similarity"] == e["similarity"] for e in dense["evidence"])
+    assert all(e.bm25 is None and e.matched_terms is None for e in dense.evidence)
+    assert all(e.dense_similarity == e.similarity for e in dense.evidence)
 
 
 # --- dense unchanged; bundles without a lexical index ----------------------------------------------
@@ -159,10 +159,10 @@ def test_dense_retrieval_is_identical_on_a_bundle_with_and_without_a_lexical_ind
         before = old.infer(QUERIES, p)  # a bundle from before: dense is its default
         after = engine.infer(QUERIES, InferParams(k=6, exact=exact, evidence=6, temperature=0.05, retrieval="dense"))
         for a, b in zip(before, after, strict=True):
-            assert a["embedding"] == b["embedding"]
-            assert [(e["chunk_id"], e["similarity"], e["weight"]) for e in a["evidence"]] == [
-                (e["chunk_id"], e["similarity"], e["weight"]) for e in b["evidence"]]
-            assert a["diagnostics"]["retrieval"] == b["diagnostics"]["retrieval"] == "dense"
+            assert a.embedding == b.embedding
+            assert [(e.chunk_id, e.similarity, e.weight) for e in a.evidence] == [
+                (e.chunk_id, e.similarity, e.weight) for e in b.evidence]
+            assert a.diagnostics.retrieval == b.diagnostics.retrieval == "dense"
 
 
 def test_a_bundle_without_a_lexical_index_serves_dense_and_refuses_hybrid(encoder, dense_only_bundle_path):
@@ -188,7 +188,7 @@ def test_add_lexical_upgrades_an_old_bundle_in_place(encoder, dense_only_bundle_
     up = Engine(encoder, load_bundle(old))
     a = up.infer(QUERIES[:3], InferParams(k=5, evidence=5))
     b = engine.infer(QUERIES[:3], InferParams(k=5, evidence=5))  # a fresh build with its lexical index
-    assert [[e["chunk_id"] for e in r["evidence"]] for r in a] == [[e["chunk_id"] for e in r["evidence"]] for r in b]
+    assert [[e.chunk_id for e in r.evidence] for r in a] == [[e.chunk_id for e in r.evidence] for r in b]
     assert not list(tmp_path.glob(".old.tmp-*"))
 
 

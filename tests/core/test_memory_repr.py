@@ -96,8 +96,8 @@ def test_engine_exact_answers_match_kv(engines, kind):
     want = engines["kv"].infer(QUERIES, params)
     got = engines[kind].infer(QUERIES, params)
     for w, g in zip(want, got, strict=True):
-        assert [e["chunk_id"] for e in g["evidence"]] == [e["chunk_id"] for e in w["evidence"]]
-        d = float(np.abs(np.array(g["embedding"]) - np.array(w["embedding"])).max())
+        assert [e.chunk_id for e in g.evidence] == [e.chunk_id for e in w.evidence]
+        d = float(np.abs(np.array(g.embedding) - np.array(w.embedding)).max())
         assert d <= OUT_TOL[kind], d
 
 

@@ -76,7 +76,7 @@ def test_exact_answers_equal_torch_answers(engine, onnx_encoder, sample_bundle):
              "refund", "Is there food on board for vegetarians and how late is the cafe open?"]
     params = [InferParams(exact=True), InferParams(exact=True, mixing="joint"),
               InferParams(exact=True, retrieval="dense", alpha=0.3), InferParams(exact=True, k=16)]
-    _close(engine.infer(texts, params), fast.infer(texts, params))
+    _close([r.to_dict() for r in engine.infer(texts, params)], [r.to_dict() for r in fast.infer(texts, params)])
 
 
 def test_a_tampered_export_is_refused(onnx_encoder, tmp_path):
@@ -120,12 +120,13 @@ def test_bundles_of_other_numerics_are_refused(encoder, sample_bundle):
     with pytest.raises(BundleError, match="built with torch fp32 numerics, but the model runs onnx int8"):
         check_numerics(sample_bundle.manifest, int8, sample_bundle.path)
     foreign = copy.copy(sample_bundle)
-    foreign.manifest = copy.deepcopy(sample_bundle.manifest)
-    foreign.manifest["model"] |= {"runtime": "onnx", "precision": "int8"}
+    model = sample_bundle.manifest.raw["model"]
+    foreign.manifest = sample_bundle.manifest.replaced(model=model | {"runtime": "onnx", "precision": "int8"})
     with pytest.raises(BundleError, match="built with onnx int8 numerics, but the model runs torch fp32"):
         Engine(encoder, foreign)
-    legacy = copy.deepcopy(sample_bundle.manifest)  # before issue 16: no runtime recorded = torch fp32
-    del legacy["model"]["runtime"], legacy["model"]["precision"]
+    # before issue 16: no runtime recorded = torch fp32
+    legacy = sample_bundle.manifest.replaced(model={k: v for k, v in model.items() if k not in ("runtime", "precision")})
+    assert (legacy.model.runtime, legacy.model.precision) == ("torch", "fp32")
     check_numerics(legacy, encoder.info, sample_bundle.path)
 
 

@@ -66,7 +66,7 @@ def test_readme_curl_sample_is_what_the_service_answers(engine):
     readme = (ROOT / "README.md").read_text()
     request = json.loads(re.search(r"-d '(\{.*?\})'", readme).group(1))
     shown = json.loads(_fence(readme, "[.spans[:2][] | .text]}]}'\n"))
-    r = engine.infer(request["inputs"], InferParams(evidence=request["evidence"]))[0]
+    r = engine.infer(request["inputs"], InferParams(evidence=request["evidence"]))[0].to_dict()
     assert re.fullmatch(r"[0-9a-f]{16}", shown["bundle_version"])  # a content hash: it varies, and the README says so
     assert "`bundle_version` is the bundle's content hash, which includes its build time" in readme
     assert shown["prediction"] == r["prediction"]

@@ -195,9 +195,9 @@ def test_shared_plain_pass_reads_out_what_engine_infer_returns(engine):
     plain = engine.encoder.forward_plain(batch, keep_hidden=True, capture_layer=engine.layer)  # as Engine._infer
     got = _fused(engine, batch, plain, plain.embedding.float().cpu().numpy(), p, Strategy())
     for g, w in zip(got, want, strict=True):
-        assert np.abs(np.array(g["embedding"]) - np.array(w["embedding"])).max() <= 1e-6
-        assert [e["chunk_id"] for e in g["evidence"]] == [e["chunk_id"] for e in w["evidence"]]
-        assert g["label_scores"] == pytest.approx(w["label_scores"])
+        assert np.abs(np.array(g.embedding) - np.array(w.embedding)).max() <= 1e-6
+        assert [e.chunk_id for e in g.evidence] == [e.chunk_id for e in w.evidence]
+        assert g.label_scores == pytest.approx(w.label_scores)
 
 
 def test_calibration_is_stored_in_a_bundle_that_still_verifies(tiny_bundle, tmp_path, encoder):
@@ -207,7 +207,7 @@ def test_calibration_is_stored_in_a_bundle_that_still_verifies(tiny_bundle, tmp_
     m = write_calibration(b, {"abstain_threshold": 0.99, "target_accuracy_loss": 0.01})
     assert verify_bundle(b)["version_id"] == m["version_id"] != before
     res = Engine(encoder, load_bundle(b)).infer(["when does the harbour office open?"], InferParams(k=3, temperature=1.0))
-    assert res[0]["abstained"] and res[0]["prediction"] is None  # three labels at τ = 1: top score < 0.99
+    assert res[0].abstained and res[0].prediction is None  # three labels at τ = 1: top score < 0.99
 
 
 def test_calibrate_command_splits_the_kb_and_writes_the_threshold(tmp_path, encoder):

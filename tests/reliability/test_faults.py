@@ -68,7 +68,7 @@ def solo(encoder, sample_bundle_path, small_bundle) -> dict[str, dict[str, dict]
     out = {}
     for path in (sample_bundle_path, small_bundle):
         engine = Engine(encoder, load_bundle(path, expected_fingerprint=encoder.info.fingerprint))
-        out[engine.bundle.version] = {q: engine.infer([q], params)[0] for q in QUERIES}
+        out[engine.bundle.version] = {q: engine.infer([q], params)[0].to_dict() for q in QUERIES}
     return out
 
 

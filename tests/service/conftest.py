@@ -23,6 +23,7 @@ from service.app import create_app
 from service.testing import LiveServer, wait_ready
 from softknn.bundle import version_id
 from softknn.cli import sample_kb_path
+from softknn.results import InferResult
 from softknn.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -232,7 +233,7 @@ def _query_tokens(a: list[dict], b: list[dict], path: str, tol: float) -> None:
 def assert_same():
     """assert_same(service_result, engine_result, tol=1e-5)."""
 
-    def check(a: dict, b: dict, tol: float = TOL) -> None:
-        _close(a, b, "result", tol)
+    def check(a: dict, b: dict | InferResult, tol: float = TOL) -> None:
+        _close(a, b.to_dict() if isinstance(b, InferResult) else b, "result", tol)
 
     return check

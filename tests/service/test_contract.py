@@ -202,7 +202,7 @@ def test_exact_hybrid_request_equals_the_brute_force_reference(api, encoder, eng
 
 def test_default_retrieval_is_hybrid_and_the_index_says_what_it_serves(api, engine):
     res = api.post("/v1/infer", json={"inputs": ["can my dog come on board?"], "evidence": 3}).json()["results"][0]
-    cal = engine.bundle.manifest["calibration"]["retrieval_defaults"]["hybrid"]
+    cal = engine.bundle.manifest.calibration.retrieval_defaults["hybrid"]
     d = res["diagnostics"]
     assert (d["retrieval"], d["lexical_weight"], d["temperature"]) == ("hybrid", cal["lexical_weight"],
                                                                       cal["temperature"])

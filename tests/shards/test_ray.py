@@ -60,7 +60,7 @@ def test_shard_killed_under_load(ray_cluster, sharded_bundle_path, sample_bundle
     from service.app import create_app
     from service.ray_serving import RayShards
 
-    want = Engine(encoder, sample_bundle).infer(REQUEST["inputs"], InferParams(exact=True, k=8))[0]
+    want = Engine(encoder, sample_bundle).infer(REQUEST["inputs"], InferParams(exact=True, k=8))[0].to_dict()
     app = create_app(_settings(sharded_bundle_path), encoder=encoder,
                      shard_backend=RayShards.factory(num_cpus=1, timeout_s=60))
     outcomes: list[tuple[float, int, dict, dict]] = []
@@ -139,14 +139,14 @@ def test_serve_deployment_same_api(ray_cluster, sharded_bundle_path, sample_bund
                 time.sleep(1)
             assert c.get("/readyz").status_code == 200
             assert c.get("/openapi.json").json() == create_app(settings, encoder=encoder).openapi()
-            want = Engine(encoder, sample_bundle).infer(REQUEST["inputs"], InferParams(exact=True, k=8))[0]
+            want = Engine(encoder, sample_bundle).infer(REQUEST["inputs"], InferParams(exact=True, k=8))[0].to_dict()
             got = c.post("/v1/infer", json=REQUEST).json()["results"][0]
             assert np.abs(np.asarray(got["embedding"]) - np.asarray(want["embedding"])).max() <= 1e-6
             assert [e["chunk_id"] for e in got["evidence"]] == [e["chunk_id"] for e in want["evidence"]]
             bad = c.post("/v1/infer", json={"inputs": ["x"], "k": 0})
             assert bad.status_code == 422 and set(bad.json()["error"]) == {"type", "message", "field"}
             index = c.get("/v1/index").json()["index"]
-            assert index["counts"] == sample_bundle.manifest["counts"]
+            assert index["counts"] == sample_bundle.manifest.raw["counts"]
             assert index["version_id"] == read_manifest(sharded_bundle_path)["version_id"]
     finally:
         serve.shutdown()

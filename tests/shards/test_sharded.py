@@ -12,6 +12,7 @@ import torch
 from softknn.bundle import load_bundle, read_manifest, verify_bundle
 from softknn.engine import Engine, InferParams
 from softknn.errors import BundleError
+from softknn.results import InferResult
 from softknn.shards import ShardedBundle, shard_ranges
 
 QUERIES = ["When does the first ferry leave on Sundays?", "Can I bring my bicycle on board?",
@@ -23,9 +24,11 @@ def sharded(sharded_bundle_path, encoder):
     return load_bundle(sharded_bundle_path, expected_fingerprint=encoder.info.fingerprint)
 
 
-def assert_same(a: list[dict], b: list[dict]) -> None:
-    """Same evidence ids and order, same diagnostics, embeddings within 1e-6."""
+def assert_same(a: list[InferResult | dict], b: list[InferResult | dict]) -> None:
+    """Same evidence ids and order, same diagnostics, embeddings within 1e-6 (engine results or
+    their JSON from the service)."""
     for ra, rb in zip(a, b, strict=True):
+        ra, rb = (r.to_dict() if isinstance(r, InferResult) else r for r in (ra, rb))
         assert np.abs(np.asarray(ra["embedding"]) - np.asarray(rb["embedding"])).max() <= 1e-6
         assert [e["chunk_id"] for e in ra["evidence"]] == [e["chunk_id"] for e in rb["evidence"]]
         for ea, eb in zip(ra["evidence"], rb["evidence"], strict=True):

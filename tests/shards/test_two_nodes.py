@@ -67,7 +67,7 @@ def test_serve_ray_on_two_nodes(two_nodes, sharded_bundle_path, sample_bundle, e
                     pass
                 time.sleep(1)
             assert c.get("/readyz").status_code == 200, log.read_text()[-4000:]
-            want = Engine(encoder, sample_bundle).infer(QUERIES, InferParams(exact=True))
+            want = [r.to_dict() for r in Engine(encoder, sample_bundle).infer(QUERIES, InferParams(exact=True))]
             got = c.post("/v1/infer", json={"inputs": QUERIES, "exact": True}).json()["results"]
             for a, b in zip(want, got, strict=True):
                 assert np.abs(np.asarray(a["embedding"]) - np.asarray(b["embedding"])).max() <= 1e-6
