@@ -29,11 +29,12 @@ def main() -> None:
 
     import orjson
 
-    from bench.kb import device, queries, synthetic_bundle
+    from bench.kb import bundle_path, device, queries
+    from softknn.bundle import load_bundle
     from softknn.encoder import Encoder
     from softknn.engine import Engine, InferParams
 
-    engine = Engine(Encoder(device=device()), synthetic_bundle(10_000, "flat"))
+    engine = Engine(Encoder(device=device()), load_bundle(bundle_path(10_000)))  # the 10k real bundle (flat)
     typed = [{"request_id": "x" * 32, "results": engine.infer([q], InferParams(k=8, evidence=5))} for q in queries(20)]
     plain = [{**a, "results": [r.to_dict() for r in a["results"]]} for a in typed]
 

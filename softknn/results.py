@@ -2,8 +2,8 @@
 
 The same object `softknn query --json` prints and `POST /v1/infer` returns; service/schemas.py
 documents every field for the OpenAPI schema (tests/service/test_contract.py checks the two agree
-field for field). orjson renders these dataclasses natively (`orjson.dumps(result)`), as fast as
-the dicts they replace (bench/json_encode.py). Nothing changes a result once built: the service
+field for field). orjson renders these dataclasses natively (`orjson.dumps(result)`), close to
+as fast as the dicts they replace (bench/json_encode.py). Nothing changes a result once built: the service
 derives a new one (`InferResult.truncated`) where it knows more than the engine.
 """
 
@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-_FROZEN = {"frozen": True, "slots": True}
+# frozen, not slotted: orjson reads a dataclass's __dict__ directly; with slots=True it goes field
+# by field and rendered a whole answer 3.7× slower (bench/json_encode.py)
+_FROZEN = {"frozen": True}
 
 
 @dataclass(**_FROZEN)
