@@ -9,11 +9,12 @@ does not change. The exported module runs the layers one by one with the mask bu
 (the form Encoder._resume uses), not transformers' mask helpers: tracing those with an unpadded
 example bakes "no mask" into the graph, which is how a naive export came out wrong by up to 1.2.
 
-The graph runs *packed* batches (export v2): `pack` puts the batch's sequences, without their
-padding, side by side into as few rows as fit PACK_WIDTH tokens (first fit, longest first), each
-token with the position id torch gives it in the padded batch and a segment id; attention is
-block-diagonal by segment. The GEMMs, ~85% of the time, then run on the real tokens only (Banking77
-batches of 8 are a third padding). `run` scatters the outputs back to the padded (B, T, …) layout;
+The graph runs *packed* batches (export v2): `Packing` puts the batch's sequences, without their
+padding, side by side into rows (first fit, longest first), each token with the position id torch
+gives it in the padded batch and a segment id; attention is block-diagonal by segment. The GEMMs,
+~85% of the time, then run on real tokens only (Banking77 batches of 8 are a third padding), while
+a wider row costs more attention: the row width is the one of least estimated cost (PACK_*), so a
+batch of equal lengths (the builder's, sorted) stays one input a row, as padded. `run` scatters the outputs back to the padded (B, T, …) layout;
 padded positions come back as zeros, not torch's values there, which no caller reads (the mask
 keeps them out of every real token's attention, of pooling, of memory and evidence).
 
@@ -42,7 +43,11 @@ INT8_MIN_COSINE = 0.95  # int8: min cosine of the pooled embeddings to torch's o
 # against a broken export, not a quality claim (measured: 0.979 worst with per-channel weights, 0.93
 # per-tensor; quality cost on Banking77/ObliQA in docs/benchmarks.md)
 OPSET = 18
-PACK_WIDTH = 128  # a packed row holds up to max(this, the batch's longest input) tokens
+# A packed row holds up to k × the batch's longest input T tokens (k in PACK_WIDTHS, k·T ≤ PACK_MAX):
+# the k of least estimated cost R·W·(1 + W/PACK_ATTENTION) for R rows of W tokens.
+PACK_WIDTHS = (1, 2, 4, 8)
+PACK_MAX = 256
+PACK_ATTENTION = 460  # measured: a token in a W-wide row costs (1 + W/460) × its GEMMs (W 12..128, 1 thread)
 PRECISIONS = ("fp32", "int8")
 OPTIMIZATION = {"basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED", "all": "ORT_ENABLE_ALL"}
 # Fixed verification inputs: one padded batch of different lengths (a short one, a long one, an
@@ -80,6 +85,23 @@ def _position_ids(encoder, input_ids: torch.Tensor) -> torch.Tensor:
     return torch.arange(input_ids.shape[1]).expand_as(input_ids)  # BERT: absolute 0..T-1
 
 
+def _first_fit(lengths: list[int], cap: int) -> tuple[list[int], list[int], int, int]:
+    """Each sequence's row and first column, first fit decreasing into rows of `cap`; rows R, width W."""
+    row, off = [0] * len(lengths), [0] * len(lengths)
+    fill: list[int] = []  # tokens per row
+    for b in sorted(range(len(lengths)), key=lambda b: -lengths[b]):
+        r = next((r for r, f in enumerate(fill) if f + lengths[b] <= cap), len(fill))
+        if r == len(fill):
+            fill.append(0)
+        row[b], off[b] = r, fill[r]
+        fill[r] += lengths[b]
+    return row, off, len(fill), max(max(fill, default=1), 1)
+
+
+def _cost(R: int, W: int) -> float:
+    return R * W * (1 + W / PACK_ATTENTION)
+
+
 class Packing:
     """A padded (B, T) batch packed into (R, W) rows without its padding (see the module doc).
 
@@ -91,16 +113,12 @@ class Packing:
         B, T = mask.shape
         self.shape = (B, T)
         lengths = mask.sum(1).tolist()
-        cap = max(T, PACK_WIDTH if width is None else width)
-        row, off = [0] * B, [0] * B  # each sequence's row and first column
-        fill: list[int] = []  # tokens per row
-        for b in sorted(range(B), key=lambda b: -lengths[b]):  # first fit decreasing
-            r = next((r for r, f in enumerate(fill) if f + lengths[b] <= cap), len(fill))
-            if r == len(fill):
-                fill.append(0)
-            row[b], off[b] = r, fill[r]
-            fill[r] += lengths[b]
-        R, W = len(fill), max(max(fill), 1)
+        if width is None:  # the estimated cheapest of the PACK_WIDTHS
+            caps = [k * T for k in PACK_WIDTHS if k == 1 or k * T <= PACK_MAX]
+            cap = min(caps, key=lambda c: _cost(*_first_fit(lengths, c)[2:]))
+        else:
+            cap = max(T, width)
+        row, off, R, W = _first_fit(lengths, cap)
         bi, ci = mask.nonzero(as_tuple=True)  # real tokens, row-major: grouped by sequence, in order
         rank = (mask.cumsum(1) - 1)[bi, ci]  # index within its sequence
         row_t, off_t = torch.tensor(row), torch.tensor(off)
@@ -124,11 +142,11 @@ class Packing:
         (B, T), (R, W) = self.shape, self.rows
         if name.startswith("hidden"):
             out = a.new_zeros(B * T, a.shape[-1])
-            out[self.dst] = a.reshape(R * W, -1)[self.src]
+            out.index_copy_(0, self.dst, a.reshape(R * W, -1).index_select(0, self.src))
             return out.view(B, T, -1)
         nh, hs = a.shape[1], a.shape[3]
         out = a.new_zeros(B * T, nh, hs)
-        out[self.dst] = a.transpose(1, 2).reshape(R * W, nh, hs)[self.src]
+        out.index_copy_(0, self.dst, a.transpose(1, 2).reshape(R * W, nh, hs).index_select(0, self.src))
         return out.view(B, T, nh, hs).transpose(1, 2)
 
 
@@ -279,7 +297,8 @@ class OnnxForward:
     def run(self, features: dict[str, torch.Tensor], names: list[str] | None = None, *,
             width: int | None = None) -> dict[str, torch.Tensor]:
         """The named outputs (default all) for a tokenized (padded) batch, as CPU torch tensors in the
-        padded layout, zero at padded positions; `width` overrides PACK_WIDTH (0 = the longest input)."""
+        padded layout, zero at padded positions; `width` fixes the row capacity (at least the longest
+        input; 0 = the longest input) instead of the estimated cheapest."""
         packed = Packing(self.encoder, features, width)
         names = names or self.outputs
         got = self.session.run(names, packed.feeds)
