@@ -183,7 +183,8 @@ class OnnxForward:
     """The transformer of `encoder` in ONNX Runtime; `run(features)` -> (hidden_states, q, k, v).
 
     hidden_states[i] is layer i's input (B, T, C), hidden_states[-1] the last hidden state;
-    q[i], k[i], v[i] (B, nh, T, hs) are layer i's attention projections.
+    q[i], k[i], v[i] (B, nh, T, hs) are layer i's attention projections. The graph runs the batch
+    packed (Packing); every output is zero at padded positions, where torch has values no caller reads.
     """
 
     def __init__(self, encoder, *, precision: str = "fp32", cache_dir: Path | None = None, threads: int = 1,
