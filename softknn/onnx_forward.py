@@ -160,6 +160,11 @@ class _Layers(torch.nn.Module):
         self.attn = encoder._attn
         self.inputs = graph_inputs(encoder)
 
+    @staticmethod
+    def mask(seg: torch.Tensor) -> torch.Tensor:
+        """(R, 1, W, W) bool, the sdpa form: a token sees the tokens of its own sequence only."""
+        return seg[:, None, :, None] == seg[:, None, None, :]
+
     def forward(self, *features):
         from softknn.encoder import _bind, _CaptureKV
 
@@ -167,7 +172,7 @@ class _Layers(torch.nn.Module):
         seg = feats["segment_ids"]  # (R, W)
         hidden = self.model.embeddings(input_ids=feats["input_ids"], token_type_ids=feats.get("token_type_ids"),
                                        position_ids=feats["position_ids"])
-        mask4d = (seg[:, None, :, None] == seg[:, None, None, :])  # (R, 1, W, W): a token sees its own sequence
+        mask4d = self.mask(seg)
         hiddens, qkv = [hidden], []
         for i, layer in enumerate(self.model.encoder.layer):
             hook = _CaptureKV(self.attn[i])

@@ -145,6 +145,28 @@ def test_an_export_that_disagrees_with_torch_is_refused(onnx_encoder, tmp_path):
         Encoder(runtime="onnx", onnx_cache=tmp_path)
 
 
+def test_a_packed_export_that_leaks_across_sequences_is_refused(onnx_encoder, tmp_path, monkeypatch):
+    """Packing's own failure modes are caught at open: attention that crosses packed sequences (an
+    export without the block-diagonal mask), and wrong position ids in the packed rows."""
+    import torch
+
+    from softknn import onnx_forward
+    from softknn.encoder import Encoder
+
+    with monkeypatch.context() as m:  # every token sees its whole packed row
+        m.setattr(onnx_forward._Layers, "mask", staticmethod(lambda seg: (seg[:, None, :, None] >= -1)
+                                                              & (seg[:, None, None, :] >= -1)))
+        with pytest.raises(ModelRuntimeError, match=r"differs from torch by .* \(> 0.0001\)"):
+            Encoder(runtime="onnx", onnx_cache=tmp_path / "leaky")
+    for name in ("path", "sidecar"):  # the good export, opened with position ids that restart at 0 per row
+        src = getattr(onnx_encoder.onnx, name)
+        (tmp_path / "pos").mkdir(exist_ok=True)
+        shutil.copy2(src, tmp_path / "pos" / src.name)
+    monkeypatch.setattr(onnx_forward, "_position_ids", lambda enc, ids: torch.zeros_like(ids))
+    with pytest.raises(ModelRuntimeError, match=r"differs from torch by .* \(> 0.0001\)"):
+        Encoder(runtime="onnx", onnx_cache=tmp_path / "pos")
+
+
 def test_bundles_of_other_numerics_are_refused(encoder, sample_bundle):
     int8 = SimpleNamespace(runtime="onnx", precision="int8")
     with pytest.raises(BundleError, match="built with torch fp32 numerics, but the model runs onnx int8"):
