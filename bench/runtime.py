@@ -1,18 +1,22 @@
 """The model runtime side by side (issue 16): torch eager vs ONNX Runtime, same run, one thread.
 
     python -m bench.runtime [--texts 256] [--repeats 5] [--build-limit 2000] [--quality] [--name runtime]
+                            [--baseline REV] [--variants onnx,onnx-extended,onnx-int8]
 
 1. Plain forward (`Encoder.forward_plain`: tokens in, pooled normalised embedding out) on Banking77
    test texts, batch 1 and batch 8, for torch, onnx fp32 (graph optimisation "all" and "extended")
    and onnx int8. The alternatives run interleaved (a, b, c, … per repeat) so drifting load hits them
    alike; each reports wall and process-CPU seconds (one thread: CPU time is the work itself, wall
    time also counts time descheduled on the shared box). Max |Δ| of the embeddings and the last
-   hidden state to torch's over every text.
+   hidden state (at real, non-padded positions) to torch's over every text.
 2. Builder throughput: `build_bundle` on the first --build-limit Banking77 train texts, torch vs
    onnx fp32, interleaved.
 3. --quality: the int8 cost at the embedding level, fp32 (onnx, = torch within 1e-4) vs int8 in the
    same run: Banking77 test accuracy of the weighted k-NN (k 8, softmax τ 0.05) over train
    embeddings, and ObliQA validation-question dense retrieval nDCG@10 over the ObliQA KB passages.
+--baseline REV adds `onnx-REV`: the fp32 export of `softknn/onnx_forward.py` as it was at git
+revision REV (its own cache file name, its own verification), in the same interleaved runs and in the
+builder comparison: old vs new export measured together. --variants picks the onnx alternatives.
 Writes bench/results/<name>.json and <name>.png.
 """
 
@@ -81,8 +85,9 @@ def forward(encs: dict, texts: list[str], repeats: int) -> dict:
             for k, e in encs.items():
                 g = e.forward_plain(b)
                 diffs[k]["embedding"] = max(diffs[k]["embedding"], float((g.embedding - r.embedding).abs().max()))
-                diffs[k]["last_hidden"] = max(diffs[k]["last_hidden"],
-                                              float((g.token_embeddings - r.token_embeddings).abs().max()))
+                real = b.mask[:, :, None]  # the packed onnx graph leaves padded positions zero (no caller reads them)
+                diffs[k]["last_hidden"] = max(diffs[k]["last_hidden"], float(
+                    (g.token_embeddings - r.token_embeddings).abs().masked_fill(~real, 0).max()))
         res[f"b{B}"] = {k: {**t[k], "ms_per_text": 1e3 * t[k]["median_s"] / len(texts),
                             "cpu_ms_per_text": 1e3 * t[k]["cpu_median_s"] / len(texts),
                             "speedup_wall": t["torch"]["median_s"] / t[k]["median_s"],
@@ -190,6 +195,23 @@ def plot(name: str, res: dict) -> Path:
     return out
 
 
+def baseline_forward(rev: str):
+    """softknn/onnx_forward.py at git revision `rev`, loaded as a module of its own."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:softknn/onnx_forward.py"], check=True,
+                         capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp(prefix="softknn-onnx-baseline-")) / f"onnx_forward_{rev}.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location(f"onnx_forward_{rev}", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--texts", type=int, default=256)
@@ -201,6 +223,8 @@ def main() -> None:
     ap.add_argument("--quality-distractors", type=int, default=2000, help="--quality: ObliQA non-gold passages")
     ap.add_argument("--cache", type=Path, default=None, help="ONNX export cache (default the settings' default)")
     ap.add_argument("--name", default="runtime")
+    ap.add_argument("--baseline", default=None, help="also run onnx_forward.py as at this git revision (onnx-REV)")
+    ap.add_argument("--variants", default="onnx,onnx-extended,onnx-int8", help="onnx alternatives, comma-separated")
     args = ap.parse_args()
 
     import os
@@ -212,17 +236,28 @@ def main() -> None:
     t0 = time.perf_counter()
     encs = {"torch": Encoder()}
     kw = {"runtime": "onnx", "onnx_cache": args.cache, "threads": 1}
-    encs["onnx"] = Encoder(**kw)
-    encs["onnx-extended"] = Encoder(**kw, onnx_optimization="extended")
-    encs["onnx-int8"] = Encoder(**kw, precision="int8")
+    variants = args.variants.split(",")
+    encs["onnx"] = Encoder(**kw)  # the builder's and --quality's fp32 reference: always
+    if "onnx-extended" in variants:
+        encs["onnx-extended"] = Encoder(**kw, onnx_optimization="extended")
+    if "onnx-int8" in variants:
+        encs["onnx-int8"] = Encoder(**kw, precision="int8")
+    if args.baseline:  # the same Encoder, its onnx forward swapped for the old module's
+        old = Encoder()
+        old.info.runtime = "onnx"
+        mod = baseline_forward(args.baseline)
+        cache = (args.cache or mod.default_cache_dir()) / f"baseline-{args.baseline}"
+        old.onnx = mod.OnnxForward(old, cache_dir=cache, threads=1)
+        encs[f"onnx-{args.baseline}"] = old
     verification = {k: e.onnx.verification for k, e in encs.items() if e.onnx is not None}
     load_s = time.perf_counter() - t0
     texts = _banking("test")[0][: args.texts]
     res = {"setup": {"threads": 1, "texts": len(texts), "source": "Banking77 test.csv, first texts",
-                     "repeats": args.repeats, "encoders_load_s": load_s},
+                     "repeats": args.repeats, "encoders_load_s": load_s, "baseline": args.baseline},
            "verification": verification, "forward": forward(encs, texts, args.repeats)}
     if args.build_limit:
-        res["builder"] = builder({"torch": encs["torch"], "onnx": encs["onnx"]}, args.build_limit, args.build_repeats)
+        res["builder"] = builder({k: e for k, e in encs.items() if k in ("torch", "onnx", f"onnx-{args.baseline}")},
+                                 args.build_limit, args.build_repeats)
         print("builder", {k: round(v["speedup_wall"], 2) for k, v in res["builder"].items() if isinstance(v, dict)})
     if args.quality:
         res["quality"] = quality({"onnx": encs["onnx"], "onnx-int8": encs["onnx-int8"]}, args.quality_every,

@@ -313,7 +313,8 @@ class Encoder:
         )
 
     def _forward_onnx(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass:
-        """forward_plain's outputs from the ONNX graph (the same fields, the same shapes)."""
+        """forward_plain's outputs from the ONNX graph (the same fields, the same shapes; zeros at padded
+        positions, which no caller reads: see softknn.onnx_forward)."""
         n = self.info.num_layers
         names = [f"hidden_{i}" for i in range(n + 1)] if keep_hidden else [f"hidden_{n}"]
         if capture_layer is not None:

@@ -53,7 +53,14 @@ def test_opening_records_the_verification_within_tolerance(onnx_encoder):
     assert onnx_encoder.onnx.path.exists() and onnx_encoder.onnx.sidecar.exists()
 
 
+def _real(x, mask):
+    """x's real (non-padded) positions: hidden (B, T, C) or q/k/v (B, nh, T, hs), pads zeroed."""
+    return x.masked_fill(~(mask[:, :, None] if x.dim() == 3 else mask[:, None, :, None]), 0)
+
+
 def test_plain_forward_equals_torch_on_banking77_texts(encoder, onnx_encoder):
+    """Every output at every real position; the padded positions of the packed graph's outputs are zero
+    (torch has values there, read by no caller: the mask keeps them out of every real token)."""
     with open(shared_data("banking77", "test.csv"), newline="", encoding="utf-8") as f:
         texts = [r["text"] for r in csv.DictReader(f)][:48]
     layer = encoder.check_layer(-2)
@@ -62,12 +69,35 @@ def test_plain_forward_equals_torch_on_banking77_texts(encoder, onnx_encoder):
         ref = encoder.forward_plain(batch, keep_hidden=True, capture_layer=layer)
         got = onnx_encoder.forward_plain(batch, keep_hidden=True, capture_layer=layer)
         assert got.embedding.shape == ref.embedding.shape and got.query.shape == ref.query.shape
-        for name in ("embedding", "token_embeddings", "query", "key", "value"):
-            d = float((getattr(got, name) - getattr(ref, name)).abs().max())
+        assert float((got.embedding - ref.embedding).abs().max()) <= TOLERANCE
+        for name in ("token_embeddings", "query", "key", "value"):
+            g, r = getattr(got, name), getattr(ref, name)
+            assert g.shape == r.shape
+            d = float((g - _real(r, batch.mask)).abs().max())
             assert d <= TOLERANCE, (name, d)
         assert len(got.hidden_states) == len(ref.hidden_states) == encoder.info.num_layers + 1
         for h_got, h_ref in zip(got.hidden_states, ref.hidden_states, strict=True):
-            assert float((h_got - h_ref).abs().max()) <= TOLERANCE
+            assert float((h_got - _real(h_ref, batch.mask)).abs().max()) <= TOLERANCE
+
+
+@pytest.mark.parametrize("width", [0, 16, None, 10_000])
+def test_every_packing_gives_the_same_outputs(encoder, onnx_encoder, width):
+    """One row per input (width 0 on equal lengths), several inputs per row, all in one row: the same
+    numbers as torch, at a non-default layer too, and padded positions zero."""
+    from softknn.onnx_forward import Packing
+
+    texts = ["a", "Why was my top-up declined twice today?", "card", "I want to change my PIN at an ATM in Spain.",
+             "Zürich → Köln: 12,50 € 🚆", "ok thanks", "How long does a transfer from the UK take?"]
+    batch = encoder.tokenize(texts)
+    packed = Packing(onnx_encoder, batch.features, width)
+    R, W = packed.rows
+    assert R * W >= sum(batch.n_tokens) and (width != 10_000 or R == 1)
+    ref = encoder.torch_layers(batch)
+    got = onnx_encoder.onnx.run(batch.features, width=width)
+    for name in ("hidden_2", "query_2", "key_2", "value_2", "hidden_0", "key_5", f"hidden_{encoder.info.num_layers}"):
+        assert got[name].shape == ref[name].shape
+        assert float((got[name] - _real(ref[name], batch.mask)).abs().max()) <= TOLERANCE, name
+        assert float((got[name] - _real(got[name], batch.mask)).abs().max()) == 0.0  # zeros at the pads
 
 
 def test_exact_answers_equal_torch_answers(engine, onnx_encoder, sample_bundle):
@@ -113,6 +143,28 @@ def test_an_export_that_disagrees_with_torch_is_refused(onnx_encoder, tmp_path):
     path.with_suffix(".json").write_text(json.dumps(meta))
     with pytest.raises(ModelRuntimeError, match=r"differs from torch by .* \(> 0.0001\)"):
         Encoder(runtime="onnx", onnx_cache=tmp_path)
+
+
+def test_a_packed_export_that_leaks_across_sequences_is_refused(onnx_encoder, tmp_path, monkeypatch):
+    """Packing's own failure modes are caught at open: attention that crosses packed sequences (an
+    export without the block-diagonal mask), and wrong position ids in the packed rows."""
+    import torch
+
+    from softknn import onnx_forward
+    from softknn.encoder import Encoder
+
+    with monkeypatch.context() as m:  # every token sees its whole packed row
+        m.setattr(onnx_forward._Layers, "mask", staticmethod(lambda seg: (seg[:, None, :, None] >= -1)
+                                                              & (seg[:, None, None, :] >= -1)))
+        with pytest.raises(ModelRuntimeError, match=r"differs from torch by .* \(> 0.0001\)"):
+            Encoder(runtime="onnx", onnx_cache=tmp_path / "leaky")
+    for name in ("path", "sidecar"):  # the good export, opened with position ids that restart at 0 per row
+        src = getattr(onnx_encoder.onnx, name)
+        (tmp_path / "pos").mkdir(exist_ok=True)
+        shutil.copy2(src, tmp_path / "pos" / src.name)
+    monkeypatch.setattr(onnx_forward, "_position_ids", lambda enc, ids: torch.zeros_like(ids))
+    with pytest.raises(ModelRuntimeError, match=r"differs from torch by .* \(> 0.0001\)"):
+        Encoder(runtime="onnx", onnx_cache=tmp_path / "pos")
 
 
 def test_bundles_of_other_numerics_are_refused(encoder, sample_bundle):
