@@ -36,12 +36,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import RESULTS, write  # noqa: E402
+from evaluation.metrics import classification_metrics, retrieval_metrics  # noqa: E402
+from evaluation.run import Query, Strategy, run_variants  # noqa: E402
 from index_builder.pipeline import BuildConfig, build_bundle  # noqa: E402
 from index_builder.reader import Fields  # noqa: E402
 from softknn.bundle import load_bundle  # noqa: E402
 from softknn.encoder import Encoder  # noqa: E402
 from softknn.engine import Engine, InferParams  # noqa: E402
-from softknn.evaluation import Query, Strategy, classification_metrics, retrieval_metrics, run_variants  # noqa: E402
 from softknn.memory_repr import MEMORY_KINDS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -54,30 +55,31 @@ SHORT = "I lost my card, can you block it?"
 KS = (8, 32)
 
 
-def banking77(work: Path) -> tuple[Path, list[Query]]:
-    rng = random.Random(SUBSETS["seed"])
+def banking77(work: Path, subsets: dict = SUBSETS) -> tuple[Path, list[Query]]:
+    """Seeded random banking77_kb train texts (the KB) and banking77_queries test texts (the queries)."""
+    rng = random.Random(subsets["seed"])
     with open(DATA / "banking77" / "train.csv", newline="") as f:
         train = list(csv.DictReader(f))
     with open(DATA / "banking77" / "test.csv", newline="") as f:
         test = list(csv.DictReader(f))
-    kb = sorted(rng.sample(range(len(train)), SUBSETS["banking77_kb"]))
-    qs = sorted(rng.sample(range(len(test)), SUBSETS["banking77_queries"]))
+    kb = sorted(rng.sample(range(len(train)), subsets["banking77_kb"]))
+    qs = sorted(rng.sample(range(len(test)), subsets["banking77_queries"]))
     path = work / "banking77.jsonl"
     path.write_text("".join(json.dumps({"id": f"tr{i}", "text": train[i]["text"], "label": train[i]["category"]}) + "\n"
                             for i in kb))
     return path, [Query(f"te{i}", test[i]["text"], test[i]["category"]) for i in qs]
 
 
-def obliqa(work: Path) -> tuple[Path, list[Query]]:
+def obliqa(work: Path, subsets: dict = SUBSETS, root: Path = OBLIQA) -> tuple[Path, list[Query]]:
     """The first N dev questions' gold passages plus seeded other passages, up to obliqa_kb."""
-    rng = random.Random(SUBSETS["seed"])
-    questions = [json.loads(x) for x in (OBLIQA / "questions_val.jsonl").read_text().splitlines() if x.strip()]
-    questions = questions[: SUBSETS["obliqa_questions"]]
-    passages = [json.loads(x) for x in (OBLIQA / "kb.jsonl").read_text().splitlines() if x.strip()]
+    rng = random.Random(subsets["seed"])
+    questions = [json.loads(x) for x in (root / "questions_val.jsonl").read_text().splitlines() if x.strip()]
+    questions = questions[: subsets["obliqa_questions"]]
+    passages = [json.loads(x) for x in (root / "kb.jsonl").read_text().splitlines() if x.strip()]
     gold = {g for q in questions for g in q["gold_ids"]}
     keep = [p for p in passages if p["ID"] in gold]
     rest = [p for p in passages if p["ID"] not in gold]
-    keep += rng.sample(rest, max(0, SUBSETS["obliqa_kb"] - len(keep)))
+    keep += rng.sample(rest, max(0, subsets["obliqa_kb"] - len(keep)))
     keep.sort(key=lambda p: p["ID"])
     path = work / "obliqa.jsonl"
     path.write_text("".join(json.dumps(p) + "\n" for p in keep))

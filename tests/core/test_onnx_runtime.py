@@ -205,6 +205,7 @@ def test_int8_needs_the_onnx_runtime():
 
     from softknn.settings import Settings
 
+    # runtime named: SOFTKNN_MODEL__RUNTIME=onnx in the environment (the suite run under onnx) would fill it in
     with pytest.raises(ValidationError, match="model.precision=int8 needs model.runtime=onnx"):
-        Settings(model={"precision": "int8"})
+        Settings(model={"runtime": "torch", "precision": "int8"})
     assert Settings(model={"runtime": "onnx", "precision": "int8"}).model.precision == "int8"
