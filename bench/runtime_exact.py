@@ -74,7 +74,9 @@ def floats(a, b, out: list[float], mism: list[str], path: str = "") -> None:
 
 
 def answers(engine: Engine, ts: list[str], params: InferParams, batched: bool) -> list[dict]:
-    return engine.infer(ts, [params] * len(ts)) if batched else [engine.infer([t], [params])[0] for t in ts]
+    """The answers' JSON views (InferResult.to_dict), so every float in them can be compared."""
+    res = engine.infer(ts, [params] * len(ts)) if batched else [engine.infer([t], [params])[0] for t in ts]
+    return [r.to_dict() for r in res]
 
 
 def compare(ref: list[dict], got: list[dict]) -> dict:

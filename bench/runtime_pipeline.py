@@ -89,16 +89,16 @@ def deltas(engines: dict[str, Engine], texts: list[str], defaults: InferDefaults
     """max |Δ fused embedding| (exact: true, default parameters) against torch-fp32; label/evidence agreement."""
     params = InferParams.from_defaults(defaults, exact=True, truncate=True)
     ref = engines["torch-fp32"].infer(texts, params)
-    e_ref = np.array([r["embedding"] for r in ref], dtype=np.float64)
+    e_ref = np.array([r.embedding for r in ref], dtype=np.float64)
     out = {}
     for name, eng in engines.items():
         got = ref if name == "torch-fp32" else eng.infer(texts, params)
-        d = np.abs(np.array([r["embedding"] for r in got], dtype=np.float64) - e_ref).max(axis=1)  # per query
-        cos = (np.array([r["embedding"] for r in got]) * e_ref).sum(1)
+        d = np.abs(np.array([r.embedding for r in got], dtype=np.float64) - e_ref).max(axis=1)  # per query
+        cos = (np.array([r.embedding for r in got]) * e_ref).sum(1)
         out[name] = {"max_abs_delta": float(d.max()), "median_abs_delta": float(np.median(d)),
                      "min_cosine": float(cos.min()),
-                     "same_label": sum(g.get("label") == r.get("label") for g, r in zip(got, ref, strict=True)),
-                     "same_evidence": sum([e["chunk_id"] for e in g["evidence"]] == [e["chunk_id"] for e in r["evidence"]]
+                     "same_prediction": sum(g.prediction == r.prediction for g, r in zip(got, ref, strict=True)),
+                     "same_evidence": sum([e.chunk_id for e in g.evidence] == [e.chunk_id for e in r.evidence]
                                           for g, r in zip(got, ref, strict=True)),
                      "n": len(texts)}
     return out
