@@ -1,6 +1,9 @@
 """Profile the softknn server under load with py-spy; writes bench/results/profile_service_cN.txt.
 
-    python -m bench.profile_service [--clients 1,16] [--duration 12] [--threads 1]
+    python -m bench.profile_service [--clients 1,16] [--duration 12] [--threads 1] [--runtime torch|onnx]
+
+With --runtime onnx the server runs SOFTKNN_MODEL__RUNTIME=onnx and the files are named
+profile_service_onnx_cN.txt.
 
 Starts `python -m service.cli` on the 10k real bundle (bench/kb.py) on 127.0.0.1, samples it with
 `py-spy record --format raw` (every thread, GIL-idle samples dropped) while c asyncio+httpx
@@ -55,7 +58,10 @@ def main() -> None:
     ap.add_argument("--clients", default="1,16")
     ap.add_argument("--duration", type=float, default=12.0)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--runtime", default="torch", choices=["torch", "onnx"])
     args = ap.parse_args()
+    os.environ["SOFTKNN_MODEL__RUNTIME"] = args.runtime
+    tag = "" if args.runtime == "torch" else f"{args.runtime}_"
     set_threads(args.threads)
     if args.threads:
         os.environ.update(OMP_NUM_THREADS=str(args.threads), SOFTKNN_MODEL__THREADS=str(args.threads))
@@ -73,7 +79,7 @@ def main() -> None:
     try:
         asyncio.run(load(srv.url, method, path, kw, queries, 4, 3))  # warm-up
         for c in [int(x) for x in args.clients.split(",")]:
-            raw = RESULTS / f"profile_service_c{c}.raw"
+            raw = RESULTS / f"profile_service_{tag}c{c}.raw"
             spy = subprocess.Popen([pyspy, "record", "--pid", str(srv.proc.pid), "--format", "raw", "--output", str(raw),
                                     "--rate", "500", "--threads", "--duration", str(int(args.duration) + 2), "--nonblocking"],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -81,9 +87,9 @@ def main() -> None:
             r = asyncio.run(load(srv.url, method, path, kw, queries, c, args.duration))
             spy.wait(60)
             text = (f"python -m bench.profile_service --clients {args.clients} --duration {args.duration} "
-                    f"--threads {args.threads}\nclients {c}: {r['req_per_s']:.1f} req/s, p50 {r.get('p50_ms', 0):.1f} ms\n"
+                    f"--threads {args.threads} --runtime {args.runtime}\nclients {c}: {r['req_per_s']:.1f} req/s, p50 {r.get('p50_ms', 0):.1f} ms\n"
                     + summarize(raw))
-            (RESULTS / f"profile_service_c{c}.txt").write_text(text)
+            (RESULTS / f"profile_service_{tag}c{c}.txt").write_text(text)
             raw.replace(Path("/tmp") / raw.name)  # kept outside the tree for a closer look
             print(text[:5000], flush=True)
     finally:

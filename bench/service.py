@@ -453,7 +453,8 @@ def main() -> None:
                     ratios[f"{sk}_rps_per_cpu_over_{peer}_at_16"] = a / b
     cmd = (f"python -m bench.service --clients {args.clients} --duration {args.duration} --sequential {args.sequential} "
            f"--threads {args.threads} --name {args.name}" + (f" --only {args.only}" if args.only else "")
-           + (f" --softknn-workers {args.softknn_workers}" if args.softknn_workers else ""))
+           + (f" --softknn-workers {args.softknn_workers}" if args.softknn_workers else "")
+           + (f" --runtime {args.runtime}" if args.runtime != "torch" else ""))
     write(args.name, {"command": cmd, "kb_chunks": len(kb_texts), "missing_peers": missing, "info": info,
                       "loadavg_at_end": os.getloadavg(), "sequential": seq, "load": levels, "ratios": ratios})
     plot(args.name, seq, levels)
