@@ -62,6 +62,13 @@ class Limits(BaseModel):
     max_evidence: int = Field(50, ge=0, description="most evidence items a request may ask for")
     max_body_bytes: int = Field(2_000_000, ge=1024, description="request body size")
     body_timeout_s: float = Field(30.0, gt=0, description="seconds a client may take to send a request body; then 408")
+    linger_idle_s: float = Field(5.0, ge=0, description="lingering close (an answer sent before the client stopped "
+                                 "sending, e.g. a 408): keep reading and dropping what it still sends, closing after "
+                                 "this many seconds with nothing arriving (nginx's lingering_timeout); 0 = close at once")
+    linger_total_s: float = Field(30.0, gt=0, description="lingering close: the most seconds one connection lingers in "
+                                  "all, however steadily the client sends (nginx's lingering_time)")
+    linger_max_connections: int = Field(1024, ge=0, description="connections lingering at once; past it a connection "
+                                        "closes at once (counted: softknn_lingering_closes_total{reason=\"full\"})")
 
 
 class Batching(BaseModel):
