@@ -16,6 +16,7 @@ from softknn.engine import Engine, InferParams, check_numerics
 from softknn.errors import BundleError, ModelRuntimeError
 from softknn.onnx_forward import TOLERANCE
 from tests.conftest import shared_data
+from tests.numerics import assert_tree_close
 
 
 @pytest.fixture(scope="module")
@@ -30,20 +31,10 @@ def onnx_encoder(onnx_cache):
     return Encoder(runtime="onnx", onnx_cache=onnx_cache, threads=1)
 
 
-def _close(a, b, path="result"):
-    """Every number within TOLERANCE, everything else (ids, labels, ranks, flags) equal."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float) and not isinstance(b, bool):
-        assert b == pytest.approx(a, abs=TOLERANCE, nan_ok=True), path
-    else:
-        assert a == b, path
+def _close(a, b):
+    """Every number within TOLERANCE (relative above unit scale: tests/numerics.py), everything else
+    (ids, labels, ranks, flags) equal."""
+    assert_tree_close(a, b, TOLERANCE)
 
 
 def test_opening_records_the_verification_within_tolerance(onnx_encoder):

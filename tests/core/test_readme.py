@@ -57,7 +57,14 @@ def test_readme_query_sample_is_what_the_command_prints(sample_bundle_path, enco
     assert len(got) == len(want)  # every evidence line, and no more
     for g, w in zip(got, want, strict=True):
         assert NUM.sub("#", g) == NUM.sub("#", w)  # chunk ids, labels, words, "abstained", … exactly
-        assert [float(x) for x in NUM.findall(g)] == pytest.approx([float(x) for x in NUM.findall(w)], abs=0.0015)
+        for x, y in zip(NUM.findall(g), NUM.findall(w), strict=True):  # a printed number may round the
+            assert abs(float(x) - float(y)) <= 1.01 * _last_digit(y), (g, w)  # other way on another CPU
+
+
+
+def _last_digit(number: str) -> float:
+    """One unit in the last printed place of `number` ("2.61" -> 0.01, "7" -> 1)."""
+    return 10.0 ** -len(number.partition(".")[2])
 
 
 def test_readme_curl_sample_is_what_the_service_answers(engine):

@@ -25,6 +25,7 @@ from softknn.bundle import version_id
 from softknn.cli import sample_kb_path
 from softknn.results import InferResult
 from softknn.settings import Settings
+from tests.numerics import close
 
 REPO = Path(__file__).resolve().parents[2]
 ADMIN = "admin-token-for-tests"
@@ -205,9 +206,7 @@ def _close(a, b, path: str, tol: float) -> None:
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
             _close(x, y, f"{path}[{i}]", tol)
     elif isinstance(b, float) and not isinstance(a, bool):
-        # absolute for the unit-scale values (embeddings, weights, shares), relative above 1
-        # (effective k = exp(H) can be ~100, where float32 round-off alone is ~1e-5)
-        assert math.isfinite(a) and abs(a - b) <= tol * max(1.0, abs(b)), (path, a, b)
+        assert math.isfinite(a) and close(a, b, tol), (path, a, b)  # tests/numerics.py: relative above 1
     else:
         assert a == b, (path, a, b)
 
@@ -222,7 +221,7 @@ def _query_tokens(a: list[dict], b: list[dict], path: str, tol: float) -> None:
     assert len(a) == len(b), (path, a, b)
     wa, wb = [t["weight"] for t in a], [t["weight"] for t in b]
     for i, (x, y) in enumerate(zip(wa, wb, strict=True)):
-        assert abs(x - y) <= tol * max(1.0, abs(y)), (path, i, x, y)
+        assert close(x, y, tol), (path, i, x, y)
     for i, t in enumerate(b):
         others = wb[:i] + wb[i + 1 :]
         if i < len(b) - 1 and all(abs(t["weight"] - w) > tol for w in others):

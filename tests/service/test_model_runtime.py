@@ -6,10 +6,10 @@ from __future__ import annotations
 import shutil
 import time
 
-import pytest
 from fastapi.testclient import TestClient
 
 from service.app import create_app
+from tests.numerics import assert_tree_close
 from tests.service.conftest import wait_ready
 
 BODY = {"inputs": ["Can I take my bicycle on the morning boat?", "refund"], "exact": True, "k": 8, "evidence": 3}
@@ -24,21 +24,9 @@ def test_index_and_metrics_name_the_torch_runtime(inproc):
     assert next(line for line in metrics.splitlines() if line.startswith("softknn_model_info{")).endswith(" 1.0")
 
 
-def _close(a, b, path="r"):
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            _close(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            _close(x, y, f"{path}[{i}]")
-    elif isinstance(a, float):
-        assert b == pytest.approx(a, abs=1e-4), path
-    elif path.endswith("request_id"):
-        return
-    else:
-        assert a == b, path
+def _close(a, b):
+    """Numbers within 1e-4 (relative above unit scale: tests/numerics.py), the rest equal; request ids differ."""
+    assert_tree_close(a, b, 1e-4, skip=lambda path: path.endswith("request_id"))
 
 
 def test_the_onnx_setting_serves_exact_answers_equal_to_torch(inproc, make_settings, tmp_path):
