@@ -28,6 +28,8 @@ from softknn.encoder import Encoder
 from softknn.errors import BundleError, KBFormatError
 from evaluation.calibration import calibrate_loo
 from softknn.engine import InferParams
+from softknn.generator import Generator
+from index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
 from softknn.lexical import LexicalIndex, LexicalSpec
 from softknn.retrieval import CANDIDATES
 from softknn.memory import build_index, choose_index
@@ -55,10 +57,14 @@ class BuildConfig:
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
     calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (evaluation.calibration)
     shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.shards)
+    generator_layers: str = "all"  # with a generator: its memory layers (index_builder.generator_memory)
+    generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)
 
 
-def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int) -> str:
+def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int, generator: dict | None = None) -> str:
     h = hashlib.sha256()
+    if generator is not None:
+        h.update(json.dumps(generator, sort_keys=True).encode())
     h.update(encoder.info.fingerprint.encode())
     if encoder.info.precision != "fp32":  # shards of other numerics must not be resumed into this build
         h.update(encoder.info.precision.encode())
@@ -214,9 +220,10 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
 
 def build_bundle(
     kb: Path, out: Path, cfg: BuildConfig, encoder: Encoder, *, force: bool = False, progress: bool = True,
-    encode: EncodeStrategy | None = None,
+    encode: EncodeStrategy | None = None, generator: Generator | None = None,
 ) -> dict:
-    """Build the bundle for KB `kb` at `out`; returns its manifest.
+    """Build the bundle for KB `kb` at `out`; returns its manifest. With a causal LM `generator`, its
+    keys/values of every chunk are stored too (index_builder.generator_memory).
 
     `encode`: where the model passes run. None: here, batch after batch. A strategy (e.g.
     index_builder.distributed.RayEncode) gets the same batches and returns the same arrays; the
@@ -249,15 +256,22 @@ def build_bundle(
         raise KBFormatError(f"{kb}: no chunks")
     if cfg.shards > len(chunks):
         raise ValueError(f"shards ({cfg.shards}) must not exceed the KB's {len(chunks)} chunks")
-    plan = _plan_hash(chunks, cfg, encoder, layer)
+    gen_spec = None
+    if generator is not None:
+        if cfg.shards > 1:
+            raise ValueError("generator memory is not sharded: build it with --shards 1")
+        gen_spec = GeneratorBuild(cfg.generator_layers, cfg.generator_memory).check()
+        generator.layers(gen_spec.layers)  # a bad layer list is refused before any work
+    plan = _plan_hash(chunks, cfg, encoder, layer, plan_record(generator, gen_spec) if generator else None)
     try:
         return _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, force=force, progress=progress,
-                      encode=encode)
+                      encode=encode, generator=(generator, gen_spec) if generator else None)
     except OSError as e:
         raise _write_error(e, parent) from e
 
 
-def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, progress, encode=None) -> dict:
+def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, progress, encode=None,
+           generator=None) -> dict:
     """The writing half of build_bundle: shards (resumed), then the bundle, assembled and renamed in."""
     for stale in parent.glob(f".{out.name}.tmp-*"):  # a killed run's half-assembled bundle: never loadable, only space
         shutil.rmtree(stale, ignore_errors=True)
@@ -305,6 +319,9 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
         if cfg.calibrate and manifest["labels"]:
             manifest["calibration"] = calibrate_loo(xb, [c.label for c in chunks], texts, lex,
                                                     k=InferParams().k, candidates=CANDIDATES)
+        if generator is not None:
+            gen, spec = generator
+            manifest["generator"] = write_generator_memory(tmp, texts, gen, spec, work, progress=progress)
         if cfg.shards > 1:  # the one-index files above, split into shards (calibration stays global)
             manifest = _finalize_sharded(tmp, out, parent, manifest, lex, cfg.shards, force=force)
         else:

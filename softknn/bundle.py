@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from softknn.gen_memory import generator_files
 from softknn.errors import BundleError
 from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
 from softknn.manifest import Manifest
@@ -43,14 +44,17 @@ CORE_FILES = ("embeddings.npy", "index.faiss", "chunk_tokens.npy", "token_spans.
 DATA_FILES = CORE_FILES[:2] + MEMORY_FILES["kv"] + CORE_FILES[2:]  # a bundle of the default memory `kv`
 
 
-def data_files(memory: str = "kv", lexical: bool = False) -> tuple[str, ...]:
-    """Every file a bundle must hold: the core files, its memory's, and the lexical index's if it has one."""
-    return CORE_FILES[:2] + memory_files(memory) + CORE_FILES[2:] + (LEXICAL_FILES if lexical else ())
+def data_files(memory: str = "kv", lexical: bool = False, generator: str | None = None) -> tuple[str, ...]:
+    """Every file a bundle must hold: the core files, its memory's, the lexical index's if it has one,
+    and the generator memory's (of that kind) if it has one."""
+    return (CORE_FILES[:2] + memory_files(memory) + CORE_FILES[2:] + (LEXICAL_FILES if lexical else ())
+            + generator_files(generator))
 
 
 def record_files(manifest: dict) -> tuple[str, ...]:
     """data_files of a manifest being written (a dict: the builder's record, before it is typed)."""
-    return data_files(manifest.get("memory", "kv"), bool(manifest.get("lexical")))
+    gen = manifest.get("generator")
+    return data_files(manifest.get("memory", "kv"), bool(manifest.get("lexical")), gen["memory"] if gen else None)
 
 
 def sha256_file(path: Path, bufsize: int = 1 << 22) -> str:
@@ -152,7 +156,8 @@ def verify_bundle(path: Path) -> dict:
     m = Manifest.of(raw, path / MANIFEST)
     from softknn.shards import shard_files
 
-    for name in shard_files(m) if m.sharded else data_files(m.memory, m.lexical is not None):
+    gen = m.generator.memory if m.generator is not None else None
+    for name in shard_files(m) if m.sharded else data_files(m.memory, m.lexical is not None, gen):
         f = m.files.get(name)
         if f is None:
             raise BundleError(f"{path / MANIFEST}: no checksum recorded for {name}")

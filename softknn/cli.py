@@ -94,6 +94,11 @@ def build(
                                                         "ray://HOST:10001); default: start a local one")] = None,
     ray_workers: Annotated[Optional[int], typer.Option(help="with --ray: encoder actors (default: one per CPU "
                                                             "of the cluster)")] = None,
+    generator: Annotated[Optional[str], typer.Option(help="also store a causal LM's keys/values of every chunk, "
+                                                          "for `softknn generate` and /v1/generate: "
+                                                          "smollm2-135m-instruct (packaged), a model folder or a .gguf file")] = None,
+    generator_layers: Annotated[str, typer.Option(help="with --generator: its memory layers, all or a,b,c (0-based)")] = "all",
+    generator_memory: Annotated[str, typer.Option(help="with --generator: fp32 | fp16 | int8 | recompute (nothing stored)")] = "fp16",
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it (FAISS and BM25)."""
     from index_builder.reader import Fields, resolve_fields
@@ -106,6 +111,14 @@ def build(
         from softknn.memory_repr import check_kind
 
         check_kind(memory)  # a typo fails before the model loads
+        if generator is not None:
+            from softknn.gen_memory import generator_files
+            from softknn.generator import resolve_generator
+
+            generator_files(generator_memory)
+            resolve_generator(generator)
+            if shards > 1:
+                raise ValueError("--generator needs --shards 1: generator memory is not sharded")
         if shards > 1 and memory != "kv":
             raise ValueError(f"--shards applies to memory 'kv' only for now, not {memory!r} (docs/scale.md)")
     except (SoftKNNError, ValueError) as e:
@@ -128,14 +141,24 @@ def build(
         settings = _settings(model__name=model)
         cfg = BuildConfig(layer=layer, index_type=index, chunk_tokens=chunk_tokens, overlap=overlap,
                           batch_size=batch_size, kv_dtype=kv_dtype, memory=memory, lexical=lexical, shards=shards,
-                          fields=fields)
-        manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress, encode=encode)
+                          fields=fields, generator_layers=generator_layers, generator_memory=generator_memory)
+        gen = None
+        if generator is not None:
+            from softknn.generator import Generator
+
+            gen = Generator.load(generator)
+        manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress, encode=encode,
+                                generator=gen)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
     c = manifest["counts"]
     sharded = f", {len(manifest['shards'])} shards" if manifest.get("shards") else ""
     typer.echo(f"built {out}: version {manifest['version_id']}, {c['chunks']} chunks{sharded}, {c['tokens']} memory tokens, "
                f"index {manifest['index']['kind']} ({manifest['index']['reason']}), memory {manifest['memory']}")
+    g = manifest.get("generator")
+    if g:
+        typer.echo(f"generator {g['name']}: {len(g['layers'])} memory layers, {g['memory']}, {g['tokens']} tokens, "
+                   f"{g['bytes_per_chunk']:,.0f} bytes per chunk")
     _report_loo(manifest.get("calibration") or {})
     if encode is not None and encode.workers_used:
         typer.echo(f"encoded with Ray Data: {encode.workers_used} workers on {len(encode.nodes)} node(s)")
@@ -254,6 +277,58 @@ def query(
             words = f" matched {', '.join(ev.matched_terms)}" if ev.matched_terms else ""
             typer.echo(f"  [{ev.mass_share:.3f}] {ev.chunk_id} ({ev.label}): {ev.text[:90]!r}  ← {spans}")
             typer.echo(f"          s {ev.similarity:.3f}  dense {ev.dense_similarity:.3f}{bm25}{words}")
+
+
+@app.command(cls=Command)
+def generate(
+    bundle: Annotated[Path, typer.Argument(help="bundle directory built with --generator")],
+    question: Annotated[str, typer.Argument(help="the question (a user message through the chat template)")],
+    raw: Annotated[bool, typer.Option(help="send QUESTION as a raw prompt, no chat template")] = False,
+    max_tokens: Annotated[int, typer.Option(help="tokens to generate at most")] = 64,
+    temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = 0.0,
+    mixing: Annotated[str, typer.Option(help="joint | fixed")] = "joint",
+    alpha: Annotated[float, typer.Option(help="fixed mixing: weight of the model's own context")] = 0.7,
+    k: Annotated[int, typer.Option(help="chunks retrieved")] = 4,
+    retrieval: Annotated[Optional[str], typer.Option(help="hybrid | dense | lexical")] = None,
+    context: Annotated[str, typer.Option(help="memory (the KB in attention) | prompt (the chunks' text in the prompt)")] = "memory",
+    no_kb: Annotated[bool, typer.Option("--no-kb", help="the plain model, no KB")] = False,
+    exact: Annotated[bool, typer.Option(help="exact search; R's keys/values recomputed in float32")] = False,
+    evidence: Annotated[int, typer.Option(help="evidence items shown")] = 3,
+    as_json: Annotated[bool, typer.Option("--json", help="print the answer object as JSON")] = False,
+) -> None:
+    """Answer QUESTION with the generator attending to the KB chunks retrieved for it; prints the answer and its evidence."""
+    need_bundle(bundle)
+    from softknn.bundle import load_bundle
+    from softknn.engine import Engine
+    from softknn.generation import GenEngine, GenParams
+    from softknn.generator import Generator
+
+    try:
+        settings = _settings()
+        params = GenParams(max_tokens=max_tokens, temperature=temperature, mixing=mixing, alpha=alpha, k=k,
+                           retrieval=retrieval, context=context, use_kb=not no_kb, exact=exact, evidence=evidence).validate()
+        encoder = _encoder(settings)
+        b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
+        if b.manifest.generator is None:
+            raise SoftKNNError(f"{bundle}: built without a generator; rebuild with --generator smollm2-135m-instruct")
+        gen = Generator.load(settings.generator.name if settings.generator.name else b.manifest.generator.name,
+                             cache_dir=settings.generator.cache_dir)
+        ge = GenEngine(Engine(encoder, b), gen)
+        ans = ge.answer(params, prompt=question if raw else None,
+                        messages=None if raw else [{"role": "user", "content": question}])
+    except SoftKNNError as e:
+        _fail(e)
+    if as_json:
+        typer.echo(json.dumps(ans.to_dict(), ensure_ascii=False))
+        return
+    d = ans.diagnostics
+    typer.secho(f"> {question}", bold=True)
+    typer.echo(ans.text.strip())
+    typer.echo(f"  [{ans.finish_reason}, {ans.usage['completion_tokens']} tokens; memory {d['memory_source']}, "
+               f"{d['mixing'] or 'no KB'}, memory share {d['memory_share']:.3f}]")
+    for ev in ans.evidence:
+        spans = ", ".join(repr(s["text"]) for s in ev.spans)
+        typer.echo(f"  [{ev.mass_share:.3f}] {ev.chunk_id}: {ev.text[:80]!r}  ← {spans}")
 
 
 @app.command(cls=Command)

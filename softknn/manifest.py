@@ -76,6 +76,23 @@ class Calibration(_Section):
     retrieval_defaults: dict[str, dict[str, float]] = Field(default_factory=dict)  # mode -> {temperature, lexical_weight}
 
 
+class GeneratorRecord(_Section):
+    """The causal LM whose keys/values the bundle stores (softknn.gen_memory), and how."""
+
+    name: str
+    fingerprint: str
+    family: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    layers: list[int]  # the memory layers, 0-based
+    memory: str  # fp32 | fp16 | int8 | recompute
+    prefix: list[int] = Field(default_factory=list)  # the tokens each chunk was encoded after
+    tokens: int = 0
+    bytes_per_chunk: float = 0.0
+
+
 class Manifest(_Section):
     format_version: int
     version_id: str
@@ -91,6 +108,7 @@ class Manifest(_Section):
     calibration: Calibration = Field(default_factory=Calibration)
     lexical: LexicalRecord | None = None
     shards: list[ShardRecord] | None = None
+    generator: GeneratorRecord | None = None
     _raw: dict = PrivateAttr(default_factory=dict)
 
     @classmethod

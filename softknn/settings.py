@@ -86,6 +86,17 @@ class Auth(BaseModel):
     admin_token: SecretStr | None = Field(None, description="bearer token for /v1/admin/*; unset = admin off")
 
 
+class GeneratorSettings(BaseModel):
+    name: str | None = Field(None, description="causal LM for /v1/generate: smollm2-135m-instruct, a folder or a "
+                                               ".gguf file; unset = the one the bundle's generator memory was built with")
+    cache_dir: Path | None = Field(None, description="where a GGUF generator is converted once and kept; "
+                                                      "unset = ~/.cache/softknn/generators")
+    max_concurrent: int = Field(2, ge=1, description="generations running at once; more wait in the queue")
+    max_queue: int = Field(8, ge=0, description="generations waiting for a slot; past it 429")
+    max_tokens: int = Field(512, ge=1, description="largest max_tokens a request may ask for")
+    threads: int = Field(1, ge=0, description="torch threads per generation (0 = cores)")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SOFTKNN_", env_nested_delimiter="__", extra="ignore")
 
@@ -100,6 +111,7 @@ class Settings(BaseSettings):
     limits: Limits = Field(default_factory=Limits)
     batching: Batching = Field(default_factory=Batching)
     auth: Auth = Field(default_factory=Auth)
+    generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
 
     def device(self) -> str:
         if self.model.device != "auto":

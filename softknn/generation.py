@@ -1,0 +1,271 @@
+"""Generation with the KB in attention: retrieve R (the sentence encoder, FAISS + BM25, w_db) →
+place R's generator keys/values → decode with the memory hook → evidence per answer.
+
+`GenEngine` holds an Engine (the bundle's retrieval) and a Generator whose fingerprint the bundle's
+generator memory was built with. `stream` yields each token as it is chosen, then the answer.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from softknn.engine import Engine, InferParams
+from softknn.errors import BundleError, InvalidInput
+from softknn.gen_attention import MIXING, POSITIONS, GenMemory, place_memory
+from softknn.gen_memory import GeneratorStore
+from softknn.generator import Generation, Generator, Sampling, Step
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """One generation's parameters: sampling, retrieval (as /v1/infer's), and how the memory is mixed."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    k: int = 4
+    retrieval: str | None = None  # hybrid | dense | lexical; None: the bundle's default
+    lexical_weight: float | None = None
+    knn_temperature: float | None = None  # τ of w_db
+    exact: bool = False  # exact search, and R's K/V recomputed in float32 after this prompt's own prefix
+    mixing: str = "joint"
+    alpha: float = 0.7  # fixed mixing only
+    positions: str = "composite"
+    use_kb: bool = True  # False: the plain model (the explorer's side-by-side answer)
+    context: str = "memory"  # memory: the KB in attention; prompt: the same chunks' text in the prompt (baseline)
+    evidence: int = 5
+    spans: int = 3
+
+    def validate(self) -> GenParams:
+        if self.mixing not in MIXING:
+            raise InvalidInput(f"mixing must be one of {MIXING}", field="mixing")
+        if self.positions not in POSITIONS:
+            raise InvalidInput(f"positions must be one of {POSITIONS}", field="positions")
+        if self.context not in ("memory", "prompt"):
+            raise InvalidInput("context must be memory or prompt", field="context")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise InvalidInput("alpha must be in [0, 1]", field="alpha")
+        if self.max_tokens < 1:
+            raise InvalidInput("max_tokens must be at least 1", field="max_tokens")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise InvalidInput("temperature must be ≥ 0 and top_p in (0, 1]", field="temperature")
+        return self
+
+
+@dataclass(frozen=True)
+class GenEvidence:
+    rank: int
+    chunk_id: str
+    doc_id: str
+    text: str
+    start: int
+    end: int
+    label: str | None
+    similarity: float  # s_c, what R was ranked and weighted by
+    dense_similarity: float
+    bm25: float | None
+    weight: float  # w_db(c)
+    mass_share: float  # mean over generated tokens of the memory mass g_c the answer put on c
+    spans: list[dict[str, Any]]  # the chunk's words that drew the most mass: text, char span in the doc, weight
+    tokens: list[int]  # the generated tokens (indexes into `tokens` of the answer) that drew on c the most
+
+
+@dataclass(frozen=True)
+class GenToken:
+    index: int
+    text: str
+    memory_share: float  # Σ_c g_c for the query that produced this token (0 without memory)
+    top_chunk: str | None  # the chunk it drew on the most
+
+
+@dataclass(frozen=True)
+class GenAnswer:
+    text: str
+    finish_reason: str
+    usage: dict[str, int]
+    evidence: list[GenEvidence]
+    diagnostics: dict[str, Any]
+    tokens: list[GenToken]
+    bundle_version: str
+    generator: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Prepared:
+    prefix: list[int]
+    rest: list[int]
+    memory: GenMemory | None
+    rows: list[int] = field(default_factory=list)
+    retr: Any = None
+    memory_source: str = "none"
+
+
+class GenEngine:
+    def __init__(self, engine: Engine, generator: Generator):
+        rec = engine.bundle.manifest.generator
+        if rec is None:
+            raise BundleError(f"{engine.bundle.path}: built without a generator (softknn build --generator MODEL)",
+                              field="bundle")
+        if rec.fingerprint != generator.info.fingerprint:
+            raise BundleError(f"{engine.bundle.path}: generator memory built with other weights than "
+                              f"{generator.info.name}", field="bundle")
+        self.engine = engine
+        self.generator = generator
+        self.store = GeneratorStore(engine.bundle.path, rec.model_dump(), len(engine.bundle))
+        self.layers = list(rec.layers)
+
+    # --- retrieval and memory -------------------------------------------------------------------
+    def retrieve(self, query: str, p: GenParams):
+        ip = InferParams(k=p.k, retrieval=p.retrieval, lexical_weight=p.lexical_weight, temperature=p.knn_temperature,
+                         exact=p.exact, evidence=0)
+        ip = self.engine.resolve([ip])[0]
+        enc = self.engine.encoder
+        plain = enc.forward_plain(enc.tokenize([query], truncate=[True]))
+        return self.engine.retrieve(plain.embedding.float().cpu().numpy(), [ip], [query])
+
+    def chunk_kv(self, rows: list[int], prefix: list[int], recompute: bool) -> tuple[list[torch.Tensor], int, str]:
+        """R's K/V, (n, L, 2, nkv, hs) each, and the prefix length they were encoded after."""
+        if recompute or self.store.kind == "recompute":
+            ids = [self.store.token_ids(r) for r in rows]
+            kv = self.generator.chunk_kv(ids, self.layers, prefix=prefix)
+            return [torch.from_numpy(x) for x in kv], len(prefix), "recomputed"
+        return [self.store.chunk(r) for r in rows], self.store.prefix_len, f"stored {self.store.kind}"
+
+    def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None) -> _Prepared:
+        p = p.validate()
+        gen = self.generator
+        query = prompt if prompt is not None else _last_user(messages)
+        if not p.use_kb:
+            prefix, rest = gen.layout(prompt, messages)
+            return _Prepared(prefix, rest, None)
+        retr = self.retrieve(query, p)
+        rows, w = retr.rows[0], retr.weights[0]
+        chunks = self.engine.bundle.chunks
+        if p.context == "prompt" or not rows:
+            prefix, rest = gen.layout(prompt, messages, context=[chunks[r]["text"] for r in rows] if rows else None)
+            return _Prepared(prefix, rest, None, rows, retr, "prompt" if rows else "none")
+        prefix, rest = gen.layout(prompt, messages)
+        # exact: fp32 K/V encoded after this very prefix, so the masked-concatenation contract holds
+        recompute = p.exact and (self.store.kind != "fp32" or list(prefix) != list(self.store.record.get("prefix") or []))
+        kv, encoded_after, source = self.chunk_kv(rows, prefix, recompute)
+        memory = place_memory(kv, self.layers, torch.tensor(w), p.positions, gen.inv_freq,
+                              encoded_after=encoded_after, prefix_len=len(prefix))
+        if not gen.rope_exact_shift and memory.prompt_start != len(prefix) + max(memory.lengths) and encoded_after != len(prefix):
+            raise InvalidInput(f"{gen.info.name}'s rotary embedding is scaled: positions must be composite", field="positions")
+        return _Prepared(prefix, rest, memory, rows, retr, source)
+
+    # --- decoding ---------------------------------------------------------------------------------
+    def stream(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, *,
+               cancelled: Callable[[], bool] = lambda: False, keep_logits: bool = False) -> Iterator[Step | GenAnswer]:
+        """Yields a Step per generated token, then the GenAnswer."""
+        prep = self.prepare(p, prompt, messages)
+        sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
+                            seed=p.seed)
+        result: Generation | None = None
+        for item in self.generator.generate(prep.prefix + prep.rest, prep.memory, sampling=sampling, mixing=p.mixing,
+                                            alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled):
+            if isinstance(item, Generation):
+                result = item
+            else:
+                yield item
+        assert result is not None
+        self.last_generation = result
+        yield self._answer(result, prep, p)
+
+    def answer(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, **kw) -> GenAnswer:
+        *_, last = self.stream(p, prompt, messages, **kw)
+        assert isinstance(last, GenAnswer)
+        return last
+
+    # --- evidence ---------------------------------------------------------------------------------
+    def _answer(self, g: Generation, prep: _Prepared, p: GenParams) -> GenAnswer:
+        gen = self.generator
+        pieces = [gen.tokenizer.decode([t], skip_special_tokens=True) for t in g.token_ids]
+        n = len(g.token_ids)
+        trace = g.trace
+        chunks = self.engine.bundle.chunks
+        rows = prep.rows
+        evidence: list[GenEvidence] = []
+        tokens: list[GenToken] = []
+        mass = torch.stack(trace.mass[:n]) if trace is not None and n and trace.mass else None  # (n, S)
+        share = torch.stack(trace.share[:n]) if mass is not None else None
+        for t in range(n):
+            top = None if mass is None else chunks[rows[int(mass[t].argmax())]]["chunk_id"] if p.mixing == "joint" \
+                else chunks[rows[int(share[t].argmax())]]["chunk_id"]  # type: ignore[index]
+            tokens.append(GenToken(t, pieces[t], 0.0 if mass is None else float(mass[t].sum()), top))
+        retr = prep.retr
+        if retr is not None and rows:
+            per_chunk = mass.mean(0) if mass is not None else torch.zeros(len(rows))
+            order = sorted(range(len(rows)), key=lambda s: (-float(per_chunk[s]), -retr.weights[0][s]))
+            for rank, s in enumerate(order[: p.evidence], 1):
+                c = chunks[rows[s]]
+                spans = self._spans(c, trace, s, p.spans) if trace is not None and n else []
+                drew = [] if share is None else [int(i) for i in share[:, s].argsort(descending=True)[:3]]
+                bm25 = retr.bm25[0]
+                evidence.append(GenEvidence(rank, c["chunk_id"], c["doc_id"], c["text"], c["start"], c["end"], c.get("label"),
+                                            float(retr.scores[0][s]), float(retr.dense[0][s]),
+                                            None if bm25 is None else float(bm25[s]), float(retr.weights[0][s]),
+                                            float(per_chunk[s]), spans, drew))
+        w = np.asarray(retr.weights[0]) if retr is not None and rows else np.zeros(0)
+        h_w = float(-(w[w > 0] * np.log(w[w > 0])).sum()) if w.size else 0.0
+        h_att = float(np.mean(trace.attention_entropy[:n])) if trace is not None and n and trace.attention_entropy else 0.0
+        diag = {
+            "memory_share": 0.0 if mass is None else float(mass.sum(-1).mean()),
+            "retrieved": len(rows), "k": p.k, "mixing": p.mixing if prep.memory is not None else None,
+            "alpha": p.alpha if p.mixing == "fixed" else None, "positions": p.positions,
+            "retrieval": retr.searched[0] and _mode(self.engine, p) if retr is not None else None,
+            "memory_layers": len(self.layers) if prep.memory is not None else 0,
+            "memory_tokens": sum(prep.memory.lengths) if prep.memory is not None else 0,
+            "memory_source": prep.memory_source,
+            "w_db_entropy": h_w, "w_db_effective_k": math.exp(h_w),
+            "attention_effective_k": math.exp(h_att),
+            "exact": p.exact,
+        }
+        usage = {"prompt_tokens": g.prompt_tokens, "completion_tokens": n, "total_tokens": g.prompt_tokens + n}
+        return GenAnswer(g.text, g.finish_reason, usage, evidence, diag, tokens, self.engine.bundle.version,
+                         self.generator.info.name)
+
+    def _spans(self, c: dict, trace, s: int, top: int) -> list[dict[str, Any]]:
+        """The chunk's tokens with the most mass, as char spans in the chunk's document."""
+        tm = trace.token_mass[s]  # (Lm,)
+        offsets = self.generator.chunk_offsets(c["text"])
+        nt = min(len(offsets), int(tm.shape[0]))
+        if nt == 0:
+            return []
+        total = float(tm[:nt].sum()) or 1.0
+        out = []
+        for i in tm[:nt].argsort(descending=True).tolist():
+            a, b = offsets[i]
+            word = c["text"][a:b].strip()
+            if not any(ch.isalnum() for ch in word):
+                continue  # punctuation and whitespace draw mass but tell a reader nothing
+            out.append({"text": word, "start": c["start"] + a, "end": c["start"] + b,
+                        "weight": float(tm[i]) / total})
+            if len(out) == top:
+                break
+        return out
+
+
+def _last_user(messages: list[dict] | None) -> str:
+    for m in reversed(messages or []):
+        if m.get("role") == "user":
+            return str(m.get("content") or "")
+    raise InvalidInput("messages need a user message", field="messages")
+
+
+def _mode(engine: Engine, p: GenParams) -> str:
+    return engine.resolve([InferParams(retrieval=p.retrieval)])[0].retrieval or "dense"
+
+
+__all__ = ["GenAnswer", "GenEngine", "GenEvidence", "GenParams", "GenToken", "replace"]
