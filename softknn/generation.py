@@ -183,6 +183,12 @@ class GenEngine:
         self.last_generation = result
         yield self._answer(result, prep, p)
 
+    def score(self, p: GenParams, continuation: str, prompt: str | None = None, messages: list[dict] | None = None) -> float:
+        """Mean NLL per token of `continuation` (tokenised as it is) as the answer, R as `stream` gets it."""
+        prep = self.prepare(p, prompt, messages)
+        cont = self.generator._ids(continuation)
+        return self.generator.score(prep.prefix + prep.rest, cont, prep.memory, mixing=p.mixing, alpha=p.alpha)
+
     def answer(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, **kw) -> GenAnswer:
         *_, last = self.stream(p, prompt, messages, **kw)
         assert isinstance(last, GenAnswer)

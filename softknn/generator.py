@@ -357,6 +357,23 @@ class Generator:
         gen.text = text_so_far
         yield gen
 
+    @torch.inference_mode()
+    def score(self, prompt_ids: list[int], continuation: list[int], memory: GenMemory | None = None, *,
+              mixing: str = "joint", alpha: float = 0.7) -> float:
+        """Mean negative log-likelihood per token (nats) of `continuation` after the prompt, teacher-forced,
+        with the memory attended as `generate` attends it."""
+        if not continuation:
+            raise InvalidInput("nothing to score", field="continuation")
+        use = memory is not None and not (mixing == "fixed" and alpha >= 1.0)
+        ids = list(prompt_ids) + list(continuation)
+        pos = prompt_positions(len(prompt_ids), memory if use else None)
+        pos = torch.cat([pos, pos[-1] + 1 + torch.arange(len(continuation))])[None]
+        hook = MemoryHook(memory, mixing=mixing, alpha=alpha) if use else None  # type: ignore[arg-type]
+        with bind(hook):
+            logits = self.model(input_ids=torch.tensor([ids]), position_ids=pos).logits[0].float()  # (T, V)
+        lp = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], -1)  # the positions predicting the continuation
+        return float(-lp.gather(1, torch.tensor(continuation)[:, None]).mean())
+
     def run(self, prompt_ids: list[int], memory: GenMemory | None = None, **kw) -> Generation:
         """`generate` to the end: the Generation."""
         *_, result = self.generate(prompt_ids, memory, **kw)
