@@ -26,9 +26,22 @@ from service import errors
 from service.auth import require_admin, require_api_key
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from service.routes import admin, explorer, health, index, infer, metrics
+from service.routes import (
+    admin,
+    explorer,
+    generate,
+    health,
+    index,
+    infer,
+    metrics,
+    openai,
+)
 from service.runtime import Runtime
-from service.schemas import infer_request_model
+from service.schemas import (
+    chat_request_model,
+    generate_request_model,
+    infer_request_model,
+)
 from softknn.encoder import Encoder
 from softknn.settings import Settings
 
@@ -72,8 +85,9 @@ def operation_id(route: APIRoute) -> str:
     return route.name
 
 
-def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None) -> FastAPI:
-    """The service app. Pass `encoder` to share an already loaded model (tests, several apps);
+def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None, generator=None) -> FastAPI:
+    """The service app. Pass `encoder` to share an already loaded model (tests, several apps), and
+    `generator` (softknn.generator.Generator) to share a loaded causal LM the same way;
     `shard_backend` opens a sharded bundle's shards elsewhere (service.ray_serving.RayShards.factory)."""
     check_settings(settings)
     # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's packaged copy
@@ -82,13 +96,16 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
                                   lifespan=lifespan, generate_unique_id_function=operation_id)
     app.state.settings = settings
     app.state.metrics = Metrics()
-    app.state.runtime = Runtime(settings, app.state.metrics, encoder=encoder, shard_backend=shard_backend)
+    app.state.runtime = Runtime(settings, app.state.metrics, encoder=encoder, shard_backend=shard_backend,
+                                generator=generator)
     errors.install(app)
 
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.include_router(infer.build_router(infer_request_model(settings)), dependencies=[Depends(require_api_key)])
     app.include_router(index.router, dependencies=[Depends(require_api_key)])
+    app.include_router(generate.build_router(generate_request_model(settings)), dependencies=[Depends(require_api_key)])
+    app.include_router(openai.build_router(chat_request_model(settings)), dependencies=[Depends(require_api_key)])
     app.include_router(admin.router, dependencies=[Depends(require_admin)])
     app.include_router(explorer.router)
     if explorer.STATIC_DIR.is_dir():

@@ -78,6 +78,18 @@ class Conflict(ServiceError):
     kind = "conflict"
 
 
+class GeneratorUnavailable(Conflict):
+    """/v1/generate, /v1/chat/completions, /v1/models on a bundle built without a generator (or one that did not load)."""
+
+    kind = "generator_unavailable"
+
+
+class ModelNotFound(NotFound):
+    """/v1/chat/completions naming a model other than the served generator."""
+
+    kind = "model_not_found"
+
+
 class BodyTooLarge(StarletteHTTPException):
     """Raised from the body-limit middleware's receive; an HTTPException so FastAPI re-raises it as is.
 
@@ -157,9 +169,21 @@ def error_body(kind: str, message: str, field: str | None = None) -> dict:
     return {"error": {"type": kind, "message": message, "field": field}}
 
 
+# The OpenAI-compatible routes answer the same shape with OpenAI's two extra keys, `param` (= field)
+# and `code` (= type), so the openai client's exceptions carry them: a superset of both shapes.
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/models")
+
+
 def error_response(status: int, kind: str, message: str, field: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(kind, message, field), status_code=status, headers=headers)
+                   headers: dict[str, str] | None = None, *, openai: bool = False) -> JSONResponse:
+    body = error_body(kind, message, field)
+    if openai:
+        body["error"].update(param=field, code=kind)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _openai(request: Request) -> bool:
+    return request.url.path in OPENAI_PATHS
 
 
 def field_path(loc: tuple | list) -> str | None:
@@ -173,19 +197,20 @@ def field_path(loc: tuple | list) -> str | None:
     return out or None
 
 
-def validation_response(exc: RequestValidationError) -> JSONResponse:
+def validation_response(exc: RequestValidationError, *, openai: bool = False) -> JSONResponse:
     errors = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in errors):
         e = next(e for e in errors if e.get("type") == "json_invalid")
         detail = (e.get("ctx") or {}).get("error", "")
         pos = e["loc"][1] if len(e.get("loc", ())) > 1 else "?"
-        return error_response(400, "malformed_json", f"request body is not valid JSON: {detail} at char {pos}")
+        return error_response(400, "malformed_json", f"request body is not valid JSON: {detail} at char {pos}",
+                              openai=openai)
     parts = []
     for e in errors:
         f = field_path(e.get("loc", ()))
         parts.append(f"{f or 'request body'}: {e.get('msg')}")  # no field: the body itself (missing, not an object)
     first = field_path(errors[0].get("loc", ())) if errors else None
-    return error_response(422, "validation_error", "; ".join(parts) or "invalid request", first)
+    return error_response(422, "validation_error", "; ".join(parts) or "invalid request", first, openai=openai)
 
 
 def install(app: FastAPI) -> None:
@@ -193,15 +218,16 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return validation_response(exc)
+        return validation_response(exc, openai=_openai(request))
 
     @app.exception_handler(SoftKNNError)
     async def _domain(request: Request, exc: SoftKNNError) -> JSONResponse:
-        return error_response(status_of(exc), exc.kind, exc.message, exc.field, getattr(exc, "headers", None))
+        return error_response(status_of(exc), exc.kind, exc.message, exc.field, getattr(exc, "headers", None),
+                              openai=_openai(request))
 
     @app.exception_handler(ServiceError)
     async def _service(request: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(status_of(exc), exc.kind, exc.message, exc.field, exc.headers)
+        return error_response(status_of(exc), exc.kind, exc.message, exc.field, exc.headers, openai=_openai(request))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -213,9 +239,11 @@ def install(app: FastAPI) -> None:
             message = f"no route {request.url.path}"
         elif exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"
-        return error_response(exc.status_code, kind, message, headers=getattr(exc, "headers", None))
+        return error_response(exc.status_code, kind, message, headers=getattr(exc, "headers", None),
+                              openai=_openai(request))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", exc_info=exc)
-        return error_response(500, "internal_error", "internal error; see the server log for this request id")
+        return error_response(500, "internal_error", "internal error; see the server log for this request id",
+                              openai=_openai(request))

@@ -31,6 +31,18 @@ class Metrics:
         self.bundle = Info("softknn_bundle", "the bundle being served", registry=r)
         self.reloads = Counter("softknn_reloads", "bundle reloads by outcome", ["outcome"], registry=r)
         self.model = Info("softknn_model", "the serving model and its runtime", registry=r)
+        # generation (/v1/generate, /v1/chat/completions)
+        self.generations = Counter("softknn_generations", "generations by finish reason (stop, length, cancelled, error)",
+                                   ["finish_reason"], registry=r)
+        self.generated_tokens = Counter("softknn_generated_tokens", "tokens generated", registry=r)
+        self.time_to_first_token = Histogram("softknn_generation_time_to_first_token_seconds",
+                                             "time from admission (slot wait included) to the first generated token",
+                                             buckets=LATENCY_BUCKETS, registry=r)
+        self.generation_seconds = Histogram("softknn_generation_seconds", "wall time of one generation in its thread",
+                                            buckets=LATENCY_BUCKETS, registry=r)
+        self.generations_running = Gauge("softknn_generations_running", "generations holding a slot", registry=r)
+        self.generations_waiting = Gauge("softknn_generations_waiting", "generations waiting for a slot", registry=r)
+        self.generator = Info("softknn_generator", "the served generator (empty: none)", registry=r)
 
     def set_model(self, info) -> None:
         self.model.info({"name": info.name, "fingerprint": info.fingerprint, "runtime": info.runtime,

@@ -4,6 +4,12 @@
 thread, then a warm-up pass; only then is the runtime ready. `reload` opens another bundle the same way, off the
 hot path, and swaps the engine reference in one assignment: requests admitted before it keep the
 engine they were pinned to (service.batching), requests after it get the new one.
+
+Generation: when the bundle's manifest has a generator record, its causal LM is loaded (once per
+name, kept across reloads) and a GenEngine over the same Engine is installed with it. Generations
+run on their own threads (`settings.generator.max_concurrent` at once, `max_queue` waiting, past it
+429); `generate` streams each token from its thread to the event loop, and a consumer that stops
+(a client gone mid-stream) cancels the generation at its next token, which frees its slot.
 """
 
 from __future__ import annotations
@@ -11,17 +17,29 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from service.batching import Batcher
-from service.errors import Conflict, InferenceFailed, NotReady, ServiceError
+from service.errors import (
+    Conflict,
+    DeadlineExceeded,
+    GeneratorUnavailable,
+    InferenceFailed,
+    NotReady,
+    QueueFull,
+    ServiceError,
+)
 from service.metrics import Metrics
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import GROUP_SIZE, Engine, InferParams
 from softknn.errors import BundleError, InputTooLarge, SoftKNNError
+from softknn.generation import GenAnswer, GenEngine, GenParams
+from softknn.generator import Generator, Step
 from softknn.results import InferResult
 from softknn.settings import Settings, apply_threads, encoder_options
 
@@ -54,8 +72,48 @@ def token_counter(encoder: Encoder):
     return tok
 
 
+class GenSlots:
+    """At most `running` generations at once and `waiting` more queued for a slot; past that QueueFull
+    (429, Retry-After). Acquired on the event loop; released from a done callback on the loop."""
+
+    def __init__(self, running: int, waiting: int, metrics: Metrics):
+        self.size, self.max_waiting, self.metrics = running, waiting, metrics
+        self._sem = asyncio.Semaphore(running)
+        self.waiting = 0
+
+    async def acquire(self, timeout: float) -> None:
+        if self._sem.locked() and self.waiting >= self.max_waiting:
+            self.metrics.rejected.labels("generation_queue_full").inc()
+            raise QueueFull(f"generation queue full: {self.size} running, {self.waiting} waiting, limit "
+                            f"{self.max_waiting}; retry later", headers={"Retry-After": str(1 + self.waiting)})
+        self.waiting += 1
+        self.metrics.generations_waiting.set(self.waiting)
+        try:
+            await asyncio.wait_for(self._sem.acquire(), timeout)
+        except TimeoutError:
+            self.metrics.rejected.labels("generation_timeout").inc()
+            raise DeadlineExceeded(f"no generation slot within {timeout:g} s", headers={"Retry-After": "1"}) from None
+        finally:
+            self.waiting -= 1
+            self.metrics.generations_waiting.set(self.waiting)
+        self.metrics.generations_running.inc()
+
+    def release(self) -> None:
+        self.metrics.generations_running.dec()
+        self._sem.release()
+
+
+_END = object()
+
+
+class _Failed:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
 class Runtime:
-    def __init__(self, settings: Settings, metrics: Metrics, *, encoder: Encoder | None = None, shard_backend=None):
+    def __init__(self, settings: Settings, metrics: Metrics, *, encoder: Encoder | None = None, shard_backend=None,
+                 generator: Generator | None = None):
         self.settings = settings
         self.shard_backend = shard_backend  # where a sharded bundle's shards run (None: in this process)
         self.metrics = metrics
@@ -70,6 +128,16 @@ class Runtime:
                                max_wait_ms=b.max_wait_ms, queue_size=b.queue_size,
                                runner=functools.partial(run_engine, group_size=b.group_size),
                                slot_unit=settings.defaults.k, metrics=metrics, workers=b.workers)
+        # generation: the GenEngine of the bundle serving now (None: why not, in _gen_reason)
+        self._generators: dict[str, Generator] = {}
+        if generator is not None:
+            self._generators[generator.info.name] = generator  # shared, like `encoder` (tests, several apps)
+        self._gen: GenEngine | None = None
+        self.generation_created = 0  # when the served generator was installed (Unix seconds; /v1/models)
+        self._gen_reason = "the model and bundle are still loading"
+        g = settings.generator
+        self.gen_slots = GenSlots(g.max_concurrent, g.max_queue, metrics)
+        self._gen_pool = ThreadPoolExecutor(g.max_concurrent, thread_name_prefix="softknn-gen")
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -82,7 +150,8 @@ class Runtime:
                                                         "POST /v1/admin/reload one")
                 log.warning(self.error)
                 return
-            self._install(await self.open(s.bundle))
+            engine = await self.open(s.bundle)
+            self._install(engine, await self.open_generation(engine))
         except Exception as e:
             self.status, self.error = "failed", f"{type(e).__name__}: {e}"
             log.error("startup failed: %s", self.error, exc_info=not isinstance(e, SoftKNNError))
@@ -132,7 +201,42 @@ class Runtime:
         except Exception as e:  # a bundle that verifies but does not load is still the bundle's fault
             raise BundleError(f"{path}: cannot be loaded: {type(e).__name__}: {e}", field="bundle") from e
 
-    def _install(self, engine: Engine) -> None:
+    async def open_generation(self, engine: Engine) -> tuple[GenEngine | None, str]:
+        """The GenEngine for `engine`'s bundle, or (None, why not). Never raises: a generator that does
+        not load leaves /v1/infer serving and the generation routes answering generator_unavailable."""
+        rec = engine.bundle.manifest.generator
+        if rec is None:
+            return None, (f"bundle {engine.bundle.version} was built without a generator "
+                          "(softknn build KB --out DIR --generator smollm2-135m-instruct)")
+        try:
+            ge = await asyncio.to_thread(self._load_generation, engine)
+        except Exception as e:
+            reason = f"generator {self.settings.generator.name or rec.name} did not load: {type(e).__name__}: {e}"
+            log.error(reason, exc_info=not isinstance(e, SoftKNNError))
+            return None, reason
+        return ge, ""
+
+    def _load_generation(self, engine: Engine) -> GenEngine:
+        t0 = time.perf_counter()
+        rec = engine.bundle.manifest.generator
+        name = self.settings.generator.name or rec.name
+        gen = self._generators.get(name)
+        if gen is None and not self.settings.generator.name:  # a shared generator with the bundle's weights
+            gen = next((g for g in self._generators.values() if g.info.fingerprint == rec.fingerprint), None)
+        if gen is None:
+            gen = Generator.load(name, cache_dir=self.settings.generator.cache_dir)
+            self._generators[name] = gen
+        ge = GenEngine(engine, gen)
+        log.info("generator loaded", extra={"generator": gen.info.name, "layers": len(ge.layers),
+                                            "memory": ge.store.kind, "seconds": round(time.perf_counter() - t0, 2)})
+        return ge
+
+    def _install(self, engine: Engine, generation: tuple[GenEngine | None, str] = (None, "no generator")) -> None:
+        self._gen, self._gen_reason = generation  # before the engine: a request that sees the new engine sees it
+        if generation[0] is not None:
+            self.generation_created = int(time.time())
+        info = generation[0].generator.info if generation[0] is not None else None
+        self.metrics.generator.info({"name": info.name, "fingerprint": info.fingerprint} if info else {})
         self.engine = engine  # the atomic swap: one reference assignment
         self.status, self.error = "ready", None
         self.metrics.set_bundle(engine.bundle.summary(), engine.encoder.info.name)
@@ -141,6 +245,7 @@ class Runtime:
     def close(self) -> None:
         """At shutdown, after the batcher: release what the bundle holds outside this process (a
         sharded bundle's Ray shard actors; a plain bundle holds nothing to release)."""
+        self._gen_pool.shutdown(wait=False, cancel_futures=True)  # running generations end with the process
         close = getattr(self.engine.bundle, "close", None) if self.engine is not None else None
         if close is not None:
             close()
@@ -224,6 +329,7 @@ class Runtime:
         async with self._reload_lock:
             try:
                 engine = await self.open(path)
+                generation = await self.open_generation(engine)
             except BundleError as e:
                 self.metrics.reloads.labels("refused").inc()
                 e.field = e.field or "bundle"  # the request field that named it
@@ -232,7 +338,86 @@ class Runtime:
                 self.metrics.reloads.labels("refused").inc()
                 raise
             previous = self.engine.bundle.version if self.engine is not None else None
-            self._install(engine)
+            self._install(engine, generation)
             self.metrics.reloads.labels("ok").inc()
         log.info("bundle swapped", extra={"previous_version": previous, "version_id": engine.bundle.version})
         return previous, engine
+
+    # --- generation ---------------------------------------------------------------------------
+    def generation(self) -> GenEngine:
+        """The GenEngine serving now; 503 until ready, 409 generator_unavailable without one."""
+        self.current()
+        ge = self._gen
+        if ge is None:
+            raise GeneratorUnavailable(f"no generator is served: {self._gen_reason}")
+        return ge
+
+    async def generate(self, ge: GenEngine, params: GenParams, prompt: str | None, messages: list[dict] | None,
+                       *, request_id: str | None = None) -> AsyncIterator[Step | GenAnswer]:
+        """Wait for a slot (429 past the queue), then run `ge.stream` on a generation thread: yields
+        each Step as it is chosen, then the GenAnswer. Closing this iterator early (a client gone)
+        cancels the generation at its next token; the slot frees when its thread ends."""
+        params = params.validate()  # 422 here, before a slot is taken
+        start = time.monotonic()
+        await self.gen_slots.acquire(self.settings.batching.request_timeout_s)
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        metrics = self.metrics
+
+        def put(item) -> None:
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, item)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+        def work() -> None:
+            t0, first = time.monotonic(), True
+            try:
+                for item in ge.stream(params, prompt, messages, cancelled=cancel.is_set):
+                    if isinstance(item, Step):
+                        if first:
+                            metrics.time_to_first_token.observe(time.monotonic() - start)
+                            first = False
+                    else:
+                        metrics.generations.labels(item.finish_reason).inc()
+                        metrics.generated_tokens.inc(item.usage["completion_tokens"])
+                    put(item)
+            except BaseException as e:  # noqa: BLE001 - every failure goes back to the request
+                metrics.generations.labels("error").inc()
+                put(_Failed(e))
+            finally:
+                metrics.generation_seconds.observe(time.monotonic() - t0)
+                put(_END)
+
+        try:
+            done = loop.run_in_executor(self._gen_pool, work)
+        except BaseException:
+            self.gen_slots.release()
+            raise
+        done.add_done_callback(lambda _: self.gen_slots.release())
+        try:
+            while (item := await items.get()) is not _END:
+                if isinstance(item, _Failed):
+                    e = item.exc
+                    if isinstance(e, SoftKNNError | ServiceError):
+                        raise e
+                    log.error("generation failed", exc_info=e, extra={"request_id": request_id})
+                    raise InferenceFailed(f"generation failed ({type(e).__name__}); "
+                                          "see the server log for this request id") from e
+                yield item
+        finally:
+            cancel.set()  # a consumer that stopped early: the thread ends at its next token
+
+    async def answer(self, ge: GenEngine, params: GenParams, prompt: str | None, messages: list[dict] | None,
+                     *, request_id: str | None = None) -> GenAnswer:
+        """`generate` to the end: the GenAnswer."""
+        answer = None
+        stream = self.generate(ge, params, prompt, messages, request_id=request_id)
+        try:
+            async for item in stream:
+                answer = item
+        finally:
+            await stream.aclose()
+        assert isinstance(answer, GenAnswer)
+        return answer

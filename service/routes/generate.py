@@ -1,0 +1,108 @@
+"""POST /v1/generate: generation with the KB in the generator's attention, one JSON answer or
+server-sent events. The body model carries this app's limits, so the router is built per app."""
+
+# No `from __future__ import annotations`: FastAPI must see the body model class itself.
+
+from collections.abc import AsyncIterator
+
+import orjson
+from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
+
+from service.deps import RequestIdDep, RuntimeDep
+from service.errors import ServiceError, error_body, status_of
+from service.routes.infer import FastJSONResponse
+from service.schemas import (
+    ErrorResponse,
+    GenerateRequestBase,
+    GenerateResponse,
+    generation_payload,
+)
+from softknn.errors import SoftKNNError
+from softknn.generation import GenAnswer
+
+ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 409, 413, 422, 429, 503)}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the events
+
+
+def sse(obj) -> bytes:
+    return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+def error_event(e: BaseException) -> bytes:
+    """An error after the stream began (status 200 already sent): one event in the error shape."""
+    if isinstance(e, SoftKNNError | ServiceError):
+        return sse(error_body(e.kind, e.message, e.field))
+    return sse(error_body("internal_error", "internal error; see the server log for this request id"))
+
+
+class EventStream(StreamingResponse):
+    """text/event-stream whose iterator is always closed when the response ends, a client gone
+    included (closing it cancels the generation at its next token and frees its slot)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, content: AsyncIterator[bytes], **kw):
+        super().__init__(content, headers=SSE_HEADERS, **kw)
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()
+
+
+async def first_item(stream):
+    """The stream's first item, so a refusal before the first token (queue full, bad messages)
+    leaves as an ordinary error response, not as an event."""
+    try:
+        return await anext(stream)
+    except BaseException:
+        await stream.aclose()
+        raise
+
+
+def build_router(GenerateRequest: type[GenerateRequestBase]) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["generation"])
+
+    @router.post("/generate", response_model=GenerateResponse, responses={
+        **ERRORS, 200: {"content": {"text/event-stream": {"schema": {"type": "string", "description":
+                        'stream: one `data: {"token": id, "text": piece}` event per token, then `data: <the answer '
+                        'object>`, then `data: [DONE]`'}}}}},
+                 summary="Generate with the KB in the generator's attention, with evidence")
+    async def generate(body: GenerateRequest, runtime: RuntimeDep, request_id: RequestIdDep):
+        """409 generator_unavailable when the bundle was built without a generator; 429 when
+        `generator.max_concurrent` generations run and `generator.max_queue` wait."""
+        ge = runtime.generation()
+        params = body.gen_params(body.max_tokens)
+        messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
+        if not body.stream:
+            answer = await runtime.answer(ge, params, body.prompt, messages, request_id=request_id)
+            return FastJSONResponse(generation_payload(request_id, ge, answer))
+        stream = runtime.generate(ge, params, body.prompt, messages, request_id=request_id)
+        first = await first_item(stream)
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                item = first
+                while True:
+                    if isinstance(item, GenAnswer):
+                        yield sse(generation_payload(request_id, ge, item))
+                        break
+                    yield sse({"token": item.token_id, "text": item.text})
+                    item = await anext(stream)
+            except (SoftKNNError, ServiceError) as e:
+                yield error_event(e)
+            finally:
+                await stream.aclose()
+            yield DONE
+
+        return EventStream(events())
+
+    return router
+
+
+__all__ = ["DONE", "EventStream", "build_router", "error_event", "first_item", "sse", "status_of"]

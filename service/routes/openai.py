@@ -1,0 +1,102 @@
+"""OpenAI-compatible routes: POST /v1/chat/completions (chat.completion, or chat.completion.chunk
+events with `stream`) and GET /v1/models (the served generator). softknn's parameters (k, mixing,
+alpha, use_kb, ...) are extra top-level fields: what the openai client's `extra_body` sends.
+Errors carry OpenAI's `param` and `code` next to the service's `type`, `message`, `field`."""
+
+# No `from __future__ import annotations`: FastAPI must see the body model class itself.
+
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter
+
+from service.deps import RequestIdDep, RuntimeDep
+from service.errors import ModelNotFound, ServiceError
+from service.routes.generate import DONE, EventStream, error_event, first_item, sse
+from service.routes.infer import FastJSONResponse
+from service.schemas import ChatCompletion, ChatRequestBase, ErrorResponse, ModelList
+from softknn.errors import SoftKNNError
+from softknn.generation import GenAnswer
+
+ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422, 429, 503)}
+DEFAULT_MAX_TOKENS = 64
+
+
+def finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"  # cancelled: nobody reads it
+
+
+def extra(request_id: str, answer: GenAnswer) -> dict:
+    d = answer.to_dict()
+    return {"request_id": request_id, "bundle_version": answer.bundle_version, "evidence": d["evidence"],
+            "diagnostics": d["diagnostics"], "tokens": d["tokens"]}
+
+
+def build_router(ChatRequest: type[ChatRequestBase]) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["openai"])
+
+    @router.get("/models", response_model=ModelList, responses={s: {"model": ErrorResponse} for s in (401, 409, 503)},
+                summary="OpenAI-compatible: the served generator")
+    async def models(runtime: RuntimeDep) -> dict:
+        ge = runtime.generation()
+        return {"object": "list", "data": [{"id": ge.generator.info.name, "object": "model",
+                                            "created": runtime.generation_created, "owned_by": "softknn"}]}
+
+    @router.post("/chat/completions", response_model=ChatCompletion, responses={
+        **ERRORS, 200: {"content": {"text/event-stream": {"schema": {"type": "string", "description":
+                        "stream: `chat.completion.chunk` events (first delta {role: assistant}, then content deltas, "
+                        "then one with finish_reason and a `softknn` field, then usage when "
+                        "stream_options.include_usage), then `data: [DONE]`"}}}}},
+                 summary="OpenAI-compatible chat completion with the KB in the generator's attention")
+    async def chat_completions(body: ChatRequest, runtime: RuntimeDep, request_id: RequestIdDep):
+        """`model` must be the served generator's id (or empty): else 404 model_not_found. n = 1 only.
+        temperature defaults to 0 (greedy), not OpenAI's 1."""
+        ge = runtime.generation()
+        name = ge.generator.info.name
+        if body.model and body.model != name:
+            raise ModelNotFound(f"model {body.model!r} is not served here; GET /v1/models lists {name!r}",
+                                field="model")
+        params = body.gen_params(body.limit(min(DEFAULT_MAX_TOKENS, runtime.settings.generator.max_tokens)))
+        messages = [m.plain() for m in body.messages]
+        cid, created = f"chatcmpl-{request_id}", int(time.time())
+        if not body.stream:
+            a = await runtime.answer(ge, params, None, messages, request_id=request_id)
+            return FastJSONResponse({
+                "id": cid, "object": "chat.completion", "created": created, "model": name,
+                "system_fingerprint": a.bundle_version,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": a.text},
+                             "finish_reason": finish(a.finish_reason), "logprobs": None}],
+                "usage": a.usage, "softknn": extra(request_id, a)})
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        stream = runtime.generate(ge, params, None, messages, request_id=request_id)
+        first = await first_item(stream)
+
+        def chunk(delta: dict, reason: str | None = None, **more) -> bytes:
+            out = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                   "system_fingerprint": ge.engine.bundle.version,
+                   "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}], **more}
+            if include_usage:
+                out.setdefault("usage", None)
+            return sse(out)
+
+        async def events() -> AsyncIterator[bytes]:
+            try:
+                yield chunk({"role": "assistant", "content": ""})
+                item = first
+                while not isinstance(item, GenAnswer):
+                    if item.text:
+                        yield chunk({"content": item.text})
+                    item = await anext(stream)
+                yield chunk({}, finish(item.finish_reason), softknn=extra(request_id, item))
+                if include_usage:
+                    yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
+                               "system_fingerprint": item.bundle_version, "choices": [], "usage": item.usage})
+            except (SoftKNNError, ServiceError) as e:
+                yield error_event(e)
+            finally:
+                await stream.aclose()
+            yield DONE
+
+        return EventStream(events())
+
+    return router

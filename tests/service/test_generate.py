@@ -1,0 +1,190 @@
+"""/v1/generate, /v1/chat/completions and /v1/models with the real generator (smollm2-135m-instruct)
+over one small bundle (the sample KB's first 30 records) built with it: the service answers what the
+core answers, streams what it answers, speaks OpenAI to the official client, frees a slot when a
+client leaves mid-stream, and refuses a generation past its queue."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from index_builder.pipeline import BuildConfig, build_bundle
+from service.app import create_app
+from service.testing import threaded_server, wait_ready
+from softknn.bundle import load_bundle
+from softknn.cli import sample_kb_path
+from softknn.engine import Engine
+from softknn.generation import GenEngine, GenParams
+from softknn.generator import Generator, Sampling
+from tests.service.conftest import settings_for
+
+QUESTION = "How much is an adult single on the Amber Line?"
+MESSAGES = [{"role": "user", "content": QUESTION}]
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def generator() -> Generator:
+    return Generator.load()
+
+
+@pytest.fixture(scope="module")
+def gen_bundle(tmp_path_factory, encoder, generator):
+    root = tmp_path_factory.mktemp("gen_kb")
+    lines = [line for line in (sample_kb_path() / "kb.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()][:30]
+    (root / "kb.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    build_bundle(root / "kb.jsonl", root / "bundle", BuildConfig(), encoder, progress=False, generator=generator)
+    return root / "bundle"
+
+
+@pytest.fixture(scope="module")
+def ge(gen_bundle, encoder, generator) -> GenEngine:
+    return GenEngine(Engine(encoder, load_bundle(gen_bundle, expected_fingerprint=encoder.info.fingerprint)), generator)
+
+
+@pytest.fixture(scope="module")
+def client(gen_bundle, encoder, generator):
+    with TestClient(create_app(settings_for(gen_bundle), encoder=encoder, generator=generator)) as c:
+        wait_ready(c, 120)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def live(gen_bundle, encoder, generator):
+    """A real uvicorn server (in a thread) with one generation slot and no queue."""
+    settings = settings_for(gen_bundle, generator={"max_concurrent": 1, "max_queue": 0})
+    with threaded_server(create_app(settings, encoder=encoder, generator=generator)) as c:
+        yield c
+
+
+def generate(c, **body) -> dict:
+    r = c.post("/v1/generate", json={"max_tokens": TOKENS, **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def events(text: str) -> list:
+    out = [line[len("data: "):] for line in text.split("\n\n") if line.startswith("data: ")]
+    return [x if x == "[DONE]" else json.loads(x) for x in out]
+
+
+def test_greedy_generate_is_the_engines_answer(client, ge):
+    got = generate(client, messages=MESSAGES, k=2)
+    want = ge.answer(GenParams(max_tokens=TOKENS, k=2), messages=MESSAGES)
+    assert got["text"] == want.text and got["finish_reason"] == want.finish_reason
+    assert [e["chunk_id"] for e in got["evidence"]] == [e.chunk_id for e in want.evidence]
+    assert [t["text"] for t in got["tokens"]] == [t.text for t in want.tokens]
+    assert got["usage"] == want.usage and got["generator"] == "smollm2-135m-instruct"
+    assert got["bundle_version"] == ge.engine.bundle.version and got["request_id"]
+    raw = generate(client, prompt="Amber Line fares:", k=2)
+    assert raw["text"] == ge.answer(GenParams(max_tokens=TOKENS, k=2), prompt="Amber Line fares:").text
+
+
+def test_exact_joint_is_the_masked_concatenation(client, ge, generator):
+    got = generate(client, messages=MESSAGES, k=2, exact=True, mixing="joint")
+    prep = ge.prepare(GenParams(max_tokens=TOKENS, k=2, exact=True), None, MESSAGES)
+    ref = generator.generate_masked_reference([ge.store.token_ids(r) for r in prep.rows], prep.prefix + prep.rest,
+                                              "composite", Sampling(max_tokens=TOKENS), prefix_len=len(prep.prefix))
+    assert got["text"] == ref.text and len(got["tokens"]) == len(ref.token_ids)
+    assert got["diagnostics"]["memory_source"] == "recomputed"
+
+
+def test_fixed_alpha_one_is_the_plain_model(client):
+    fixed = generate(client, messages=MESSAGES, mixing="fixed", alpha=1.0)
+    plain = generate(client, messages=MESSAGES, use_kb=False)
+    assert fixed["text"] == plain["text"]
+    assert plain["evidence"] == [] and plain["diagnostics"]["memory_share"] == 0.0
+
+
+@pytest.mark.parametrize("route,body,field", [
+    ("/v1/generate", {"prompt": "x", "messages": MESSAGES}, None),
+    ("/v1/generate", {}, None),
+    ("/v1/generate", {"prompt": "x", "max_tokens": 513}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "n": 2}, "n"),
+    ("/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 513}, "max_tokens"),
+])
+def test_refusals_are_422_in_the_one_shape(client, route, body, field):
+    r = client.post(route, json=body)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["type"] == "validation_error" and err["field"] == field
+
+
+def test_unknown_model_is_404(client):
+    r = client.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": MESSAGES})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_stream_is_the_answer_token_by_token(client):
+    whole = generate(client, messages=MESSAGES, k=2)
+    r = client.post("/v1/generate", json={"messages": MESSAGES, "k": 2, "max_tokens": TOKENS, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    ev = events(r.text)
+    assert ev[-1] == "[DONE]"
+    assert "".join(e["text"] for e in ev[:-2]) == whole["text"]
+    assert ev[-2]["text"] == whole["text"] and ev[-2]["finish_reason"] == whole["finish_reason"]
+
+
+def test_without_a_generator_the_routes_say_so(running_app, make_settings):
+    with running_app(make_settings()) as c:  # the sample bundle: built without --generator
+        r = c.post("/v1/generate", json={"prompt": "hello"})
+        assert r.status_code == 409 and r.json()["error"]["type"] == "generator_unavailable"
+        assert c.get("/v1/models").status_code == 409
+        assert c.post("/v1/infer", json={"inputs": ["hello"]}).status_code == 200
+
+
+def test_the_openai_client_works_as_it_is(live):
+    openai = pytest.importorskip("openai")
+    api = openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="unused", max_retries=0)
+    want = generate(live, messages=MESSAGES, k=2, mixing="joint")["text"]
+    models = api.models.list()
+    name = "smollm2-135m-instruct"
+    assert [m.id for m in models.data] == [name]
+    got = api.chat.completions.create(model=name, messages=MESSAGES, max_tokens=TOKENS,
+                                      extra_body={"k": 2, "mixing": "joint"})
+    assert got.choices[0].message.content == want and got.object == "chat.completion"
+    assert got.usage.completion_tokens <= TOKENS and got.id.startswith("chatcmpl-")
+    assert got.model_extra["softknn"]["evidence"]
+    chunks = list(api.chat.completions.create(model=name, messages=MESSAGES, max_tokens=TOKENS, stream=True,
+                                              stream_options={"include_usage": True},
+                                              extra_body={"k": 2, "mixing": "joint"}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].usage.completion_tokens == got.usage.completion_tokens
+    with pytest.raises(openai.NotFoundError):
+        api.chat.completions.create(model="gpt-4o", messages=MESSAGES, max_tokens=2)
+
+
+def _metric(c: httpx.Client, name: str) -> float:
+    for line in c.get("/metrics").text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{") and line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_client_gone_mid_stream_frees_its_slot_and_overload_is_429(live):
+    cancelled = 'softknn_generations_total{finish_reason="cancelled"}'
+    before = _metric(live, cancelled)
+    with httpx.Client(base_url=str(live.base_url), timeout=60) as other, contextlib.ExitStack() as stack:
+        r = stack.enter_context(other.stream("POST", "/v1/generate", json={"messages": MESSAGES, "max_tokens": 200,
+                                                                             "stream": True}))
+        lines = r.iter_lines()
+        seen = 0
+        while seen < 2:
+            seen += next(lines).startswith("data: ")
+        busy = live.post("/v1/generate", json={"prompt": "hello", "max_tokens": 2})  # the one slot is taken
+        assert busy.status_code == 429 and busy.json()["error"]["type"] == "queue_full"
+        assert busy.headers["Retry-After"]
+    t0 = time.monotonic()  # the stream's connection is closed here
+    while _metric(live, cancelled) < before + 1:
+        assert time.monotonic() - t0 < 20, "the abandoned generation never stopped"
+        time.sleep(0.05)
+    r = live.post("/v1/generate", json={"prompt": "hello", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+    assert time.monotonic() - t0 < 20
