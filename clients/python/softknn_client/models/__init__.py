@@ -7,6 +7,19 @@ from .bundle_summary_index import BundleSummaryIndex
 from .bundle_summary_lexical import BundleSummaryLexical
 from .bundle_summary_memory import BundleSummaryMemory
 from .bundle_summary_model import BundleSummaryModel
+from .chat_choice import ChatChoice
+from .chat_choice_finish_reason import ChatChoiceFinishReason
+from .chat_choice_message import ChatChoiceMessage
+from .chat_completion import ChatCompletion
+from .chat_completion_message import ChatCompletionMessage
+from .chat_completion_message_role import ChatCompletionMessageRole
+from .chat_completion_request import ChatCompletionRequest
+from .chat_completion_request_context import ChatCompletionRequestContext
+from .chat_completion_request_mixing import ChatCompletionRequestMixing
+from .chat_completion_request_positions import ChatCompletionRequestPositions
+from .chat_completion_request_retrieval_type_0 import ChatCompletionRequestRetrievalType0
+from .chat_message import ChatMessage
+from .chat_message_role import ChatMessageRole
 from .diagnostics import Diagnostics
 from .diagnostics_mixing import DiagnosticsMixing
 from .diagnostics_retrieval import DiagnosticsRetrieval
@@ -17,6 +30,18 @@ from .error_detail import ErrorDetail
 from .error_response import ErrorResponse
 from .evidence_item import EvidenceItem
 from .evidence_item_metadata import EvidenceItemMetadata
+from .gen_diagnostics import GenDiagnostics
+from .gen_diagnostics_mixing_type_0 import GenDiagnosticsMixingType0
+from .gen_evidence_item import GenEvidenceItem
+from .gen_span import GenSpan
+from .gen_token_item import GenTokenItem
+from .generate_request import GenerateRequest
+from .generate_request_context import GenerateRequestContext
+from .generate_request_mixing import GenerateRequestMixing
+from .generate_request_positions import GenerateRequestPositions
+from .generate_request_retrieval_type_0 import GenerateRequestRetrievalType0
+from .generate_response import GenerateResponse
+from .generate_response_finish_reason import GenerateResponseFinishReason
 from .healthz_response_healthz import HealthzResponseHealthz
 from .http_validation_error import HTTPValidationError
 from .index_response import IndexResponse
@@ -27,14 +52,20 @@ from .infer_request_retrieval_type_0 import InferRequestRetrievalType0
 from .infer_response import InferResponse
 from .infer_result import InferResult
 from .infer_result_label_scores_type_0 import InferResultLabelScoresType0
+from .model_card import ModelCard
+from .model_list import ModelList
 from .model_runtime import ModelRuntime
 from .neighbour import Neighbour
 from .query_token import QueryToken
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .reload_request import ReloadRequest
 from .reload_response import ReloadResponse
+from .softknn_extra import SoftknnExtra
 from .span import Span
+from .stream_options import StreamOptions
+from .text_part import TextPart
 from .token import Token
+from .usage import Usage
 from .validation_error import ValidationError
 from .validation_error_context import ValidationErrorContext
 from .versus_plain import VersusPlain
@@ -47,6 +78,19 @@ __all__ = (
     "BundleSummaryLexical",
     "BundleSummaryMemory",
     "BundleSummaryModel",
+    "ChatChoice",
+    "ChatChoiceFinishReason",
+    "ChatChoiceMessage",
+    "ChatCompletion",
+    "ChatCompletionMessage",
+    "ChatCompletionMessageRole",
+    "ChatCompletionRequest",
+    "ChatCompletionRequestContext",
+    "ChatCompletionRequestMixing",
+    "ChatCompletionRequestPositions",
+    "ChatCompletionRequestRetrievalType0",
+    "ChatMessage",
+    "ChatMessageRole",
     "Diagnostics",
     "DiagnosticsMixing",
     "DiagnosticsRetrieval",
@@ -57,6 +101,18 @@ __all__ = (
     "ErrorResponse",
     "EvidenceItem",
     "EvidenceItemMetadata",
+    "GenDiagnostics",
+    "GenDiagnosticsMixingType0",
+    "GenerateRequest",
+    "GenerateRequestContext",
+    "GenerateRequestMixing",
+    "GenerateRequestPositions",
+    "GenerateRequestRetrievalType0",
+    "GenerateResponse",
+    "GenerateResponseFinishReason",
+    "GenEvidenceItem",
+    "GenSpan",
+    "GenTokenItem",
     "HealthzResponseHealthz",
     "HTTPValidationError",
     "IndexResponse",
@@ -67,14 +123,20 @@ __all__ = (
     "InferResponse",
     "InferResult",
     "InferResultLabelScoresType0",
+    "ModelCard",
+    "ModelList",
     "ModelRuntime",
     "Neighbour",
     "QueryToken",
     "ReadyzResponseReadyz",
     "ReloadRequest",
     "ReloadResponse",
+    "SoftknnExtra",
     "Span",
+    "StreamOptions",
+    "TextPart",
     "Token",
+    "Usage",
     "ValidationError",
     "ValidationErrorContext",
     "VersusPlain",

@@ -1,0 +1,449 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from attrs import define as _attrs_define
+
+from ..models.chat_completion_request_context import ChatCompletionRequestContext, check_chat_completion_request_context
+from ..models.chat_completion_request_mixing import ChatCompletionRequestMixing, check_chat_completion_request_mixing
+from ..models.chat_completion_request_positions import (
+    ChatCompletionRequestPositions,
+    check_chat_completion_request_positions,
+)
+from ..models.chat_completion_request_retrieval_type_0 import (
+    ChatCompletionRequestRetrievalType0,
+    check_chat_completion_request_retrieval_type_0,
+)
+from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.chat_completion_message import ChatCompletionMessage
+    from ..models.stream_options import StreamOptions
+
+
+T = TypeVar("T", bound="ChatCompletionRequest")
+
+
+@_attrs_define
+class ChatCompletionRequest:
+    """OpenAI-compatible chat completion with the KB in the generator's attention.
+
+    Attributes:
+        messages (list[ChatCompletionMessage]):
+        alpha (float | Unset): fixed mixing only: weight of the model's own context Default: 0.7.
+        context (ChatCompletionRequestContext | Unset): memory: the KB in attention; prompt: the same chunks' text in
+            the prompt (the RAG baseline) Default: 'memory'.
+        evidence (int | Unset): evidence items returned Default: 5.
+        exact (bool | Unset): exact search, and the chunks' keys/values recomputed in float32 after this prompt's own
+            prefix (the masked-concatenation contract) Default: False.
+        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
+        knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
+        lexical_weight (float | None | Unset): λ of the hybrid similarity
+        max_completion_tokens (int | None | Unset): as max_tokens (wins)
+        max_tokens (int | None | Unset): tokens generated at most (default 64)
+        mixing (ChatCompletionRequestMixing | Unset): joint: one softmax over the prompt's and the KB's tokens; fixed:
+            out = α·attn_own + (1−α)·attn_kb Default: 'joint'.
+        model (None | str | Unset): the served generator's id (GET /v1/models); empty = it
+        n (int | Unset): choices per request: 1 only Default: 1.
+        positions (ChatCompletionRequestPositions | Unset): rotary placement of the chunks: side by side (composite) or
+            one after another Default: 'composite'.
+        retrieval (ChatCompletionRequestRetrievalType0 | None | Unset): similarity of the k-NN, as /v1/infer's; null =
+            the bundle's default
+        seed (int | None | Unset): seed of the sampler (temperature > 0): the same seed, the same answer
+        spans (int | Unset): highlighted word spans per evidence item Default: 3.
+        stop (list[str] | None | Unset):
+        stream (bool | Unset): server-sent events, one per token, instead of one JSON answer Default: False.
+        stream_options (None | StreamOptions | Unset): streaming: include_usage
+        temperature (float | Unset): sampling temperature; 0 = greedy (the default here, unlike OpenAI's 1) Default:
+            0.0.
+        top_p (float | Unset): nucleus sampling: the smallest set of tokens whose probability reaches top_p Default:
+            1.0.
+        use_kb (bool | Unset): false: the plain model, no retrieval Default: True.
+        user (None | str | Unset): accepted, not used
+    """
+
+    messages: list[ChatCompletionMessage]
+    alpha: float | Unset = 0.7
+    context: ChatCompletionRequestContext | Unset = "memory"
+    evidence: int | Unset = 5
+    exact: bool | Unset = False
+    k: int | Unset = 4
+    knn_temperature: float | None | Unset = UNSET
+    lexical_weight: float | None | Unset = UNSET
+    max_completion_tokens: int | None | Unset = UNSET
+    max_tokens: int | None | Unset = UNSET
+    mixing: ChatCompletionRequestMixing | Unset = "joint"
+    model: None | str | Unset = UNSET
+    n: int | Unset = 1
+    positions: ChatCompletionRequestPositions | Unset = "composite"
+    retrieval: ChatCompletionRequestRetrievalType0 | None | Unset = UNSET
+    seed: int | None | Unset = UNSET
+    spans: int | Unset = 3
+    stop: list[str] | None | Unset = UNSET
+    stream: bool | Unset = False
+    stream_options: None | StreamOptions | Unset = UNSET
+    temperature: float | Unset = 0.0
+    top_p: float | Unset = 1.0
+    use_kb: bool | Unset = True
+    user: None | str | Unset = UNSET
+
+    def to_dict(self) -> dict[str, Any]:
+        from ..models.stream_options import StreamOptions  # noqa: PLC0415
+
+        messages = []
+        for messages_item_data in self.messages:
+            messages_item = messages_item_data.to_dict()
+            messages.append(messages_item)
+
+        alpha = self.alpha
+
+        context: str | Unset = UNSET
+        if not isinstance(self.context, Unset):
+            context = self.context
+
+        evidence = self.evidence
+
+        exact = self.exact
+
+        k = self.k
+
+        knn_temperature: float | None | Unset
+        if isinstance(self.knn_temperature, Unset):
+            knn_temperature = UNSET
+        else:
+            knn_temperature = self.knn_temperature
+
+        lexical_weight: float | None | Unset
+        if isinstance(self.lexical_weight, Unset):
+            lexical_weight = UNSET
+        else:
+            lexical_weight = self.lexical_weight
+
+        max_completion_tokens: int | None | Unset
+        if isinstance(self.max_completion_tokens, Unset):
+            max_completion_tokens = UNSET
+        else:
+            max_completion_tokens = self.max_completion_tokens
+
+        max_tokens: int | None | Unset
+        if isinstance(self.max_tokens, Unset):
+            max_tokens = UNSET
+        else:
+            max_tokens = self.max_tokens
+
+        mixing: str | Unset = UNSET
+        if not isinstance(self.mixing, Unset):
+            mixing = self.mixing
+
+        model: None | str | Unset
+        if isinstance(self.model, Unset):
+            model = UNSET
+        else:
+            model = self.model
+
+        n = self.n
+
+        positions: str | Unset = UNSET
+        if not isinstance(self.positions, Unset):
+            positions = self.positions
+
+        retrieval: None | str | Unset
+        if isinstance(self.retrieval, Unset):
+            retrieval = UNSET
+        elif isinstance(self.retrieval, str):
+            retrieval = self.retrieval
+        else:
+            retrieval = self.retrieval
+
+        seed: int | None | Unset
+        if isinstance(self.seed, Unset):
+            seed = UNSET
+        else:
+            seed = self.seed
+
+        spans = self.spans
+
+        stop: list[str] | None | Unset
+        if isinstance(self.stop, Unset):
+            stop = UNSET
+        elif isinstance(self.stop, list):
+            stop = self.stop
+
+        else:
+            stop = self.stop
+
+        stream = self.stream
+
+        stream_options: dict[str, Any] | None | Unset
+        if isinstance(self.stream_options, Unset):
+            stream_options = UNSET
+        elif isinstance(self.stream_options, StreamOptions):
+            stream_options = self.stream_options.to_dict()
+        else:
+            stream_options = self.stream_options
+
+        temperature = self.temperature
+
+        top_p = self.top_p
+
+        use_kb = self.use_kb
+
+        user: None | str | Unset
+        if isinstance(self.user, Unset):
+            user = UNSET
+        else:
+            user = self.user
+
+        field_dict: dict[str, Any] = {}
+
+        field_dict.update(
+            {
+                "messages": messages,
+            }
+        )
+        if alpha is not UNSET:
+            field_dict["alpha"] = alpha
+        if context is not UNSET:
+            field_dict["context"] = context
+        if evidence is not UNSET:
+            field_dict["evidence"] = evidence
+        if exact is not UNSET:
+            field_dict["exact"] = exact
+        if k is not UNSET:
+            field_dict["k"] = k
+        if knn_temperature is not UNSET:
+            field_dict["knn_temperature"] = knn_temperature
+        if lexical_weight is not UNSET:
+            field_dict["lexical_weight"] = lexical_weight
+        if max_completion_tokens is not UNSET:
+            field_dict["max_completion_tokens"] = max_completion_tokens
+        if max_tokens is not UNSET:
+            field_dict["max_tokens"] = max_tokens
+        if mixing is not UNSET:
+            field_dict["mixing"] = mixing
+        if model is not UNSET:
+            field_dict["model"] = model
+        if n is not UNSET:
+            field_dict["n"] = n
+        if positions is not UNSET:
+            field_dict["positions"] = positions
+        if retrieval is not UNSET:
+            field_dict["retrieval"] = retrieval
+        if seed is not UNSET:
+            field_dict["seed"] = seed
+        if spans is not UNSET:
+            field_dict["spans"] = spans
+        if stop is not UNSET:
+            field_dict["stop"] = stop
+        if stream is not UNSET:
+            field_dict["stream"] = stream
+        if stream_options is not UNSET:
+            field_dict["stream_options"] = stream_options
+        if temperature is not UNSET:
+            field_dict["temperature"] = temperature
+        if top_p is not UNSET:
+            field_dict["top_p"] = top_p
+        if use_kb is not UNSET:
+            field_dict["use_kb"] = use_kb
+        if user is not UNSET:
+            field_dict["user"] = user
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.chat_completion_message import ChatCompletionMessage  # noqa: PLC0415
+        from ..models.stream_options import StreamOptions  # noqa: PLC0415
+
+        d = dict(src_dict)
+        messages = []
+        _messages = d.pop("messages")
+        for messages_item_data in _messages:
+            messages_item = ChatCompletionMessage.from_dict(messages_item_data)
+
+            messages.append(messages_item)
+
+        alpha = d.pop("alpha", UNSET)
+
+        _context = d.pop("context", UNSET)
+        context: ChatCompletionRequestContext | Unset
+        if isinstance(_context, Unset):
+            context = UNSET
+        else:
+            context = check_chat_completion_request_context(_context)
+
+        evidence = d.pop("evidence", UNSET)
+
+        exact = d.pop("exact", UNSET)
+
+        k = d.pop("k", UNSET)
+
+        def _parse_knn_temperature(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        knn_temperature = _parse_knn_temperature(d.pop("knn_temperature", UNSET))
+
+        def _parse_lexical_weight(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        lexical_weight = _parse_lexical_weight(d.pop("lexical_weight", UNSET))
+
+        def _parse_max_completion_tokens(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        max_completion_tokens = _parse_max_completion_tokens(d.pop("max_completion_tokens", UNSET))
+
+        def _parse_max_tokens(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        max_tokens = _parse_max_tokens(d.pop("max_tokens", UNSET))
+
+        _mixing = d.pop("mixing", UNSET)
+        mixing: ChatCompletionRequestMixing | Unset
+        if isinstance(_mixing, Unset):
+            mixing = UNSET
+        else:
+            mixing = check_chat_completion_request_mixing(_mixing)
+
+        def _parse_model(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        model = _parse_model(d.pop("model", UNSET))
+
+        n = d.pop("n", UNSET)
+
+        _positions = d.pop("positions", UNSET)
+        positions: ChatCompletionRequestPositions | Unset
+        if isinstance(_positions, Unset):
+            positions = UNSET
+        else:
+            positions = check_chat_completion_request_positions(_positions)
+
+        def _parse_retrieval(data: object) -> ChatCompletionRequestRetrievalType0 | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, str):
+                    raise TypeError()
+                retrieval_type_0 = check_chat_completion_request_retrieval_type_0(data)
+
+                return retrieval_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(ChatCompletionRequestRetrievalType0 | None | Unset, data)
+
+        retrieval = _parse_retrieval(d.pop("retrieval", UNSET))
+
+        def _parse_seed(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        seed = _parse_seed(d.pop("seed", UNSET))
+
+        spans = d.pop("spans", UNSET)
+
+        def _parse_stop(data: object) -> list[str] | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, list):
+                    raise TypeError()
+                stop_type_0 = cast(list[str], data)
+
+                return stop_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(list[str] | None | Unset, data)
+
+        stop = _parse_stop(d.pop("stop", UNSET))
+
+        stream = d.pop("stream", UNSET)
+
+        def _parse_stream_options(data: object) -> None | StreamOptions | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                stream_options_type_0 = StreamOptions.from_dict(data)
+
+                return stream_options_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(None | StreamOptions | Unset, data)
+
+        stream_options = _parse_stream_options(d.pop("stream_options", UNSET))
+
+        temperature = d.pop("temperature", UNSET)
+
+        top_p = d.pop("top_p", UNSET)
+
+        use_kb = d.pop("use_kb", UNSET)
+
+        def _parse_user(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        user = _parse_user(d.pop("user", UNSET))
+
+        chat_completion_request = cls(
+            messages=messages,
+            alpha=alpha,
+            context=context,
+            evidence=evidence,
+            exact=exact,
+            k=k,
+            knn_temperature=knn_temperature,
+            lexical_weight=lexical_weight,
+            max_completion_tokens=max_completion_tokens,
+            max_tokens=max_tokens,
+            mixing=mixing,
+            model=model,
+            n=n,
+            positions=positions,
+            retrieval=retrieval,
+            seed=seed,
+            spans=spans,
+            stop=stop,
+            stream=stream,
+            stream_options=stream_options,
+            temperature=temperature,
+            top_p=top_p,
+            use_kb=use_kb,
+            user=user,
+        )
+
+        return chat_completion_request

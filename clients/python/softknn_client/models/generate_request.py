@@ -1,0 +1,373 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from attrs import define as _attrs_define
+
+from ..models.generate_request_context import GenerateRequestContext, check_generate_request_context
+from ..models.generate_request_mixing import GenerateRequestMixing, check_generate_request_mixing
+from ..models.generate_request_positions import GenerateRequestPositions, check_generate_request_positions
+from ..models.generate_request_retrieval_type_0 import (
+    GenerateRequestRetrievalType0,
+    check_generate_request_retrieval_type_0,
+)
+from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.chat_message import ChatMessage
+
+
+T = TypeVar("T", bound="GenerateRequest")
+
+
+@_attrs_define
+class GenerateRequest:
+    """Generation with the KB in the generator's attention: exactly one of `prompt` and `messages`.
+
+    Attributes:
+        alpha (float | Unset): fixed mixing only: weight of the model's own context Default: 0.7.
+        context (GenerateRequestContext | Unset): memory: the KB in attention; prompt: the same chunks' text in the
+            prompt (the RAG baseline) Default: 'memory'.
+        evidence (int | Unset): evidence items returned Default: 5.
+        exact (bool | Unset): exact search, and the chunks' keys/values recomputed in float32 after this prompt's own
+            prefix (the masked-concatenation contract) Default: False.
+        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
+        knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
+        lexical_weight (float | None | Unset): λ of the hybrid similarity
+        max_tokens (int | Unset): tokens generated at most Default: 64.
+        messages (list[ChatMessage] | None | Unset): a chat, through the generator's chat template; the KB at the head
+            of the last user message
+        mixing (GenerateRequestMixing | Unset): joint: one softmax over the prompt's and the KB's tokens; fixed: out =
+            α·attn_own + (1−α)·attn_kb Default: 'joint'.
+        positions (GenerateRequestPositions | Unset): rotary placement of the chunks: side by side (composite) or one
+            after another Default: 'composite'.
+        prompt (None | str | Unset): raw text, tokenised as it is (no chat template), the KB before it
+        retrieval (GenerateRequestRetrievalType0 | None | Unset): similarity of the k-NN, as /v1/infer's; null = the
+            bundle's default
+        seed (int | None | Unset): seed of the sampler (temperature > 0): the same seed, the same answer
+        spans (int | Unset): highlighted word spans per evidence item Default: 3.
+        stop (list[str] | None | Unset):
+        stream (bool | Unset): server-sent events, one per token, instead of one JSON answer Default: False.
+        temperature (float | Unset): sampling temperature; 0 = greedy (the default here, unlike OpenAI's 1) Default:
+            0.0.
+        top_p (float | Unset): nucleus sampling: the smallest set of tokens whose probability reaches top_p Default:
+            1.0.
+        use_kb (bool | Unset): false: the plain model, no retrieval Default: True.
+    """
+
+    alpha: float | Unset = 0.7
+    context: GenerateRequestContext | Unset = "memory"
+    evidence: int | Unset = 5
+    exact: bool | Unset = False
+    k: int | Unset = 4
+    knn_temperature: float | None | Unset = UNSET
+    lexical_weight: float | None | Unset = UNSET
+    max_tokens: int | Unset = 64
+    messages: list[ChatMessage] | None | Unset = UNSET
+    mixing: GenerateRequestMixing | Unset = "joint"
+    positions: GenerateRequestPositions | Unset = "composite"
+    prompt: None | str | Unset = UNSET
+    retrieval: GenerateRequestRetrievalType0 | None | Unset = UNSET
+    seed: int | None | Unset = UNSET
+    spans: int | Unset = 3
+    stop: list[str] | None | Unset = UNSET
+    stream: bool | Unset = False
+    temperature: float | Unset = 0.0
+    top_p: float | Unset = 1.0
+    use_kb: bool | Unset = True
+
+    def to_dict(self) -> dict[str, Any]:
+        alpha = self.alpha
+
+        context: str | Unset = UNSET
+        if not isinstance(self.context, Unset):
+            context = self.context
+
+        evidence = self.evidence
+
+        exact = self.exact
+
+        k = self.k
+
+        knn_temperature: float | None | Unset
+        if isinstance(self.knn_temperature, Unset):
+            knn_temperature = UNSET
+        else:
+            knn_temperature = self.knn_temperature
+
+        lexical_weight: float | None | Unset
+        if isinstance(self.lexical_weight, Unset):
+            lexical_weight = UNSET
+        else:
+            lexical_weight = self.lexical_weight
+
+        max_tokens = self.max_tokens
+
+        messages: list[dict[str, Any]] | None | Unset
+        if isinstance(self.messages, Unset):
+            messages = UNSET
+        elif isinstance(self.messages, list):
+            messages = []
+            for messages_type_0_item_data in self.messages:
+                messages_type_0_item = messages_type_0_item_data.to_dict()
+                messages.append(messages_type_0_item)
+
+        else:
+            messages = self.messages
+
+        mixing: str | Unset = UNSET
+        if not isinstance(self.mixing, Unset):
+            mixing = self.mixing
+
+        positions: str | Unset = UNSET
+        if not isinstance(self.positions, Unset):
+            positions = self.positions
+
+        prompt: None | str | Unset
+        if isinstance(self.prompt, Unset):
+            prompt = UNSET
+        else:
+            prompt = self.prompt
+
+        retrieval: None | str | Unset
+        if isinstance(self.retrieval, Unset):
+            retrieval = UNSET
+        elif isinstance(self.retrieval, str):
+            retrieval = self.retrieval
+        else:
+            retrieval = self.retrieval
+
+        seed: int | None | Unset
+        if isinstance(self.seed, Unset):
+            seed = UNSET
+        else:
+            seed = self.seed
+
+        spans = self.spans
+
+        stop: list[str] | None | Unset
+        if isinstance(self.stop, Unset):
+            stop = UNSET
+        elif isinstance(self.stop, list):
+            stop = self.stop
+
+        else:
+            stop = self.stop
+
+        stream = self.stream
+
+        temperature = self.temperature
+
+        top_p = self.top_p
+
+        use_kb = self.use_kb
+
+        field_dict: dict[str, Any] = {}
+
+        field_dict.update({})
+        if alpha is not UNSET:
+            field_dict["alpha"] = alpha
+        if context is not UNSET:
+            field_dict["context"] = context
+        if evidence is not UNSET:
+            field_dict["evidence"] = evidence
+        if exact is not UNSET:
+            field_dict["exact"] = exact
+        if k is not UNSET:
+            field_dict["k"] = k
+        if knn_temperature is not UNSET:
+            field_dict["knn_temperature"] = knn_temperature
+        if lexical_weight is not UNSET:
+            field_dict["lexical_weight"] = lexical_weight
+        if max_tokens is not UNSET:
+            field_dict["max_tokens"] = max_tokens
+        if messages is not UNSET:
+            field_dict["messages"] = messages
+        if mixing is not UNSET:
+            field_dict["mixing"] = mixing
+        if positions is not UNSET:
+            field_dict["positions"] = positions
+        if prompt is not UNSET:
+            field_dict["prompt"] = prompt
+        if retrieval is not UNSET:
+            field_dict["retrieval"] = retrieval
+        if seed is not UNSET:
+            field_dict["seed"] = seed
+        if spans is not UNSET:
+            field_dict["spans"] = spans
+        if stop is not UNSET:
+            field_dict["stop"] = stop
+        if stream is not UNSET:
+            field_dict["stream"] = stream
+        if temperature is not UNSET:
+            field_dict["temperature"] = temperature
+        if top_p is not UNSET:
+            field_dict["top_p"] = top_p
+        if use_kb is not UNSET:
+            field_dict["use_kb"] = use_kb
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.chat_message import ChatMessage  # noqa: PLC0415
+
+        d = dict(src_dict)
+        alpha = d.pop("alpha", UNSET)
+
+        _context = d.pop("context", UNSET)
+        context: GenerateRequestContext | Unset
+        if isinstance(_context, Unset):
+            context = UNSET
+        else:
+            context = check_generate_request_context(_context)
+
+        evidence = d.pop("evidence", UNSET)
+
+        exact = d.pop("exact", UNSET)
+
+        k = d.pop("k", UNSET)
+
+        def _parse_knn_temperature(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        knn_temperature = _parse_knn_temperature(d.pop("knn_temperature", UNSET))
+
+        def _parse_lexical_weight(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        lexical_weight = _parse_lexical_weight(d.pop("lexical_weight", UNSET))
+
+        max_tokens = d.pop("max_tokens", UNSET)
+
+        def _parse_messages(data: object) -> list[ChatMessage] | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, list):
+                    raise TypeError()
+                messages_type_0 = []
+                _messages_type_0 = data
+                for messages_type_0_item_data in _messages_type_0:
+                    messages_type_0_item = ChatMessage.from_dict(messages_type_0_item_data)
+
+                    messages_type_0.append(messages_type_0_item)
+
+                return messages_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(list[ChatMessage] | None | Unset, data)
+
+        messages = _parse_messages(d.pop("messages", UNSET))
+
+        _mixing = d.pop("mixing", UNSET)
+        mixing: GenerateRequestMixing | Unset
+        if isinstance(_mixing, Unset):
+            mixing = UNSET
+        else:
+            mixing = check_generate_request_mixing(_mixing)
+
+        _positions = d.pop("positions", UNSET)
+        positions: GenerateRequestPositions | Unset
+        if isinstance(_positions, Unset):
+            positions = UNSET
+        else:
+            positions = check_generate_request_positions(_positions)
+
+        def _parse_prompt(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        prompt = _parse_prompt(d.pop("prompt", UNSET))
+
+        def _parse_retrieval(data: object) -> GenerateRequestRetrievalType0 | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, str):
+                    raise TypeError()
+                retrieval_type_0 = check_generate_request_retrieval_type_0(data)
+
+                return retrieval_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(GenerateRequestRetrievalType0 | None | Unset, data)
+
+        retrieval = _parse_retrieval(d.pop("retrieval", UNSET))
+
+        def _parse_seed(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        seed = _parse_seed(d.pop("seed", UNSET))
+
+        spans = d.pop("spans", UNSET)
+
+        def _parse_stop(data: object) -> list[str] | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, list):
+                    raise TypeError()
+                stop_type_0 = cast(list[str], data)
+
+                return stop_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(list[str] | None | Unset, data)
+
+        stop = _parse_stop(d.pop("stop", UNSET))
+
+        stream = d.pop("stream", UNSET)
+
+        temperature = d.pop("temperature", UNSET)
+
+        top_p = d.pop("top_p", UNSET)
+
+        use_kb = d.pop("use_kb", UNSET)
+
+        generate_request = cls(
+            alpha=alpha,
+            context=context,
+            evidence=evidence,
+            exact=exact,
+            k=k,
+            knn_temperature=knn_temperature,
+            lexical_weight=lexical_weight,
+            max_tokens=max_tokens,
+            messages=messages,
+            mixing=mixing,
+            positions=positions,
+            prompt=prompt,
+            retrieval=retrieval,
+            seed=seed,
+            spans=spans,
+            stop=stop,
+            stream=stream,
+            temperature=temperature,
+            top_p=top_p,
+            use_kb=use_kb,
+        )
+
+        return generate_request
