@@ -78,3 +78,6 @@ export async function inferSchema() {
     return null;
   }
 }
+
+/** POST v1/generate (one JSON answer; 409 generator_unavailable when the bundle has no generator). */
+export const generate = (body) => call("v1/generate", { method: "POST", body: { ...body, stream: false } });
