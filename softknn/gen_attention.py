@@ -151,6 +151,15 @@ class MemoryHook:
         self.mixing = mixing
         self.alpha = float(alpha)
         self.trace = trace
+        # the prompt's first rows that come before the KB (its prefix) attend to their own past only;
+        # the generator sets this for the prefill and clears it for the decoding steps
+        self.skip_rows = 0
+
+    def _reads_memory(self, T: int, groups: int, device) -> torch.Tensor | None:
+        """(g·T,) bool: which grouped query rows read the memory (None: all)."""
+        if self.skip_rows <= 0:
+            return None
+        return (torch.arange(T, device=device) >= self.skip_rows).repeat(groups)
 
     def covers(self, layer: int) -> bool:
         return layer in self.memory.layers
@@ -170,6 +179,9 @@ class MemoryHook:
         s_m = s_m.view(B, nkv, g * T, S, Lm).masked_fill(~self.memory.token_mask, -math.inf)
         lse_c = torch.logsumexp(s_m, -1)  # (B, nkv, gT, S)
         p_c = torch.exp(s_m - lse_c[..., None])  # (B, nkv, gT, S, Lm), 0 on pad tokens
+        reads = self._reads_memory(T, g, query.device)  # (gT,) or None
+        if reads is not None:
+            lse_c = lse_c.masked_fill(~reads[:, None], -math.inf)  # prefix rows: no memory mass
         lse_all = torch.logsumexp(torch.cat([lse_in[..., None], lse_c], -1), -1)  # (B, nkv, gT)
         share = torch.exp(lse_c - lse_all[..., None])  # (B, nkv, gT, S) Z_c/Z
         if self.mixing == "joint":
@@ -177,6 +189,9 @@ class MemoryHook:
         else:
             g_in = torch.full_like(lse_in, self.alpha)
             g_c = ((1 - self.alpha) * self.memory.weight.to(query.dtype)).expand(B, nkv, g * T, S)
+            if reads is not None:
+                g_in = torch.where(reads, g_in, torch.ones_like(g_in))
+                g_c = g_c * reads[:, None]
         gp = (g_c[..., None] * p_c).view(B, nkv, g * T, S * Lm)
         out = g_in[..., None] * attn_in + gp @ mem.value.reshape(nkv, S * Lm, hs)  # (B, nkv, gT, hs)
         if self.trace is not None:
@@ -206,6 +221,9 @@ class ReferenceHook(MemoryHook):
                         attention_mask[b, 0, i] if attention_mask.dtype == torch.bool else attention_mask[b, 0, i] == 0)
                     k_in, v_in = key[b, kv][allowed].double(), value[b, kv][allowed].double()
                     s_in = (k_in @ qi) * scaling
+                    if i < self.skip_rows:  # a prefix row: its own past only
+                        out[b, h, i] = torch.softmax(s_in, 0) @ v_in
+                        continue
                     parts_s, parts_v = [s_in], [v_in]
                     for c, n in enumerate(self.memory.lengths):
                         parts_s.append((mem.key[kv, c, :n].double() @ qi) * scaling)
@@ -236,7 +254,7 @@ def rotate_keys(key: torch.Tensor, offset: int, inv_freq: torch.Tensor) -> torch
 
 
 def place_memory(chunks: list[torch.Tensor], layers: list[int], weight: torch.Tensor, positions: str,
-                 inv_freq: torch.Tensor | None, *, encoded_after: int = 0, prefix_len: int = 0) -> GenMemory:
+                 inv_freq: torch.Tensor | None, *, encoded_after: int | list[int] = 0, prefix_len: int = 0) -> GenMemory:
     """GenMemory from R's chunk K/V, each (n_c, n_layers, 2, nkv, hs), encoded after a prefix of
     `encoded_after` tokens (positions encoded_after..encoded_after+n_c−1, Generator.chunk_kv), for a
     prompt whose first `prefix_len` tokens precede the KB (P = prefix_len).
@@ -244,7 +262,10 @@ def place_memory(chunks: list[torch.Tensor], layers: list[int], weight: torch.Te
     composite (TurboRAG's composite positions): every chunk at P..P+n_c−1; the rest of the prompt
     starts at P + max n_c. reordered: chunk c at P + Σ_{c'<c} n_c' (as if the chunks were
     concatenated in rank order); the rest starts at P + Σ n_c. Keys are rotated by the difference
-    between where they were encoded and where they are placed (RoPE is relative: exact)."""
+    between where they were encoded and where they are placed: exact where a chunk sees nothing but
+    itself (RoPE is relative); a chunk that saw a prefix keeps its distance to it as encoded, so
+    reordered placement after a prefix is exact only for chunks encoded at their placed positions
+    (`encoded_after` per chunk, Generator.chunk_kv's `starts`)."""
     if positions not in POSITIONS:
         raise ValueError(f"positions must be one of {POSITIONS}, not {positions!r}")
     lengths = [int(c.shape[0]) for c in chunks]
@@ -258,7 +279,8 @@ def place_memory(chunks: list[torch.Tensor], layers: list[int], weight: torch.Te
         n = lengths[c]
         mask[c, :n] = True
         k = kv[:, :, 0].permute(1, 2, 0, 3)  # (n_layers, nkv, n, hs)
-        shift = prefix_len - encoded_after + (offset if positions == "reordered" else 0)
+        at = encoded_after[c] if isinstance(encoded_after, list) else encoded_after
+        shift = prefix_len - at + (offset if positions == "reordered" else 0)
         if shift:
             if inv_freq is None:
                 raise ValueError("moving memory keys needs the model's rotary frequencies")

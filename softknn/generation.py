@@ -134,12 +134,17 @@ class GenEngine:
         plain = enc.forward_plain(enc.tokenize([query], truncate=[True]))
         return self.engine.retrieve(plain.embedding.float().cpu().numpy(), [ip], [query])
 
-    def chunk_kv(self, rows: list[int], prefix: list[int], recompute: bool) -> tuple[list[torch.Tensor], int, str]:
-        """R's K/V, (n, L, 2, nkv, hs) each, and the prefix length they were encoded after."""
+    def chunk_kv(self, rows: list[int], prefix: list[int], recompute: bool, positions: str
+                 ) -> tuple[list[torch.Tensor], int | list[int], str]:
+        """R's K/V, (n, L, 2, nkv, hs) each, and where each was encoded (its first token's position).
+        Recomputed ones are encoded after this prompt's prefix, at their placed positions."""
         if recompute or self.store.kind == "recompute":
             ids = [self.store.token_ids(r) for r in rows]
-            kv = self.generator.chunk_kv(ids, self.layers, prefix=prefix)
-            return [torch.from_numpy(x) for x in kv], len(prefix), "recomputed"
+            starts = None
+            if positions == "reordered":
+                starts = list(len(prefix) + np.concatenate([[0], np.cumsum([len(x) for x in ids])[:-1]]).astype(int))
+            kv = self.generator.chunk_kv(ids, self.layers, prefix=prefix, starts=starts)
+            return [torch.from_numpy(x) for x in kv], [int(s) for s in starts] if starts else len(prefix), "recomputed"
         return [self.store.chunk(r) for r in rows], self.store.prefix_len, f"stored {self.store.kind}"
 
     def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None) -> _Prepared:
@@ -157,12 +162,11 @@ class GenEngine:
             return _Prepared(prefix, rest, None, rows, retr, "prompt" if rows else "none")
         prefix, rest = gen.layout(prompt, messages)
         # exact: fp32 K/V encoded after this very prefix, so the masked-concatenation contract holds
-        recompute = p.exact and (self.store.kind != "fp32" or list(prefix) != list(self.store.record.get("prefix") or []))
-        kv, encoded_after, source = self.chunk_kv(rows, prefix, recompute)
+        recompute = p.exact and (self.store.kind != "fp32" or p.positions == "reordered"
+                                 or list(prefix) != list(self.store.record.get("prefix") or []))
+        kv, encoded_after, source = self.chunk_kv(rows, prefix, recompute, p.positions)
         memory = place_memory(kv, self.layers, torch.tensor(w), p.positions, gen.inv_freq,
                               encoded_after=encoded_after, prefix_len=len(prefix))
-        if not gen.rope_exact_shift and memory.prompt_start != len(prefix) + max(memory.lengths) and encoded_after != len(prefix):
-            raise InvalidInput(f"{gen.info.name}'s rotary embedding is scaled: positions must be composite", field="positions")
         return _Prepared(prefix, rest, memory, rows, retr, source)
 
     # --- decoding ---------------------------------------------------------------------------------

@@ -267,10 +267,11 @@ class Generator:
     # --- memory ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def chunk_kv(self, ids: list[list[int]], layers: list[int], prefix: list[int] | tuple[int, ...] = (),
-                 batch_size: int = 8) -> list[np.ndarray]:
+                 batch_size: int = 8, starts: list[int] | None = None) -> list[np.ndarray]:
         """Each chunk on its own after the memory prefix P (positions |P|..|P|+n−1): (n, len(layers), 2,
-        nkv, hs) float32 keys (after RoPE) and values at `layers`, P's own dropped. Batches are
-        right-padded: a causal model's real tokens never see pads."""
+        nkv, hs) float32 keys (after RoPE) and values at `layers`, P's own dropped. `starts[i]`: encode
+        chunk i at positions starts[i].. instead (after P at 0..|P|−1). Batches are right-padded: a
+        causal model's real tokens never see pads."""
         from transformers import DynamicCache
 
         out: list[np.ndarray | None] = [None] * len(ids)
@@ -285,7 +286,10 @@ class Generator:
                 x[j, : P + len(ids[i])] = torch.tensor(list(prefix) + list(ids[i]))
                 mask[j, : P + len(ids[i])] = 1
             cache = DynamicCache(config=self.model.config)
-            pos = torch.arange(T)[None].expand(len(idx), T)
+            pos = torch.arange(T)[None].repeat(len(idx), 1)
+            if starts is not None:
+                for j, i in enumerate(idx):
+                    pos[j, P:] = starts[i] + torch.arange(T - P)
             self.model.model(input_ids=x, attention_mask=mask, position_ids=pos, **{self.cache_kw: cache}, use_cache=True)
             k = torch.stack([cache.layers[layer].keys for layer in layers], 1)  # (b, L, nkv, T, hs)
             v = torch.stack([cache.layers[layer].values for layer in layers], 1)
@@ -329,6 +333,8 @@ class Generator:
                 if cancelled():
                     gen.finish_reason = "cancelled"
                     break
+                if hook is not None:
+                    hook.skip_rows = memory.prefix_len if step == 0 else 0  # type: ignore[union-attr]
                 if trace is not None:
                     trace.begin_step()
                 logits = self.model(input_ids=x, position_ids=pos, **{self.cache_kw: cache}, use_cache=True,
@@ -369,6 +375,8 @@ class Generator:
         pos = prompt_positions(len(prompt_ids), memory if use else None)
         pos = torch.cat([pos, pos[-1] + 1 + torch.arange(len(continuation))])[None]
         hook = MemoryHook(memory, mixing=mixing, alpha=alpha) if use else None  # type: ignore[arg-type]
+        if hook is not None:
+            hook.skip_rows = memory.prefix_len  # type: ignore[union-attr]
         with bind(hook):
             logits = self.model(input_ids=torch.tensor([ids]), position_ids=pos).logits[0].float()  # (T, V)
         lp = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], -1)  # the positions predicting the continuation
