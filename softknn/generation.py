@@ -8,6 +8,7 @@ generator memory was built with. `stream` yields each token as it is chosen, the
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -124,6 +125,7 @@ class GenEngine:
         self.generator = generator
         self.store = GeneratorStore(engine.bundle.path, rec.model_dump(), len(engine.bundle))
         self.layers = list(rec.layers)
+        self._local = threading.local()
 
     # --- retrieval and memory -------------------------------------------------------------------
     def retrieve(self, query: str, p: GenParams):
@@ -184,8 +186,13 @@ class GenEngine:
             else:
                 yield item
         assert result is not None
-        self.last_generation = result
+        self._local.generation = result  # per thread: concurrent generations share the engine
         yield self._answer(result, prep, p)
+
+    @property
+    def last_generation(self) -> Generation:
+        """This thread's last Generation (token ids, and logits where kept): for tests and benchmarks."""
+        return self._local.generation
 
     def score(self, p: GenParams, continuation: str, prompt: str | None = None, messages: list[dict] | None = None) -> float:
         """Mean NLL per token of `continuation` (tokenised as it is) as the answer, R as `stream` gets it."""
