@@ -261,17 +261,22 @@ class GenEngine:
         if nt == 0:
             return []
         total = float(tm[:nt].sum()) or 1.0
-        out = []
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
         for i in tm[:nt].argsort(descending=True).tolist():
             a, b = offsets[i]
             word = c["text"][a:b].strip()
-            if not any(ch.isalnum() for ch in word):
-                continue  # punctuation and whitespace draw mass but tell a reader nothing
+            if not any(ch.isalnum() for ch in word) or word.lower() in _FUNCTION_WORDS or word.lower() in seen:
+                continue  # punctuation, function words and repeats draw mass but tell a reader nothing
+            seen.add(word.lower())
             out.append({"text": word, "start": c["start"] + a, "end": c["start"] + b,
                         "weight": float(tm[i]) / total})
             if len(out) == top:
                 break
         return out
+
+
+_FUNCTION_WORDS = frozenset("the a an and or of to in on at for from by with is are be it this that as".split())
 
 
 def _last_user(messages: list[dict] | None) -> str:
