@@ -321,7 +321,7 @@ def obliqa(args) -> None:
     summ["no_kb"]["mean_nll_gold_in_R"] = round(statistics.fmean([r["no_kb"] for r in rows if r["gold_in_R"]] or [0]), 4)
     summ["no_kb"]["mean_nll_gold_not_in_R"] = round(statistics.fmean([r["no_kb"] for r in rows if not r["gold_in_R"]] or [0]), 4)
     payload = {
-        "command": COMMAND, "bundle": binfo, "kb": {"path": str(kb), "passages": len(bundle.chunks),
+        "command": COMMAND, "bundle": binfo, "kb": {"path": str(kb), "passages": sum(1 for _ in kb.open()), "chunks": len(bundle.chunks),
                                                      "source": str(OBLIQA)},
         "questions": n, "alpha": alpha, "k": 4, "retrieval": "bundle default (hybrid)", "continuation": "gold passage, first 64 generator tokens, decoded",
         "gold_in_R": round(sum(r["gold_in_R"] for r in rows) / n, 4),
