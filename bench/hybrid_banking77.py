@@ -1,6 +1,6 @@
 """Hybrid (dense + BM25) retrieval on Banking77: τ chosen on the KB side, a build-time abstain rule, test figures.
 
-    python bench/hybrid_banking77.py [--bundle artifacts/eval/bundles/banking77] [--k 8] [--target-loss 0.01]
+    python -m bench hybrid_banking77 [--bundle artifacts/eval/bundles/banking77] [--k 8] [--target-loss 0.01]
 
 The bundle is the one `softknn build ../shared/data/banking77/train.csv --out
 artifacts/eval/bundles/banking77 --label-field category` writes (one chunk per record); its
@@ -52,12 +52,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import RESULTS, write  # noqa: E402
-from softknn.attention import knn_weights  # noqa: E402
-from evaluation.metrics import (  # noqa: E402
+from bench.common import RESULTS, result_path, write
+from evaluation.metrics import (
     abstain_point,
     auroc,
     calibrate_rules,
@@ -65,8 +61,11 @@ from evaluation.metrics import (  # noqa: E402
     gated_scores,
     rejection_rate,
 )
-from softknn.lexical import LexicalIndex  # noqa: E402
-from softknn.retrieval import topk_reference  # noqa: E402
+from softknn.attention import knn_weights
+from softknn.lexical import LexicalIndex
+from softknn.retrieval import topk_reference
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DATA = ROOT.parent / "shared" / "data" / "banking77"
 BUNDLE = ROOT / "artifacts" / "eval" / "bundles" / "banking77"
@@ -290,15 +289,16 @@ def apply_rule(rule: dict, score: np.ndarray, s1: np.ndarray, ok: np.ndarray | N
 
 
 # --- main ------------------------------------------------------------------------------------------
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--bundle", type=Path, default=BUNDLE)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--target-loss", type=float, default=0.01)
     ap.add_argument("--cv-reps", type=int, default=20, help="KB-side calibrate/held splits per rule")
     ap.add_argument("--check", type=int, default=40, help="queries per set checked against topk_reference")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     t_all = time.time()
@@ -495,7 +495,7 @@ def main() -> None:
     timings["total_s"] = time.time() - t_all
 
     payload = {
-        "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+        "command": args.command,
         "bundle": {"path": os.path.relpath(args.bundle.resolve(), ROOT), "version_id": manifest.get("version_id"),
                    "chunks": len(chunks), "labels": len(labels)},
         "definitions": {
@@ -526,10 +526,12 @@ def main() -> None:
         "test_per_weight_pool_report_only": test_per_wm,
         "timings": timings,
     }
-    out = write(NAME, payload)
+    written = write(NAME, payload)
+    out = result_path(NAME)
     plot(cells, nn1_loo, RESULTS / f"{NAME}.png")
     print(f"wrote {out}")
     summary(payload)
+    return written
 
 
 def plot(cells: list[dict], nn1: float, path: Path) -> None:
@@ -624,5 +626,9 @@ def summary(p: dict) -> None:
     print("timings:", {k: round(v, 1) for k, v in p["timings"].items()})
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench.hybrid_banking77: the same as python -m bench hybrid_banking77
+    import sys
+
+    from bench.__main__ import main
+
+    main(["hybrid_banking77", *sys.argv[1:]])

@@ -73,7 +73,6 @@ import os
 import pstats
 import random
 import re
-import shlex
 import statistics
 import sys
 import time
@@ -81,11 +80,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from bench.common import RESULTS, summary, write
 
-from bench.common import RESULTS, write  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SHARED = ROOT.parent / "shared" / "data"
 OBLIQA = ROOT / "artifacts" / "eval" / "obliqa"
@@ -300,13 +297,6 @@ def dense_index(xb: np.ndarray, kind: str, vectors: str):
 
 
 # --- timing -----------------------------------------------------------------------------------
-def pct(x: list[float]) -> dict:
-    a = np.asarray(x)
-    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "min": float(a.min()),
-            "max": float(a.max()), "n": len(a)}
-
-
 def time_modes(engine, params: dict, xq: np.ndarray, texts: list[str], rounds: int) -> dict:
     """Per mode, wall and CPU ms of each retrieve, modes interleaved per query in rotating order."""
     wall = {m: [] for m in MODES}
@@ -409,7 +399,7 @@ def exactness(engine, params: dict, xq: np.ndarray, texts: list[str], tol: float
 
 
 def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
-    """Median ms of each step of one hybrid retrieval (Engine._lexical_select's calls and
+    """Median ms of each step of one hybrid retrieval (Engine.retrieve's hybrid calls and
     softknn.retrieval.topk_fast's steps, timed between them) and of the dense one; plus the BM25
     work: query terms and posting entries summed."""
     from softknn.engine import Retrieval
@@ -424,7 +414,6 @@ def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> d
     st = {s: [] for s in names}
     dense_st = {"dense_search_k": [], "select": []}
     terms_n, postings = [], []
-    indptr = lex._indptr
     for i, text in enumerate(texts):
         q = xq[i]
         t = [time.perf_counter()]
@@ -448,23 +437,23 @@ def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> d
         dense = index.rows_dot(ids, q)
         t.append(time.perf_counter())
         out = Retrieval.empty(1)
-        engine._select(out, 0, S, ids, dense, b[ids], p, n, "x")
+        engine.select(out, 0, S, ids, dense, b[ids], p, n, "x")
         t.append(time.perf_counter())
         for s_, a, z in zip(names, t, t[1:], strict=False):
             st[s_].append((z - a) * 1e3)
         ids_ = lex.term_ids(terms)
         terms_n.append(len(ids_))
-        postings.append(int(sum(int(indptr[j + 1]) - int(indptr[j]) for j in ids_)))
+        postings.append(lex.postings(ids_))
         t0 = time.perf_counter()
         D8, I8 = index.search(q[None], min(n, pd.k))
         t1 = time.perf_counter()
-        engine._select(out, 0, D8[0], I8[0], D8[0], None, pd, n, "x")
+        engine.select(out, 0, D8[0], I8[0], D8[0], None, pd, n, "x")
         t2 = time.perf_counter()
         dense_st["dense_search_k"].append((t1 - t0) * 1e3)
         dense_st["select"].append((t2 - t1) * 1e3)
     med = lambda d: {k: statistics.median(v) for k, v in d.items()}  # noqa: E731
     return {"hybrid_median_ms": med(st), "dense_median_ms": med(dense_st),
-            "query_terms_in_vocab": pct(terms_n), "posting_entries_per_query": pct(postings),
+            "query_terms_in_vocab": summary(terms_n), "posting_entries_per_query": summary(postings),
             "posting_entries_per_query_over_n": statistics.median(postings) / n}
 
 
@@ -494,7 +483,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     from softknn.engine import Engine, InferParams
     from softknn.lexical import LexicalIndex, LexicalSpec
     from softknn.manifest import Counts, IndexRecord, Manifest
-    from softknn.memory import ChunkIndex, KVStore
+    from softknn.memory import PREFILTER_MIN_CHUNKS, ChunkIndex, KVStore
 
     texts_b, ids_b, intents_b, real_b = base
     load_start = [round(x, 2) for x in os.getloadavg()]
@@ -512,7 +501,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     files = dir_bytes(ldir)
     lex_bytes = sum(files.values())
     vocab = len(lex_built.vocab)
-    nnz = int(lex_built._indptr[-1])
+    nnz = lex_built.n_postings
     del lex_built
     gc.collect()
     lex = LexicalIndex.load(ldir, LexicalSpec())
@@ -529,8 +518,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     bundle = Bundle(path=SCRATCH, manifest=manifest, index=cindex, kv=kv,
                     chunks=[{"chunk_id": str(i)} for i in range(n)], token_spans=np.zeros((0, 2), np.int64),
                     lexical=lex)
-    engine = Engine.__new__(Engine)
-    engine.bundle, engine.encoder, engine.layer = bundle, None, 0
+    engine = Engine.retrieval_only(bundle)
     params = dict(zip(MODES, engine.resolve([InferParams(k=8, retrieval=m) for m in MODES]), strict=True))
 
     qs = query_set(n_queries, ids_b, intents_b)
@@ -546,7 +534,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     timed_s = time.perf_counter() - t0
     pf = {c: cindex.prefilter_counts[c] - pf0[c] for c in pf0}
     load_timed = [round(x, 2) for x in os.getloadavg()]
-    modes = {m: {"wall_ms": pct(timed["wall"][m]), "cpu_ms": pct(timed["cpu"][m])} for m in MODES}
+    modes = {m: {"wall_ms": summary(timed["wall"][m]), "cpu_ms": summary(timed["cpu"][m])} for m in MODES}
     paired = [h - d for h, d in zip(timed["wall"]["hybrid"], timed["wall"]["dense"], strict=True)]
     paired_cpu = [h - d for h, d in zip(timed["cpu"]["hybrid"], timed["cpu"]["dense"], strict=True)]
     delta = modes["hybrid"]["wall_ms"]["p50"] - modes["dense"]["wall_ms"]["p50"]
@@ -559,6 +547,8 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
         (SCRATCH / f"profile-{n}-{spec.kind}.txt").write_text(prof.pop("text"))
 
     flat_bytes = n * DIM * 4
+    # the flat scan's 8-bit prefilter (ChunkIndex builds one for a CPU flat index of this many chunks)
+    prefiltered = spec.kind == "flat" and not cindex.on_gpu and n >= PREFILTER_MIN_CHUNKS
     row = {
         "size": n,
         "index": spec.kind,
@@ -595,7 +585,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
         "dense": {"index_build_s": index_build_s, "index_ready_s": index_ready_s,
                   "flat_bytes_per_chunk": flat_bytes / n, "index_file_bytes": index_file_bytes,
                   "index_file_bytes_per_chunk": index_file_bytes / n,
-                  "prefilter_bytes_per_chunk": DIM if cindex._sq is not None else 0,
+                  "prefilter_bytes_per_chunk": DIM if prefiltered else 0,
                   "embeddings_npy_bytes_per_chunk": DIM * 4},
         "kv_bytes_per_chunk_float32": {"quoted_docs_benchmarks_s6": KV_BYTES_PER_CHUNK_QUOTED,
                                        "formula_25x12x32x2x4": KV_BYTES_PER_CHUNK_FORMULA},
@@ -672,8 +662,7 @@ def plot(name: str, rows: list[dict]) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--queries", type=int, default=200, help="timed queries per size (each runs every mode)")
     ap.add_argument("--rounds", type=int, default=3, help="passes over the queries")
@@ -686,10 +675,13 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true",
                     help="add this run's rows to NAME.json (a row of the same size and index is replaced)")
     ap.add_argument("--replot", action="store_true", help="only redraw NAME.png from NAME.json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.replot:
-        plot(args.name, json.loads((RESULTS / f"{args.name}.json").read_text())["rows"])
-        return
+        res = json.loads((RESULTS / f"{args.name}.json").read_text())
+        plot(args.name, res["rows"])
+        return res
     import faiss
     import torch
 
@@ -698,7 +690,7 @@ def main() -> None:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     load0 = [round(x, 2) for x in os.getloadavg()]
-    command = "nice -n 5 python bench/hybrid_cost.py " + shlex.join(sys.argv[1:])
+    command = "nice -n 5 " + args.command
     prev = None
     if args.merge:
         path = RESULTS / f"{args.name}.json"
@@ -725,7 +717,7 @@ def main() -> None:
             versions[mod] = getattr(__import__(mod), "__version__", None)
         except ImportError:
             versions[mod] = None
-    write(args.name, {
+    written = write(args.name, {
         "command": " && ".join(r["command"] for r in runs),  # with --merge: every run behind the rows
         "loadavg_start": runs[0]["loadavg_start"],
         "runs": runs,
@@ -754,7 +746,12 @@ def main() -> None:
         "history": HISTORY,
     })
     plot(args.name, rows)
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench.hybrid_cost: the same as python -m bench hybrid_cost
+    import sys
+
+    from bench.__main__ import main
+
+    main(["hybrid_cost", *sys.argv[1:]])
