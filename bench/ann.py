@@ -2,7 +2,7 @@
 
     python -m bench ann [--sizes 100000,1000000] [--queries 200] [--delta-queries 20]
 
-Needs `python -m bench.kb` first (bench/kb.py says what is synthetic). For each size and index
+Needs `python -m bench kb` first (bench/kb.py says what is synthetic). For each size and index
 (flat; hnsw over efSearch; ivf and ivfpq over nprobe — every other parameter as
 memory.choose_index sets it), over the same real queries:
     recall@k     |R_index ∩ R_exact| / k for k = 8 and 32 (R_exact: brute force over all chunks)
@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.ann: the same as python -m bench ann
+if __name__ == "__main__":  # python -m bench ann: the same as python -m bench ann
     import sys
 
     from bench.__main__ import main

@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> dict:
     return figure
 
 
-if __name__ == "__main__":  # python -m bench.attack: the same as python -m bench attack
+if __name__ == "__main__":  # python -m bench attack: the same as python -m bench attack
     import sys
 
     from bench.__main__ import main

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.builder_throughput: the same as python -m bench builder_throughput
+if __name__ == "__main__":  # python -m bench builder_throughput: the same as python -m bench builder_throughput
     import sys
 
     from bench.__main__ import main

@@ -2,7 +2,7 @@
 
     python -m bench fused_forward [--sizes 10000,100000,1000000] [--kinds flat,hnsw] [--repeats 25]
 
-Needs `python -m bench.kb` first (the real bundle and the embedding pool; see bench/kb.py for what
+Needs `python -m bench kb` first (the real bundle and the embedding pool; see bench/kb.py for what
 is synthetic beyond 10k). Per (size, index, k), interleaved in one loop over the same real queries:
     plain:  tokenize → model forward → pooled, normalised embedding (what an embedding server does)
     fused:  Engine.infer([q], k=k): tokenize → plain pass (hidden states kept) → FAISS/exact search
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.fused_forward: the same as python -m bench fused_forward
+if __name__ == "__main__":  # python -m bench fused_forward: the same as python -m bench fused_forward
     import sys
 
     from bench.__main__ import main

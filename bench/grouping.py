@@ -88,7 +88,7 @@ def plot(rows: list[dict], name: str = "grouping") -> None:
     plt.close(fig)
 
 
-if __name__ == "__main__":  # python -m bench.grouping: the same as python -m bench grouping
+if __name__ == "__main__":  # python -m bench grouping: the same as python -m bench grouping
     import sys
 
     from bench.__main__ import main

@@ -626,7 +626,7 @@ def summary(p: dict) -> None:
     print("timings:", {k: round(v, 1) for k, v in p["timings"].items()})
 
 
-if __name__ == "__main__":  # python -m bench.hybrid_banking77: the same as python -m bench hybrid_banking77
+if __name__ == "__main__":  # python -m bench hybrid_banking77: the same as python -m bench hybrid_banking77
     import sys
 
     from bench.__main__ import main

@@ -1,7 +1,7 @@
 """Cost of hybrid retrieval: per-query latency of the retrieval stage, dense vs hybrid vs lexical, and
 the lexical index's bytes per chunk, at KBs of 10k and 100k chunks (issue 13), optionally 1M.
 
-    nice -n 5 python bench/hybrid_cost.py [--sizes 10000,100000] [--queries 200] [--rounds 3]
+    nice -n 5 python -m bench hybrid_cost [--sizes 10000,100000] [--queries 200] [--rounds 3]
                                           [--vectors real|random] [--index auto] [--check 50]
                                           [--profile] [--merge] [--name hybrid_cost]
 
@@ -109,7 +109,7 @@ HISTORY = {
             "top-m argpartition; lexical retrieval searched the dense top m), and of the bench-local "
             "topk_fast_one_partition timed in the same interleaved loop (same answers on every query), which the "
             "library now implements",
-    "run": {"when": "2026-12-01T05:21:50+00:00", "command": "nice -n 5 python bench/hybrid_cost.py --sizes 10000,100000,1000000",
+    "run": {"when": "2026-12-01T05:21:50+00:00", "command": "nice -n 5 python -m bench hybrid_cost --sizes 10000,100000,1000000",
             "loadavg_start": [6.03, 6.69, 6.13]},
     "library_before": {
         "10000": {"wall_p50": 2.010, "cpu_p50": 1.725, "paired_wall": 1.777, "paired_cpu": 1.692},
@@ -749,7 +749,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.hybrid_cost: the same as python -m bench hybrid_cost
+if __name__ == "__main__":  # python -m bench hybrid_cost: the same as python -m bench hybrid_cost
     import sys
 
     from bench.__main__ import main

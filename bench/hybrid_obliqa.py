@@ -471,7 +471,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.hybrid_obliqa: the same as python -m bench hybrid_obliqa
+if __name__ == "__main__":  # python -m bench hybrid_obliqa: the same as python -m bench hybrid_obliqa
     import sys
 
     from bench.__main__ import main

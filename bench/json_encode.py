@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.json_encode: the same as python -m bench json_encode
+if __name__ == "__main__":  # python -m bench json_encode: the same as python -m bench json_encode
     import sys
 
     from bench.__main__ import main

@@ -262,7 +262,7 @@ def run(args: argparse.Namespace) -> dict:
     return res
 
 
-if __name__ == "__main__":  # python -m bench.kb: the same as python -m bench kb
+if __name__ == "__main__":  # python -m bench kb: the same as python -m bench kb
     import sys
 
     from bench.__main__ import main

@@ -12,7 +12,7 @@ Interleaved per round (load drift hits all alike), torch (and faiss) at --thread
     flat search one query against `size` chunk embeddings (float32, 384-d): ChunkIndex exact
                 search (torch matmul + top-k, what softknn's flat path runs) and faiss
                 IndexFlatIP; GB/s = N·D·4 / t
-Needs `python -m bench.kb` first for the embeddings (bench/kb.py: real up to ~46k, noisy
+Needs `python -m bench kb` first for the embeddings (bench/kb.py: real up to ~46k, noisy
 replicas beyond).
 """
 
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.limits: the same as python -m bench limits
+if __name__ == "__main__":  # python -m bench limits: the same as python -m bench limits
     import sys
 
     from bench.__main__ import main

@@ -249,7 +249,7 @@ def targets(res: dict) -> dict:
     return t
 
 
-if __name__ == "__main__":  # python -m bench.memory_repr: the same as python -m bench memory_repr
+if __name__ == "__main__":  # python -m bench memory_repr: the same as python -m bench memory_repr
     import sys
 
     from bench.__main__ import main

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> dict:
     return stats
 
 
-if __name__ == "__main__":  # python -m bench.obliqa_prepare: the same as python -m bench obliqa_prepare
+if __name__ == "__main__":  # python -m bench obliqa_prepare: the same as python -m bench obliqa_prepare
     import sys
 
     from bench.__main__ import main

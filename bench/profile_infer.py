@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> dict:
     return {"command": header.strip(), "profile": str(out)}
 
 
-if __name__ == "__main__":  # python -m bench.profile_infer: the same as python -m bench profile_infer
+if __name__ == "__main__":  # python -m bench profile_infer: the same as python -m bench profile_infer
     import sys
 
     from bench.__main__ import main

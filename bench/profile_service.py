@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
-if __name__ == "__main__":  # python -m bench.profile_service: the same as python -m bench profile_service
+if __name__ == "__main__":  # python -m bench profile_service: the same as python -m bench profile_service
     import sys
 
     from bench.__main__ import main

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.qkv_reuse: the same as python -m bench qkv_reuse
+if __name__ == "__main__":  # python -m bench qkv_reuse: the same as python -m bench qkv_reuse
     import sys
 
     from bench.__main__ import main

@@ -179,7 +179,7 @@ def plot(lat: dict, out: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-if __name__ == "__main__":  # python -m bench.ray_shards: the same as python -m bench ray_shards
+if __name__ == "__main__":  # python -m bench ray_shards: the same as python -m bench ray_shards
     import sys
 
     from bench.__main__ import main

@@ -268,7 +268,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.runtime: the same as python -m bench runtime
+if __name__ == "__main__":  # python -m bench runtime: the same as python -m bench runtime
     import sys
 
     from bench.__main__ import main

@@ -150,7 +150,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.runtime_exact: the same as python -m bench runtime_exact
+if __name__ == "__main__":  # python -m bench runtime_exact: the same as python -m bench runtime_exact
     import sys
 
     from bench.__main__ import main

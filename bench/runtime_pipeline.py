@@ -218,7 +218,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.runtime_pipeline: the same as python -m bench runtime_pipeline
+if __name__ == "__main__":  # python -m bench runtime_pipeline: the same as python -m bench runtime_pipeline
     import sys
 
     from bench.__main__ import main

@@ -3,7 +3,7 @@
     python -m bench scaling [--sizes 10000,30000,100000,300000,1000000] [--kinds flat,hnsw]
                             [--lengths 8,16,32,64,128,256] [--repeats 15]
 
-Needs `python -m bench.kb` first (bench/kb.py says what is synthetic beyond the 10k real bundle).
+Needs `python -m bench kb` first (bench/kb.py says what is synthetic beyond the 10k real bundle).
 KB growth, per size and index: one-query search (k=8), and Engine.infer (k=8) interleaved with the
 plain forward on the same real queries; memory: embeddings, FAISS index, and the K/V a real
 bundle of that size would hold (size × the real bundle's mean memory tokens per chunk × nh·hs ×
@@ -200,7 +200,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.scaling: the same as python -m bench scaling
+if __name__ == "__main__":  # python -m bench scaling: the same as python -m bench scaling
     import sys
 
     from bench.__main__ import main

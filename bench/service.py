@@ -450,7 +450,7 @@ def run(args: argparse.Namespace) -> dict:
     return written
 
 
-if __name__ == "__main__":  # python -m bench.service: the same as python -m bench service
+if __name__ == "__main__":  # python -m bench service: the same as python -m bench service
     import sys
 
     from bench.__main__ import main

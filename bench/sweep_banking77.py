@@ -215,7 +215,7 @@ def run(args: argparse.Namespace) -> dict:
     return {"leave_one_out": loo, "engine": eng, "best_leave_one_out": best}
 
 
-if __name__ == "__main__":  # python -m bench.sweep_banking77: the same as python -m bench sweep_banking77
+if __name__ == "__main__":  # python -m bench sweep_banking77: the same as python -m bench sweep_banking77
     import sys
 
     from bench.__main__ import main

@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-if __name__ == "__main__":  # python -m bench.sweep_obliqa: the same as python -m bench sweep_obliqa
+if __name__ == "__main__":  # python -m bench sweep_obliqa: the same as python -m bench sweep_obliqa
     import sys
 
     from bench.__main__ import main

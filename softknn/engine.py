@@ -244,7 +244,7 @@ class Engine:
         shortest texts together (by characters), answers in the input order.
 
         Every pass pads its texts to its longest and its retrieved chunks to its longest chunk,
-        so one wide pass over mixed lengths wastes work. `python -m bench.grouping` (Banking77 test
+        so one wide pass over mixed lengths wastes work. `python -m bench grouping` (Banking77 test
         texts, 1 thread, CPU ms per text, one pass → sorted passes of 4): a micro-batch of 8
         9.2 → 8.5, of 16 11.3 → 8.5, of 32 11.6 → 7.8 (passes of 8: 7.5; one text per pass:
         12.7–13.4). A text's answer does not depend on its pass-mates beyond float round-off
