@@ -2,40 +2,8 @@
 
     python -m bench hybrid_banking77 [--bundle artifacts/eval/bundles/banking77] [--k 8] [--target-loss 0.01]
 
-The bundle is the one `softknn build ../shared/data/banking77/train.csv --out
-artifacts/eval/bundles/banking77 --label-field category` writes (one chunk per record); its
-embeddings.npy and chunks.jsonl are the KB. Retrieval by softknn.retrieval.scores_reference:
-    dense:   s = d = e_q·e_c
-    hybrid:  s = (1 − λ)·norm_m(d) + λ·norm_m(b)      b: BM25 (softknn.lexical.LexicalIndex)
-    lexical: s = norm_m(b)
-label scores = Σ_{c ∈ top k by s} w_db(c)·onehot(label_c), w_db = softmax(s/τ) over the top k
-(softknn.attention.knn_weights, the engine's weights), prediction = the top label (ties to the label
-sorted first, as softknn.evidence.label_scores).
-
-1. Leave-one-out over the KB (validation; chooses everything): every train row is a query
-   (its stored embedding = the encoder's e_q of its text, checked below; its text analysed by the
-   index's analyzer) against the other rows: its own row is excluded from d and from b before
-   normalising (the BM25 statistics still count it). Cells: mode × λ × pool m × τ at k = 8; per
-   mode the best cell, and a robust τ for the hybrid: the best mean accuracy over λ ∈ {0.3, 0.4, 0.5}
-   × m (the final λ, m are chosen jointly with ObliQA elsewhere).
-2. Abstain calibration from the same LOO outcomes of the chosen hybrid cell (no second bundle):
-   candidate rules, each given the same in-scope accuracy-loss budget on LOO:
-     score        top label score < t                                   (the engine's old rule)
-     gated        s_1 < s_min or top < t, evaluation.calibrate_rules     (half the budget on s_min)
-     gated_margin the gated rule at 0.75 × the budget (headroom for the sampling noise of a 3,080-query set)
-     gated_qX     s_min = the X quantile of the LOO s_1, t = choose_threshold on the gated score
-   s_1 = the nearest chunk's DENSE similarity max_c e_q·e_c (over the whole KB, self excluded in
-   LOO): the hybrid s is normalised per query (top ≈ 1 always) and carries no absolute scale.
-   ObliQA validation questions (500, never the test ones) give each rule's OOD rejection on the
-   validation side, and a KB-side cross-validation checks each rule's formula: calibrate on a
-   random 6,923 of the LOO outcomes, apply to the other 3,080 (the test set's size), 20 times —
-   the realised loss's mean, spread and how often it exceeds the budget. The recommended rule: of
-   those exceeding the budget in ≤ 20% of the splits, the most OOD-validation rejection.
-3. Test (never used to choose): the 3,080 test.csv queries and the 2,288 ObliQA test questions as
-   out-of-domain inputs; dense (k = 8, τ = 0.05) beside the chosen hybrid in the same run.
-
-Embeddings of the query sets are cached under --out (artifacts/eval/hybrid_banking77/, git-ignored).
-Writes bench/results/hybrid_banking77.json and .png (LOO accuracy vs τ per mode).
+How it measures (the KB, the queries, what is timed and checked): docs/benchmarks.md, "Methods",
+`hybrid_banking77`.
 """
 
 from __future__ import annotations

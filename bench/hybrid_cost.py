@@ -1,65 +1,13 @@
-"""Cost of hybrid retrieval: per-query latency of the retrieval stage, dense vs hybrid vs lexical, and
-the lexical index's bytes per chunk, at KBs of 10k and 100k chunks (issue 13), optionally 1M.
+"""Cost of hybrid retrieval (issue 13): retrieval-stage latency, dense vs hybrid vs lexical, and bytes per chunk.
+
+KBs of 10k and 100k chunks, optionally 1M.
 
     nice -n 5 python -m bench hybrid_cost [--sizes 10000,100000] [--queries 200] [--rounds 3]
                                           [--vectors real|random] [--index auto] [--check 50]
                                           [--profile] [--merge] [--name hybrid_cost]
 
-e.g. `--sizes 10000,100000`, then `--sizes 1000000 --merge` adds the 1M row to the same JSON
-(rows of other sizes are kept, a row of the same size and index is replaced; each row carries its
-own command and load averages).
-
-What is timed: `Engine.retrieve(xq[i:i+1], [p], [text])` for one query, exactly the service's
-retrieval stage (the call `Engine._infer` makes between the plain pass and the fused pass), with
-p = `InferParams(k=8, retrieval=mode)` resolved by `Engine.resolve`, exact=False. The Engine is made
-without a model (`Engine.__new__`, `.bundle` set): retrieval never touches the encoder. Per query
-the three modes run back to back in a rotating order (dense, hybrid, lexical; then hybrid, lexical,
-dense; …) so drifting load on this shared box hits each alike; one torch and one faiss thread.
-Reported per (N, mode): p50/p90/p99 of wall ms (and of process CPU ms), hybrid − dense p50, and the
-median of the per-query paired difference. The hybrid and lexical modes run the library's fast path
-as served: softknn.retrieval.topk_fast takes BM25's top m with one argpartition (`top_m`) and reads
-b_(1) and b_(m) from it, and lexical retrieval asks the dense index for its nearest chunk only.
-Before commit 047e935, which made that change, this bench's runs measured hybrid − dense CPU p50 of 1.88–2.48 ms
-at 100k and 10.3 ms at 1M; a bench-local one-partition topk_fast timed in the same loop then gave
-1.63 ms and 6.57 ms (the JSON's "history" holds the figures).
-
-The KB, in memory (`softknn.bundle.Bundle` with a real `ChunkIndex` and `LexicalIndex`):
-- texts (real): the 13,012 ObliQA passages (artifacts/eval/obliqa/kb.jsonl, `Passage`) and the
-  Banking77 train texts (../shared/data/banking77/train.csv, `text`), shuffled together with a fixed
-  seed into B base texts. Row i of a KB of N is copy c = i // B of base text i mod B. Copy 0 is the
-  text itself; copy c ≥ 1 is its sentences (split at . ! ? ; and newlines) in a seeded random order,
-  one of them dropped when there are ≥ 3, followed by the token `copy<c>` — so copies are not
-  identical documents for BM25 (lengths and term counts differ), and no query contains the token.
-- embeddings (`--vectors real`, the default): each base text's real all-MiniLM-L6-v2 embedding from
-  the evaluation bundles (artifacts/eval/bundles/obliqa: a passage's first chunk, most passages are
-  one chunk; artifacts/eval/bundles/banking77: the train row); copy c ≥ 1 is that vector plus
-  Gaussian noise σ = 0.02 per dimension, renormalised (near-duplicates, as bench/kb.py's replicas).
-  `--vectors random`: seeded random unit vectors instead of the real ones (no artifacts needed;
-  HNSW on random 384-d vectors is slower and recalls less than on real embeddings).
-- index: `choose_index(N, 384, "auto")`, the service's choice: flat (with the 8-bit prefilter from
-  8,192 chunks) up to 20k chunks, HNSW (M 32, efConstruction 80, efSearch 256) above; built with
-  `softknn.memory.build_index` (one thread) and cached under artifacts/bench/hybrid_cost/.
-- lexical: `LexicalIndex.build(texts)` (timed), saved with `LexicalIndex.save` under
-  artifacts/bench/hybrid_cost/ (its bytes on disk are summed) and loaded back with
-  `LexicalIndex.load` (memory-mapped, as a bundle is served).
-Queries (real texts): ObliQA validation questions (artifacts/eval/obliqa/questions_val.jsonl) and
-Banking77 test texts, half each, seeded choice, interleaved. Their vectors: with real vectors, their
-real embeddings as the service computes them (cached by bench/hybrid_obliqa.py and
-bench/hybrid_banking77.py under artifacts/eval/hybrid_*/); with random ones, the unit vector of a KB
-row holding the question's gold passage (ObliQA) or a train text of the same intent (Banking77),
-any copy, plus noise σ = 0.05 per dimension (cosine ≈ 0.7 to it), renormalised (a random KB row
-where the KB holds none), so every query has a clear nearest neighbour above a flat tail.
-
-Also: how often `topk_fast` certified its answer (vs the brute-force fallback), counted by wrapping
-`softknn.engine.topk_fast` in an untimed pass over the same queries; the flat prefilter's counts;
-the fast path vs `exact=True` on `--check` queries (same ids, scores within 1e-5), and the fast
-path's own algorithm (topk_fast fed with the exact dense top m) vs `topk_reference`; a stage
-breakdown of one hybrid retrieval (the library's steps, timed between them); posting-list work per
-query; and, when hybrid − dense p50 exceeds the 2 ms target at some size (or with --profile), a
-cProfile of the hybrid retrievals. Bytes per chunk: the lexical index's files beside the FAISS
-index (flat: N·384·4; HNSW: measured), the embeddings and the K/V that docs/benchmarks.md §6 quotes.
-
-Writes bench/results/<name>.json and bench/results/<name>.png (p50 per mode vs N; bytes per chunk).
+How it measures (the KB, the queries, what is timed and checked): docs/benchmarks.md, "Methods",
+`hybrid_cost`.
 """
 
 from __future__ import annotations

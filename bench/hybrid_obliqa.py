@@ -1,44 +1,10 @@
 """Hybrid (dense + BM25) retrieval on ObliQA: choose its defaults on validation, report on test.
 
-What it measures: the retrieval order of `softknn.retrieval.scores_reference` (the definition the
-service ranks by) for the three modes
-
-    dense    s = e_q·e_c
-    lexical  s = norm_m(BM25)
-    hybrid   s = (1 − λ)·norm_m(e_q·e_c) + λ·norm_m(BM25)     norm_m: min-max against the m-th best
-
-over every chunk of the ObliQA bundle. Each question's top 10 chunks by s (score desc, then chunk
-id asc) become passage ids (doc_id, first occurrence kept) and are scored against gold_ids with
-`evaluation.metrics.retrieval_metrics` (nDCG@10, recall@1/5/10, MRR@10).
-
-On the 500 validation questions only it sweeps λ ∈ {0.2..0.7} × pool m ∈ {10, 20, 50, 100, 200},
-the BM25 parameters k1 ∈ {0.9, 1.2, 1.5} × b ∈ {0.4, 0.75} (`LexicalSpec`), and, for the record,
-two rules the module does not implement: (a) min-max over the union of the two top-m lists, (b)
-reciprocal rank fusion, (1 − λ)/(60 + r_dense) + λ/(60 + r_bm25) over the two top-m lists (λ = 0.5
-is plain RRF). In (a) and (b) the BM25 list holds only chunks with BM25 > 0. The chosen
-(λ, m, k1, b) is the best validation nDCG@10, the baseline BM25 parameters (k1 = 1.5, b = 0.75)
-kept unless another pair wins by more than --bm25-margin. The test questions (2,288) are then run
-once with dense, lexical and the chosen hybrid (plus, for the record: the comparison rules at their
-best validation cells, lexical/hybrid with the baseline BM25 parameters, and the hybrid with the
-defaults softknn.retrieval and LexicalSpec carry at run time), with paired bootstrap intervals.
-
-Inputs: the bundle built by
-
-    softknn build artifacts/eval/obliqa/kb.jsonl --out artifacts/eval/bundles/obliqa --id-field ID \\
-        --text-field Passage --kv-dtype float16 --force
-
-(its embeddings.npy and chunks.jsonl; BM25 is built here from the chunk texts with
-`softknn.lexical.LexicalIndex`), and questions_{val,test}.jsonl from bench/obliqa_prepare.py.
-Question embeddings e_q (the service's plain forward pass: `Encoder.tokenize` + `forward_plain`)
-are cached under artifacts/eval/hybrid_obliqa/.
-
-Run:
-
     python -m bench hybrid_obliqa [--bundle DIR] [--val FILE] [--test FILE] [--cache DIR]
                                  [--limit-val N] [--limit-test N] [--name hybrid_obliqa]
 
-Writes bench/results/<name>.json (every sweep cell, the choice, test figures, timings, command)
-and bench/results/<name>.png (validation nDCG@10 vs λ per pool, dense and lexical as lines).
+How it measures (the KB, the queries, what is timed and checked): docs/benchmarks.md, "Methods",
+`hybrid_obliqa`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""2 KB shards served by Ray actors against the single-process service: p50 latency of one short input,
-and the sharded answer's max |Δ embedding| against the one-index answer.
+"""2 KB shards on Ray actors vs the single-process engine: p50 of one short input, max |Δ embedding|.
+
+The sharded answer's max |Δ embedding| is taken against the one-index answer.
 
     python -m bench ray_shards [--n 100000] [--real 2000] [--queries 40] [--out bench/results/ray_shards.json]
 

@@ -2,35 +2,8 @@
 
     python -m bench service [--clients 1,4,16,64] [--duration 8] [--sequential 60] [--peers /work/peers]
 
-Every server runs on 127.0.0.1 only, on the same real KB (the 10k real bundle of bench/kb.py; txtai
-indexes the same texts itself) and the same real short queries (Banking77 test texts):
-    softknn    POST /v1/infer {"inputs": [q], "k": 8, "evidence": 5}: encode, k-NN, fused pass, evidence
-    softknn-onnx   with --runtime onnx: the same server with SOFTKNN_MODEL__RUNTIME=onnx (issue 16)
-    softknn-wait2  the same server with SOFTKNN_BATCHING__MAX_WAIT_MS=2, the default before
-               2026-11-30's second run (the batcher waits up to 2 ms for a batch to fill instead of
-               taking what is queued when it is free): the before/after of that change
-    naive      bench/naive_service.py, POST /search: encode + FAISS flat search, no batching
-    infinity   infinity-emb (its venv under --peers), POST /embeddings: embedding only, no search
-    txtai      txtai API (its venv under --peers), GET /search?query=q&limit=8: embed + search
-softknn does more work per request than any of them (a second, fused pass over the last layer,
-evidence with spans and influence, diagnostics, a 384-float embedding in the response).
-
-Phase 1 (latency): one request at a time, the alternatives interleaved per query, plus the
-in-process Engine.infer (the fused forward the service wraps) and the in-process plain forward.
-Phase 2 (throughput): for each client count c, each server in turn for --duration s under c
-asyncio+httpx clients sending back to back (the load client shares the 2 cores; indicative).
-Peers missing from --peers are skipped and reported as missing.
-
-Two smaller modes of the same script (they were bench/service_quick.py and bench/service_wait.py):
-
-    python -m bench service --quick [--quick-threads 1,2] [--clients 1,4,16] [--duration 10]
-        softknn alone on the sample KB's bundle (built if missing; --bundle), for each torch thread
-        count: latency and requests/s at each client level, and the mean micro-batch. Prints JSON
-        (--out writes it too); a check of a change in minutes, not a figure for the docs.
-    python -m bench service --fill-wait [--rounds 2] [--requests 120] [--threads 1]
-        where a one-client request's time goes with the batcher's fill wait at 2 ms and at 0: the
-        server's own mean queue wait and inference time (/metrics) beside the client's p50, on
-        the 10k real bundle, the two settings alternated --rounds times (bench/results/service_wait.json).
+How it measures (the KB, the queries, what is timed and checked): docs/benchmarks.md, "Methods",
+`service`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """The one server harness of the tests and the benchmarks: start a real softknn server, wait for it,
 measure it, stop it; and the hostile requests a server must refuse (issue 7, issue 15).
 
+    srv = LiveServer.spawn(cmd, log_path, port=p, ready_path="/healthz")   # any HTTP server (bench/service.py's peers)
+    srv.wait_ready(600); ...; srv.close()
+
     with LiveServer.start(bundle, log_path, env={...}) as srv:      # python -m service.cli on a free port
         srv.client.post("/v1/infer", json=...)                      # httpx.Client (API key set by default)
         srv.rss()                                                   # resident memory of the process, bytes
