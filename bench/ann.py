@@ -1,8 +1,8 @@
 """ANN quality and speed against exact search, per index type, at 100k and 1M chunks.
 
-    python -m bench.ann [--sizes 100000,1000000] [--queries 200] [--delta-queries 20]
+    python -m bench ann [--sizes 100000,1000000] [--queries 200] [--delta-queries 20]
 
-Needs `python -m bench.kb` first (bench/kb.py says what is synthetic). For each size and index
+Needs `python -m bench kb` first (bench/kb.py says what is synthetic). For each size and index
 (flat; hnsw over efSearch; ivf and ivfpq over nprobe — every other parameter as
 memory.choose_index sets it), over the same real queries:
     recall@k     |R_index ∩ R_exact| / k for k = 8 and 32 (R_exact: brute force over all chunks)
@@ -129,15 +129,16 @@ def plot(name: str, rows: list[dict]) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", default="100000,1000000")
     ap.add_argument("--kinds", default="flat,hnsw,ivf,ivfpq")
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--delta-queries", type=int, default=20)
     ap.add_argument("--name", default="ann")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from bench.kb import CACHE, device, queries
@@ -149,11 +150,16 @@ def main() -> None:
     rows = []
     for n in [int(s) for s in args.sizes.split(",")]:
         rows += run_size(n, xq, texts, enc, args.kinds.split(","), args.delta_queries)
-    write(args.name, {"command": f"python -m bench.ann --sizes {args.sizes} --kinds {args.kinds} "
+    written = write(args.name, {"command": f"python -m bench ann --sizes {args.sizes} --kinds {args.kinds} "
                                  f"--queries {args.queries} --delta-queries {args.delta_queries} --threads {args.threads} --name {args.name}",
                       "queries": len(xq), "rows": rows})
     plot(args.name, rows)
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench ann: the same as python -m bench ann
+    import sys
+
+    from bench.__main__ import main
+
+    main(["ann", *sys.argv[1:]])

@@ -1,7 +1,7 @@
 """Hostile inputs against a live server, and what they cost its well-formed clients (issue 7).
 
-    python bench/attack.py                                   # sample bundle, 15 s per phase
-    python bench/attack.py --duration 30 --out bench/results/attack.json
+    python -m bench attack                                   # sample bundle, 15 s per phase
+    python -m bench attack --duration 30 --out bench/results/attack.json
 
 Starts `python -m service.cli` (API key set, one torch thread, limits.body_timeout_s = 2) on a
 free port of 127.0.0.1, then runs three phases of `--duration` seconds each:
@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -33,11 +32,18 @@ from pathlib import Path
 
 import httpx
 
-if __package__ in (None, ""):  # python bench/attack.py
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from service.testing import (API_KEY, HOSTILE, REPO, Limits, LiveServer, ensure_bundle,  # noqa: E402
-                             latency_summary, rss_bytes, send_hostile, slow_body)
+from service.testing import (
+    API_KEY,
+    HOSTILE,
+    REPO,
+    Limits,
+    LiveServer,
+    ensure_bundle,
+    latency_summary,
+    rss_bytes,
+    send_hostile,
+    slow_body,
+)
 
 # --- the load ---------------------------------------------------------------------------------
 QUERIES = ["Can I bring my dog?", "How long does a refund take?", "Is the ferry cancelled in a storm?",
@@ -131,7 +137,7 @@ async def run_phases(url: str, pid: int, duration: float, clients: int, attacker
     return {"baseline": base, "attack": attack, "recovery": recovery}
 
 
-def run(bundle: Path, *, duration: float = 15.0, clients: int = 4, attackers: int = 2, loris_n: int = 8,
+def attack(bundle: Path, *, duration: float = 15.0, clients: int = 4, attackers: int = 2, loris_n: int = 8,
         rate: float = 20.0, log_dir: Path | None = None) -> dict:
     """Start a server on `bundle`, run the three phases, stop it; the figure as a dict."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="softknn-attack-"))
@@ -151,8 +157,7 @@ def run(bundle: Path, *, duration: float = 15.0, clients: int = 4, attackers: in
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--bundle", type=Path, default=REPO / "bundles" / "sample",
                     help="bundle to serve (built from the sample KB if missing)")
     ap.add_argument("--duration", type=float, default=15.0, help="seconds per phase")
@@ -161,15 +166,22 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=20.0, help="hostile requests/s per attacker (0: flat out)")
     ap.add_argument("--loris", type=int, default=8, help="concurrent slow-body connections")
     ap.add_argument("--out", type=Path)
-    args = ap.parse_args()
-    figure = run(ensure_bundle(args.bundle), duration=args.duration, clients=args.clients,
-                 attackers=args.attackers, loris_n=args.loris, rate=args.rate)
+
+
+def run(args: argparse.Namespace) -> dict:
+    figure = attack(ensure_bundle(args.bundle), duration=args.duration, clients=args.clients,
+                    attackers=args.attackers, loris_n=args.loris, rate=args.rate)
     text = json.dumps(figure, indent=2, sort_keys=True, default=str)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+    return figure
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench attack: the same as python -m bench attack
+    import sys
+
+    from bench.__main__ import main
+
+    main(["attack", *sys.argv[1:]])

@@ -1,6 +1,6 @@
 """Builder throughput (texts/s) beside plain SentenceTransformer.encode of the same texts, same run.
 
-    python -m bench.builder_throughput [--kb banking77|obliqa] [--limit N] [--repeats 2]
+    python -m bench builder_throughput [--kb banking77|obliqa] [--limit N] [--repeats 2]
 
 Both sides exclude model loading; the builder side is the whole `build_bundle` (read, chunk,
 encode with K/V capture, shard writes, assembly, FAISS index, checksums). Also reports the
@@ -37,14 +37,14 @@ def _kb(name: str, limit: int | None, tmp: Path) -> tuple[Path, list[str], dict]
     return path, [r["text"] for r in recs], {"kv_dtype": "float16"}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--kb", default="banking77", choices=["banking77", "obliqa"])
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=32)
-    args = ap.parse_args()
 
+
+def run(args: argparse.Namespace) -> dict:
     from index_builder.pipeline import BuildConfig, build_bundle
     from softknn.encoder import Encoder
 
@@ -77,14 +77,19 @@ def main() -> None:
             "files": {k: v["bytes"] for k, v in m["files"].items()},
         }
         name = f"builder_{args.kb}"
-        write(name, res)
+        written = write(name, res)
         plot_bars(name, ["softknn build", "ST encode"], [res["build"]["texts_per_s"], res["encode"]["texts_per_s"]],
                   [(len(texts) / build["max_s"], len(texts) / build["min_s"]), (len(texts) / encode["max_s"], len(texts) / encode["min_s"])],
                   "texts / s", f"Builder vs plain encode ({args.kb}, {len(texts)} texts)")
         print(json.dumps({k: v for k, v in res.items() if k not in ("files",)}, indent=2))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench builder_throughput: the same as python -m bench builder_throughput
+    import sys
+
+    from bench.__main__ import main
+
+    main(["builder_throughput", *sys.argv[1:]])

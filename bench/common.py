@@ -1,4 +1,4 @@
-"""Shared helpers for bench/ scripts: machine facts, timing with repeats, JSON + PNG output."""
+"""Shared helpers of the benchmarks: machine facts, timing with repeats, percentiles, JSON + PNG output."""
 
 from __future__ import annotations
 
@@ -59,12 +59,37 @@ def timed_pair(fa, fb, repeats: int = 3) -> tuple[dict, dict]:
     return summary(ta, ca), summary(tb, cb)
 
 
-def write(name: str, payload: dict) -> Path:
+def percentile(xs, q: float) -> float:
+    """The q-th percentile (0..100) of xs, linear interpolation (numpy's default); nan when empty.
+    The one percentile of the benchmarks (service/testing.py's nearest-rank one is the harness's)."""
+    import numpy as np
+
+    return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else float("nan")
+
+
+def summary(xs, qs: tuple[float, ...] = (50, 90, 99), scale: float = 1.0, suffix: str = "") -> dict:
+    """{p50, p90, p99 (the qs), mean, min, max, n} of xs, each value times `scale`, keys + `suffix`
+    (summary(seconds, (50, 99), 1e3, "_ms") → p50_ms, p99_ms, mean_ms, …)."""
+    import numpy as np
+
+    a = np.asarray(xs, dtype=np.float64)
+    out = {f"p{q:g}": percentile(a, q) for q in qs}
+    out |= {"mean": float(a.mean()), "min": float(a.min()), "max": float(a.max())} if len(a) else {}
+    out = {k + suffix: v * scale for k, v in out.items()}
+    return {**out, "n": len(a)}
+
+
+def result_path(name: str) -> Path:
+    return RESULTS / f"{name}.json"
+
+
+def write(name: str, payload: dict) -> dict:
+    """Write bench/results/NAME.json: the payload under the benchmark's name, the time and the machine;
+    returns what it wrote (a benchmark's `run` returns it)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(), **payload}
-    out = RESULTS / f"{name}.json"
-    out.write_text(json.dumps(payload, indent=2))
-    return out
+    result_path(name).write_text(json.dumps(payload, indent=2))
+    return payload
 
 
 def plot_bars(name: str, labels: list[str], values: list[float], errs: list[tuple[float, float]] | None, ylabel: str, title: str) -> Path:

@@ -1,8 +1,8 @@
 """Fused forward (one input, k=8 and k=32) beside the plain forward, KBs of ~10k, 100k and 1M chunks.
 
-    python -m bench.fused_forward [--sizes 10000,100000,1000000] [--kinds flat,hnsw] [--repeats 25]
+    python -m bench fused_forward [--sizes 10000,100000,1000000] [--kinds flat,hnsw] [--repeats 25]
 
-Needs `python -m bench.kb` first (the real bundle and the embedding pool; see bench/kb.py for what
+Needs `python -m bench kb` first (the real bundle and the embedding pool; see bench/kb.py for what
 is synthetic beyond 10k). Per (size, index, k), interleaved in one loop over the same real queries:
     plain:  tokenize → model forward → pooled, normalised embedding (what an embedding server does)
     fused:  Engine.infer([q], k=k): tokenize → plain pass (hidden states kept) → FAISS/exact search
@@ -50,7 +50,7 @@ def stage_times(engine, text: str, params) -> dict[str, dict[str, float]]:
     mark()
     batch = enc.tokenize([text])
     mark()
-    plain = enc.forward_plain(batch, keep_hidden=True, capture_layer=engine.layer)  # as Engine._infer
+    plain = enc.forward_plain(batch, keep_hidden=True, capture_layer=engine.layer)  # as Engine.infer
     mark()
     retr = engine.retrieve(plain.embedding.float().cpu().numpy(), [params])
     mark()
@@ -64,7 +64,7 @@ def stage_times(engine, text: str, params) -> dict[str, dict[str, float]]:
 
     emb, tokens = enc.forward_fused(batch, engine.layer, fuse, plain)
     mark()
-    engine._result(0, batch, cap["fr"], emb, tokens, retr, params)
+    engine.result(0, batch, cap["fr"], emb, tokens, retr, params)
     mark()
     wall, cpu = np.diff([m[0] for m in marks]), np.diff([m[1] for m in marks])
     return {"wall": dict(zip(STAGES, wall.tolist(), strict=True)), "cpu": dict(zip(STAGES, cpu.tolist(), strict=True))}
@@ -114,7 +114,7 @@ def _flat_exactness(bundle, xq: np.ndarray, k: int) -> float:
     return float(np.mean(same))
 
 
-def run(sizes: list[int], kinds: list[str], ks: list[int], repeats: int, n_queries: int, evidence: int = 5) -> list[dict]:
+def measure_sizes(sizes: list[int], kinds: list[str], ks: list[int], repeats: int, n_queries: int, evidence: int = 5) -> list[dict]:
     from bench.kb import device, embeddings, queries, synthetic_bundle
     from softknn.encoder import Encoder
     from softknn.engine import Engine
@@ -180,8 +180,7 @@ def plot(name: str, rows: list[dict]) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--kinds", default="flat,hnsw")
     ap.add_argument("--ks", default="8,32")
@@ -191,20 +190,28 @@ def main() -> None:
     ap.add_argument("--name", default="fused_forward")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
     ap.add_argument("--replot", nargs="*", help="only redraw NAME.png from the rows of these results")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.replot:
         from bench.common import RESULTS
 
-        plot(args.name, [r for n in args.replot for r in json.loads((RESULTS / f"{n}.json").read_text())["rows"]])
-        return
+        rows = [r for n in args.replot for r in json.loads((RESULTS / f"{n}.json").read_text())["rows"]]
+        plot(args.name, rows)
+        return {"replot": args.replot, "rows": rows}
     set_threads(args.threads)
-    rows = run([int(s) for s in args.sizes.split(",")], args.kinds.split(","), [int(k) for k in args.ks.split(",")],
+    rows = measure_sizes([int(s) for s in args.sizes.split(",")], args.kinds.split(","), [int(k) for k in args.ks.split(",")],
                args.repeats, args.queries, args.evidence)
-    write(args.name, {"command": f"python -m bench.fused_forward --sizes {args.sizes} --kinds {args.kinds} "
+    written = write(args.name, {"command": f"python -m bench fused_forward --sizes {args.sizes} --kinds {args.kinds} "
                                  f"--ks {args.ks} --repeats {args.repeats} --evidence {args.evidence} --threads {args.threads} "
                                  f"--name {args.name}", "rows": rows})
     plot(args.name, rows)
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench fused_forward: the same as python -m bench fused_forward
+    import sys
+
+    from bench.__main__ import main
+
+    main(["fused_forward", *sys.argv[1:]])

@@ -32,8 +32,8 @@ PY="$VENV/bin/python"
 step() { local limit=$1; shift; echo "== $* (limit ${limit}s)"; timeout "$limit" "$PY" -m "$@" || echo "!! $* failed or timed out (rc $?)"; }
 
 # 300 s in all; the fused step builds (and caches) the HNSW indexes the ANN step reuses
-step 60  bench.kb --real 10000
-step 120 bench.fused_forward --sizes 10000,100000,1000000 --kinds flat,hnsw --repeats 15 --name fused_forward_gpu
-step 75  bench.ann --sizes 100000,1000000 --queries 200 --delta-queries 10 --name ann_gpu
-step 45  bench.service --clients 1,4,16,64 --duration 4 --sequential 30 --peers "${SOFTKNN_PEERS:-/nonexistent}" --name service_gpu
+step 60  bench kb --real 10000
+step 120 bench fused_forward --sizes 10000,100000,1000000 --kinds flat,hnsw --repeats 15 --name fused_forward_gpu
+step 75  bench ann --sizes 100000,1000000 --queries 200 --delta-queries 10 --name ann_gpu
+step 45  bench service --clients 1,4,16,64 --duration 4 --sequential 30 --peers "${SOFTKNN_PEERS:-/nonexistent}" --name service_gpu
 ls -l bench/results/*_gpu.*

@@ -1,6 +1,6 @@
 """Micro-batch grouping: one padded pass vs length-sorted passes of g texts (Engine.infer group_size).
 
-    python -m bench.grouping [--batches 16,32] [--groups 1,2,4,8] [--threads 1]
+    python -m bench grouping [--batches 16,32] [--groups 1,2,4,8] [--threads 1]
 
 Real short inputs (Banking77 test texts, shuffled with a fixed seed), the 10k real bundle
 (bench/kb.py), k = 8, evidence 5: the service's micro-batches. For each micro-batch size B, the
@@ -21,14 +21,15 @@ from bench.common import RESULTS, write
 from bench.kb import set_threads
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--batches", default="16,32")
     ap.add_argument("--groups", default="1,2,4,8")
     ap.add_argument("--texts", type=int, default=384)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--name", default="grouping")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from bench.kb import SHARED, device, synthetic_bundle
@@ -59,11 +60,12 @@ def main() -> None:
                          "cpu_ms_per_text": statistics.median(cpu[g]) * 1e3,
                          "cpu_ms_per_text_min": min(cpu[g]) * 1e3, "cpu_ms_per_text_max": max(cpu[g]) * 1e3})
             print(json.dumps(rows[-1]), flush=True)
-    write(args.name, {"command": f"python -m bench.grouping --batches {args.batches} --groups {args.groups} "
+    written = write(args.name, {"command": f"python -m bench grouping --batches {args.batches} --groups {args.groups} "
                                  f"--texts {args.texts} --threads {args.threads} --name {args.name}",
                        "token_lengths": {"mean": statistics.mean(lengths), "median": statistics.median(lengths),
                                          "max": max(lengths)}, "rows": rows})
     plot(rows, args.name)
+    return written
 
 
 def plot(rows: list[dict], name: str = "grouping") -> None:
@@ -86,5 +88,9 @@ def plot(rows: list[dict], name: str = "grouping") -> None:
     plt.close(fig)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench grouping: the same as python -m bench grouping
+    import sys
+
+    from bench.__main__ import main
+
+    main(["grouping", *sys.argv[1:]])

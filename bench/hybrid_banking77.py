@@ -1,41 +1,9 @@
 """Hybrid (dense + BM25) retrieval on Banking77: τ chosen on the KB side, a build-time abstain rule, test figures.
 
-    python bench/hybrid_banking77.py [--bundle artifacts/eval/bundles/banking77] [--k 8] [--target-loss 0.01]
+    python -m bench hybrid_banking77 [--bundle artifacts/eval/bundles/banking77] [--k 8] [--target-loss 0.01]
 
-The bundle is the one `softknn build ../shared/data/banking77/train.csv --out
-artifacts/eval/bundles/banking77 --label-field category` writes (one chunk per record); its
-embeddings.npy and chunks.jsonl are the KB. Retrieval by softknn.retrieval.scores_reference:
-    dense:   s = d = e_q·e_c
-    hybrid:  s = (1 − λ)·norm_m(d) + λ·norm_m(b)      b: BM25 (softknn.lexical.LexicalIndex)
-    lexical: s = norm_m(b)
-label scores = Σ_{c ∈ top k by s} w_db(c)·onehot(label_c), w_db = softmax(s/τ) over the top k
-(softknn.attention.knn_weights, the engine's weights), prediction = the top label (ties to the label
-sorted first, as softknn.evidence.label_scores).
-
-1. Leave-one-out over the KB (validation; chooses everything): every train row is a query
-   (its stored embedding = the encoder's e_q of its text, checked below; its text analysed by the
-   index's analyzer) against the other rows: its own row is excluded from d and from b before
-   normalising (the BM25 statistics still count it). Cells: mode × λ × pool m × τ at k = 8; per
-   mode the best cell, and a robust τ for the hybrid: the best mean accuracy over λ ∈ {0.3, 0.4, 0.5}
-   × m (the final λ, m are chosen jointly with ObliQA elsewhere).
-2. Abstain calibration from the same LOO outcomes of the chosen hybrid cell (no second bundle):
-   candidate rules, each given the same in-scope accuracy-loss budget on LOO:
-     score        top label score < t                                   (the engine's old rule)
-     gated        s_1 < s_min or top < t, evaluation.calibrate_rules     (half the budget on s_min)
-     gated_margin the gated rule at 0.75 × the budget (headroom for the sampling noise of a 3,080-query set)
-     gated_qX     s_min = the X quantile of the LOO s_1, t = choose_threshold on the gated score
-   s_1 = the nearest chunk's DENSE similarity max_c e_q·e_c (over the whole KB, self excluded in
-   LOO): the hybrid s is normalised per query (top ≈ 1 always) and carries no absolute scale.
-   ObliQA validation questions (500, never the test ones) give each rule's OOD rejection on the
-   validation side, and a KB-side cross-validation checks each rule's formula: calibrate on a
-   random 6,923 of the LOO outcomes, apply to the other 3,080 (the test set's size), 20 times —
-   the realised loss's mean, spread and how often it exceeds the budget. The recommended rule: of
-   those exceeding the budget in ≤ 20% of the splits, the most OOD-validation rejection.
-3. Test (never used to choose): the 3,080 test.csv queries and the 2,288 ObliQA test questions as
-   out-of-domain inputs; dense (k = 8, τ = 0.05) beside the chosen hybrid in the same run.
-
-Embeddings of the query sets are cached under --out (artifacts/eval/hybrid_banking77/, git-ignored).
-Writes bench/results/hybrid_banking77.json and .png (LOO accuracy vs τ per mode).
+How it measures (the KB, the queries, what is timed and checked): docs/benchmarks.md, "Methods",
+`hybrid_banking77`.
 """
 
 from __future__ import annotations
@@ -52,12 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from bench.common import RESULTS, write  # noqa: E402
-from softknn.attention import knn_weights  # noqa: E402
-from evaluation.metrics import (  # noqa: E402
+from bench.common import RESULTS, result_path, write
+from evaluation.metrics import (
     abstain_point,
     auroc,
     calibrate_rules,
@@ -65,8 +29,11 @@ from evaluation.metrics import (  # noqa: E402
     gated_scores,
     rejection_rate,
 )
-from softknn.lexical import LexicalIndex  # noqa: E402
-from softknn.retrieval import topk_reference  # noqa: E402
+from softknn.attention import knn_weights
+from softknn.lexical import LexicalIndex
+from softknn.retrieval import topk_reference
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DATA = ROOT.parent / "shared" / "data" / "banking77"
 BUNDLE = ROOT / "artifacts" / "eval" / "bundles" / "banking77"
@@ -290,15 +257,16 @@ def apply_rule(rule: dict, score: np.ndarray, s1: np.ndarray, ok: np.ndarray | N
 
 
 # --- main ------------------------------------------------------------------------------------------
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--bundle", type=Path, default=BUNDLE)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--target-loss", type=float, default=0.01)
     ap.add_argument("--cv-reps", type=int, default=20, help="KB-side calibrate/held splits per rule")
     ap.add_argument("--check", type=int, default=40, help="queries per set checked against topk_reference")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     timings: dict[str, float] = {}
     t_all = time.time()
@@ -495,7 +463,7 @@ def main() -> None:
     timings["total_s"] = time.time() - t_all
 
     payload = {
-        "command": "python " + " ".join([os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:]),
+        "command": args.command,
         "bundle": {"path": os.path.relpath(args.bundle.resolve(), ROOT), "version_id": manifest.get("version_id"),
                    "chunks": len(chunks), "labels": len(labels)},
         "definitions": {
@@ -526,10 +494,12 @@ def main() -> None:
         "test_per_weight_pool_report_only": test_per_wm,
         "timings": timings,
     }
-    out = write(NAME, payload)
+    written = write(NAME, payload)
+    out = result_path(NAME)
     plot(cells, nn1_loo, RESULTS / f"{NAME}.png")
     print(f"wrote {out}")
     summary(payload)
+    return written
 
 
 def plot(cells: list[dict], nn1: float, path: Path) -> None:
@@ -624,5 +594,9 @@ def summary(p: dict) -> None:
     print("timings:", {k: round(v, 1) for k, v in p["timings"].items()})
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench hybrid_banking77: the same as python -m bench hybrid_banking77
+    import sys
+
+    from bench.__main__ import main
+
+    main(["hybrid_banking77", *sys.argv[1:]])

@@ -1,65 +1,13 @@
-"""Cost of hybrid retrieval: per-query latency of the retrieval stage, dense vs hybrid vs lexical, and
-the lexical index's bytes per chunk, at KBs of 10k and 100k chunks (issue 13), optionally 1M.
+"""Cost of hybrid retrieval (issue 13): retrieval-stage latency, dense vs hybrid vs lexical, and bytes per chunk.
 
-    nice -n 5 python bench/hybrid_cost.py [--sizes 10000,100000] [--queries 200] [--rounds 3]
+KBs of 10k and 100k chunks, optionally 1M.
+
+    nice -n 5 python -m bench hybrid_cost [--sizes 10000,100000] [--queries 200] [--rounds 3]
                                           [--vectors real|random] [--index auto] [--check 50]
                                           [--profile] [--merge] [--name hybrid_cost]
 
-e.g. `--sizes 10000,100000`, then `--sizes 1000000 --merge` adds the 1M row to the same JSON
-(rows of other sizes are kept, a row of the same size and index is replaced; each row carries its
-own command and load averages).
-
-What is timed: `Engine.retrieve(xq[i:i+1], [p], [text])` for one query, exactly the service's
-retrieval stage (the call `Engine._infer` makes between the plain pass and the fused pass), with
-p = `InferParams(k=8, retrieval=mode)` resolved by `Engine.resolve`, exact=False. The Engine is made
-without a model (`Engine.__new__`, `.bundle` set): retrieval never touches the encoder. Per query
-the three modes run back to back in a rotating order (dense, hybrid, lexical; then hybrid, lexical,
-dense; …) so drifting load on this shared box hits each alike; one torch and one faiss thread.
-Reported per (N, mode): p50/p90/p99 of wall ms (and of process CPU ms), hybrid − dense p50, and the
-median of the per-query paired difference. The hybrid and lexical modes run the library's fast path
-as served: softknn.retrieval.topk_fast takes BM25's top m with one argpartition (`top_m`) and reads
-b_(1) and b_(m) from it, and lexical retrieval asks the dense index for its nearest chunk only.
-Before commit 047e935, which made that change, this bench's runs measured hybrid − dense CPU p50 of 1.88–2.48 ms
-at 100k and 10.3 ms at 1M; a bench-local one-partition topk_fast timed in the same loop then gave
-1.63 ms and 6.57 ms (the JSON's "history" holds the figures).
-
-The KB, in memory (`softknn.bundle.Bundle` with a real `ChunkIndex` and `LexicalIndex`):
-- texts (real): the 13,012 ObliQA passages (artifacts/eval/obliqa/kb.jsonl, `Passage`) and the
-  Banking77 train texts (../shared/data/banking77/train.csv, `text`), shuffled together with a fixed
-  seed into B base texts. Row i of a KB of N is copy c = i // B of base text i mod B. Copy 0 is the
-  text itself; copy c ≥ 1 is its sentences (split at . ! ? ; and newlines) in a seeded random order,
-  one of them dropped when there are ≥ 3, followed by the token `copy<c>` — so copies are not
-  identical documents for BM25 (lengths and term counts differ), and no query contains the token.
-- embeddings (`--vectors real`, the default): each base text's real all-MiniLM-L6-v2 embedding from
-  the evaluation bundles (artifacts/eval/bundles/obliqa: a passage's first chunk, most passages are
-  one chunk; artifacts/eval/bundles/banking77: the train row); copy c ≥ 1 is that vector plus
-  Gaussian noise σ = 0.02 per dimension, renormalised (near-duplicates, as bench/kb.py's replicas).
-  `--vectors random`: seeded random unit vectors instead of the real ones (no artifacts needed;
-  HNSW on random 384-d vectors is slower and recalls less than on real embeddings).
-- index: `choose_index(N, 384, "auto")`, the service's choice: flat (with the 8-bit prefilter from
-  8,192 chunks) up to 20k chunks, HNSW (M 32, efConstruction 80, efSearch 256) above; built with
-  `softknn.memory.build_index` (one thread) and cached under artifacts/bench/hybrid_cost/.
-- lexical: `LexicalIndex.build(texts)` (timed), saved with `LexicalIndex.save` under
-  artifacts/bench/hybrid_cost/ (its bytes on disk are summed) and loaded back with
-  `LexicalIndex.load` (memory-mapped, as a bundle is served).
-Queries (real texts): ObliQA validation questions (artifacts/eval/obliqa/questions_val.jsonl) and
-Banking77 test texts, half each, seeded choice, interleaved. Their vectors: with real vectors, their
-real embeddings as the service computes them (cached by bench/hybrid_obliqa.py and
-bench/hybrid_banking77.py under artifacts/eval/hybrid_*/); with random ones, the unit vector of a KB
-row holding the question's gold passage (ObliQA) or a train text of the same intent (Banking77),
-any copy, plus noise σ = 0.05 per dimension (cosine ≈ 0.7 to it), renormalised (a random KB row
-where the KB holds none), so every query has a clear nearest neighbour above a flat tail.
-
-Also: how often `topk_fast` certified its answer (vs the brute-force fallback), counted by wrapping
-`softknn.engine.topk_fast` in an untimed pass over the same queries; the flat prefilter's counts;
-the fast path vs `exact=True` on `--check` queries (same ids, scores within 1e-5), and the fast
-path's own algorithm (topk_fast fed with the exact dense top m) vs `topk_reference`; a stage
-breakdown of one hybrid retrieval (the library's steps, timed between them); posting-list work per
-query; and, when hybrid − dense p50 exceeds the 2 ms target at some size (or with --profile), a
-cProfile of the hybrid retrievals. Bytes per chunk: the lexical index's files beside the FAISS
-index (flat: N·384·4; HNSW: measured), the embeddings and the K/V that docs/benchmarks.md §6 quotes.
-
-Writes bench/results/<name>.json and bench/results/<name>.png (p50 per mode vs N; bytes per chunk).
+How it measures (the KB, the queries, what is timed and checked): docs/benchmarks.md, "Methods",
+`hybrid_cost`.
 """
 
 from __future__ import annotations
@@ -73,7 +21,6 @@ import os
 import pstats
 import random
 import re
-import shlex
 import statistics
 import sys
 import time
@@ -81,11 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from bench.common import RESULTS, summary, write
 
-from bench.common import RESULTS, write  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SHARED = ROOT.parent / "shared" / "data"
 OBLIQA = ROOT / "artifacts" / "eval" / "obliqa"
@@ -112,7 +57,7 @@ HISTORY = {
             "top-m argpartition; lexical retrieval searched the dense top m), and of the bench-local "
             "topk_fast_one_partition timed in the same interleaved loop (same answers on every query), which the "
             "library now implements",
-    "run": {"when": "2026-12-01T05:21:50+00:00", "command": "nice -n 5 python bench/hybrid_cost.py --sizes 10000,100000,1000000",
+    "run": {"when": "2026-12-01T05:21:50+00:00", "command": "nice -n 5 python -m bench hybrid_cost --sizes 10000,100000,1000000",
             "loadavg_start": [6.03, 6.69, 6.13]},
     "library_before": {
         "10000": {"wall_p50": 2.010, "cpu_p50": 1.725, "paired_wall": 1.777, "paired_cpu": 1.692},
@@ -300,13 +245,6 @@ def dense_index(xb: np.ndarray, kind: str, vectors: str):
 
 
 # --- timing -----------------------------------------------------------------------------------
-def pct(x: list[float]) -> dict:
-    a = np.asarray(x)
-    return {"p50": float(np.percentile(a, 50)), "p90": float(np.percentile(a, 90)),
-            "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "min": float(a.min()),
-            "max": float(a.max()), "n": len(a)}
-
-
 def time_modes(engine, params: dict, xq: np.ndarray, texts: list[str], rounds: int) -> dict:
     """Per mode, wall and CPU ms of each retrieve, modes interleaved per query in rotating order."""
     wall = {m: [] for m in MODES}
@@ -409,7 +347,7 @@ def exactness(engine, params: dict, xq: np.ndarray, texts: list[str], tol: float
 
 
 def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
-    """Median ms of each step of one hybrid retrieval (Engine._lexical_select's calls and
+    """Median ms of each step of one hybrid retrieval (Engine.retrieve's hybrid calls and
     softknn.retrieval.topk_fast's steps, timed between them) and of the dense one; plus the BM25
     work: query terms and posting entries summed."""
     from softknn.engine import Retrieval
@@ -424,7 +362,6 @@ def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> d
     st = {s: [] for s in names}
     dense_st = {"dense_search_k": [], "select": []}
     terms_n, postings = [], []
-    indptr = lex._indptr
     for i, text in enumerate(texts):
         q = xq[i]
         t = [time.perf_counter()]
@@ -448,23 +385,23 @@ def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> d
         dense = index.rows_dot(ids, q)
         t.append(time.perf_counter())
         out = Retrieval.empty(1)
-        engine._select(out, 0, S, ids, dense, b[ids], p, n, "x")
+        engine.select(out, 0, S, ids, dense, b[ids], p, n, "x")
         t.append(time.perf_counter())
         for s_, a, z in zip(names, t, t[1:], strict=False):
             st[s_].append((z - a) * 1e3)
         ids_ = lex.term_ids(terms)
         terms_n.append(len(ids_))
-        postings.append(int(sum(int(indptr[j + 1]) - int(indptr[j]) for j in ids_)))
+        postings.append(lex.postings(ids_))
         t0 = time.perf_counter()
         D8, I8 = index.search(q[None], min(n, pd.k))
         t1 = time.perf_counter()
-        engine._select(out, 0, D8[0], I8[0], D8[0], None, pd, n, "x")
+        engine.select(out, 0, D8[0], I8[0], D8[0], None, pd, n, "x")
         t2 = time.perf_counter()
         dense_st["dense_search_k"].append((t1 - t0) * 1e3)
         dense_st["select"].append((t2 - t1) * 1e3)
     med = lambda d: {k: statistics.median(v) for k, v in d.items()}  # noqa: E731
     return {"hybrid_median_ms": med(st), "dense_median_ms": med(dense_st),
-            "query_terms_in_vocab": pct(terms_n), "posting_entries_per_query": pct(postings),
+            "query_terms_in_vocab": summary(terms_n), "posting_entries_per_query": summary(postings),
             "posting_entries_per_query_over_n": statistics.median(postings) / n}
 
 
@@ -494,7 +431,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     from softknn.engine import Engine, InferParams
     from softknn.lexical import LexicalIndex, LexicalSpec
     from softknn.manifest import Counts, IndexRecord, Manifest
-    from softknn.memory import ChunkIndex, KVStore
+    from softknn.memory import PREFILTER_MIN_CHUNKS, ChunkIndex, KVStore
 
     texts_b, ids_b, intents_b, real_b = base
     load_start = [round(x, 2) for x in os.getloadavg()]
@@ -512,7 +449,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     files = dir_bytes(ldir)
     lex_bytes = sum(files.values())
     vocab = len(lex_built.vocab)
-    nnz = int(lex_built._indptr[-1])
+    nnz = lex_built.n_postings
     del lex_built
     gc.collect()
     lex = LexicalIndex.load(ldir, LexicalSpec())
@@ -529,8 +466,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     bundle = Bundle(path=SCRATCH, manifest=manifest, index=cindex, kv=kv,
                     chunks=[{"chunk_id": str(i)} for i in range(n)], token_spans=np.zeros((0, 2), np.int64),
                     lexical=lex)
-    engine = Engine.__new__(Engine)
-    engine.bundle, engine.encoder, engine.layer = bundle, None, 0
+    engine = Engine.retrieval_only(bundle)
     params = dict(zip(MODES, engine.resolve([InferParams(k=8, retrieval=m) for m in MODES]), strict=True))
 
     qs = query_set(n_queries, ids_b, intents_b)
@@ -546,7 +482,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     timed_s = time.perf_counter() - t0
     pf = {c: cindex.prefilter_counts[c] - pf0[c] for c in pf0}
     load_timed = [round(x, 2) for x in os.getloadavg()]
-    modes = {m: {"wall_ms": pct(timed["wall"][m]), "cpu_ms": pct(timed["cpu"][m])} for m in MODES}
+    modes = {m: {"wall_ms": summary(timed["wall"][m]), "cpu_ms": summary(timed["cpu"][m])} for m in MODES}
     paired = [h - d for h, d in zip(timed["wall"]["hybrid"], timed["wall"]["dense"], strict=True)]
     paired_cpu = [h - d for h, d in zip(timed["cpu"]["hybrid"], timed["cpu"]["dense"], strict=True)]
     delta = modes["hybrid"]["wall_ms"]["p50"] - modes["dense"]["wall_ms"]["p50"]
@@ -559,6 +495,8 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
         (SCRATCH / f"profile-{n}-{spec.kind}.txt").write_text(prof.pop("text"))
 
     flat_bytes = n * DIM * 4
+    # the flat scan's 8-bit prefilter (ChunkIndex builds one for a CPU flat index of this many chunks)
+    prefiltered = spec.kind == "flat" and not cindex.on_gpu and n >= PREFILTER_MIN_CHUNKS
     row = {
         "size": n,
         "index": spec.kind,
@@ -595,7 +533,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
         "dense": {"index_build_s": index_build_s, "index_ready_s": index_ready_s,
                   "flat_bytes_per_chunk": flat_bytes / n, "index_file_bytes": index_file_bytes,
                   "index_file_bytes_per_chunk": index_file_bytes / n,
-                  "prefilter_bytes_per_chunk": DIM if cindex._sq is not None else 0,
+                  "prefilter_bytes_per_chunk": DIM if prefiltered else 0,
                   "embeddings_npy_bytes_per_chunk": DIM * 4},
         "kv_bytes_per_chunk_float32": {"quoted_docs_benchmarks_s6": KV_BYTES_PER_CHUNK_QUOTED,
                                        "formula_25x12x32x2x4": KV_BYTES_PER_CHUNK_FORMULA},
@@ -672,8 +610,7 @@ def plot(name: str, rows: list[dict]) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--queries", type=int, default=200, help="timed queries per size (each runs every mode)")
     ap.add_argument("--rounds", type=int, default=3, help="passes over the queries")
@@ -686,10 +623,13 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true",
                     help="add this run's rows to NAME.json (a row of the same size and index is replaced)")
     ap.add_argument("--replot", action="store_true", help="only redraw NAME.png from NAME.json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.replot:
-        plot(args.name, json.loads((RESULTS / f"{args.name}.json").read_text())["rows"])
-        return
+        res = json.loads((RESULTS / f"{args.name}.json").read_text())
+        plot(args.name, res["rows"])
+        return res
     import faiss
     import torch
 
@@ -698,7 +638,7 @@ def main() -> None:
     SCRATCH.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     load0 = [round(x, 2) for x in os.getloadavg()]
-    command = "nice -n 5 python bench/hybrid_cost.py " + shlex.join(sys.argv[1:])
+    command = "nice -n 5 " + args.command
     prev = None
     if args.merge:
         path = RESULTS / f"{args.name}.json"
@@ -725,7 +665,7 @@ def main() -> None:
             versions[mod] = getattr(__import__(mod), "__version__", None)
         except ImportError:
             versions[mod] = None
-    write(args.name, {
+    written = write(args.name, {
         "command": " && ".join(r["command"] for r in runs),  # with --merge: every run behind the rows
         "loadavg_start": runs[0]["loadavg_start"],
         "runs": runs,
@@ -754,7 +694,12 @@ def main() -> None:
         "history": HISTORY,
     })
     plot(args.name, rows)
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench hybrid_cost: the same as python -m bench hybrid_cost
+    import sys
+
+    from bench.__main__ import main
+
+    main(["hybrid_cost", *sys.argv[1:]])

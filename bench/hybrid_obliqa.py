@@ -1,44 +1,10 @@
 """Hybrid (dense + BM25) retrieval on ObliQA: choose its defaults on validation, report on test.
 
-What it measures: the retrieval order of `softknn.retrieval.scores_reference` (the definition the
-service ranks by) for the three modes
+    python -m bench hybrid_obliqa [--bundle DIR] [--val FILE] [--test FILE] [--cache DIR]
+                                 [--limit-val N] [--limit-test N] [--name hybrid_obliqa]
 
-    dense    s = e_q·e_c
-    lexical  s = norm_m(BM25)
-    hybrid   s = (1 − λ)·norm_m(e_q·e_c) + λ·norm_m(BM25)     norm_m: min-max against the m-th best
-
-over every chunk of the ObliQA bundle. Each question's top 10 chunks by s (score desc, then chunk
-id asc) become passage ids (doc_id, first occurrence kept) and are scored against gold_ids with
-`evaluation.metrics.retrieval_metrics` (nDCG@10, recall@1/5/10, MRR@10).
-
-On the 500 validation questions only it sweeps λ ∈ {0.2..0.7} × pool m ∈ {10, 20, 50, 100, 200},
-the BM25 parameters k1 ∈ {0.9, 1.2, 1.5} × b ∈ {0.4, 0.75} (`LexicalSpec`), and, for the record,
-two rules the module does not implement: (a) min-max over the union of the two top-m lists, (b)
-reciprocal rank fusion, (1 − λ)/(60 + r_dense) + λ/(60 + r_bm25) over the two top-m lists (λ = 0.5
-is plain RRF). In (a) and (b) the BM25 list holds only chunks with BM25 > 0. The chosen
-(λ, m, k1, b) is the best validation nDCG@10, the baseline BM25 parameters (k1 = 1.5, b = 0.75)
-kept unless another pair wins by more than --bm25-margin. The test questions (2,288) are then run
-once with dense, lexical and the chosen hybrid (plus, for the record: the comparison rules at their
-best validation cells, lexical/hybrid with the baseline BM25 parameters, and the hybrid with the
-defaults softknn.retrieval and LexicalSpec carry at run time), with paired bootstrap intervals.
-
-Inputs: the bundle built by
-
-    softknn build artifacts/eval/obliqa/kb.jsonl --out artifacts/eval/bundles/obliqa --id-field ID \\
-        --text-field Passage --kv-dtype float16 --force
-
-(its embeddings.npy and chunks.jsonl; BM25 is built here from the chunk texts with
-`softknn.lexical.LexicalIndex`), and questions_{val,test}.jsonl from bench/obliqa_prepare.py.
-Question embeddings e_q (the service's plain forward pass: `Encoder.tokenize` + `forward_plain`)
-are cached under artifacts/eval/hybrid_obliqa/.
-
-Run:
-
-    python bench/hybrid_obliqa.py [--bundle DIR] [--val FILE] [--test FILE] [--cache DIR]
-                                  [--limit-val N] [--limit-test N] [--name hybrid_obliqa]
-
-Writes bench/results/<name>.json (every sweep cell, the choice, test figures, timings, command)
-and bench/results/<name>.png (validation nDCG@10 vs λ per pool, dense and lexical as lines).
+How it measures (the KB, the queries, what is timed and checked): docs/benchmarks.md, "Methods",
+`hybrid_obliqa`.
 """
 
 from __future__ import annotations
@@ -46,23 +12,20 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from bench.common import RESULTS, result_path, write
+from evaluation.metrics import ndcg_at_k, retrieval_metrics
+from evaluation.run import ranked_ids, read_queries, sample
+from index_builder.reader import Fields
+from softknn.lexical import LexicalIndex, LexicalSpec
+from softknn.retrieval import scores_reference
 
-from bench.common import RESULTS, write  # noqa: E402
-from evaluation.metrics import ndcg_at_k, retrieval_metrics  # noqa: E402
-from evaluation.run import _ranked_ids, read_queries, sample  # noqa: E402
-from index_builder.reader import Fields  # noqa: E402
-from softknn.lexical import LexicalIndex, LexicalSpec  # noqa: E402
-from softknn.retrieval import scores_reference  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 EVAL = ROOT / "artifacts" / "eval"
 WEIGHTS = (0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
@@ -182,7 +145,7 @@ class Scorer:
         return time.perf_counter() - t0
 
     def ranked(self, rows: np.ndarray) -> list[str]:
-        return _ranked_ids([("", d) for d in self.doc_ids[rows]], "doc")
+        return ranked_ids([("", d) for d in self.doc_ids[rows]], "doc")
 
     def evaluate(self, rank_fn) -> tuple[dict, list[list[str]]]:
         """rank_fn(i) → top-K chunk rows of question i; metrics over unique doc ids."""
@@ -259,8 +222,7 @@ def plot(path: Path, cells: list[dict], spec: str, dense: float, lexical: float,
 
 
 # --- main -------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--bundle", type=Path, default=EVAL / "bundles" / "obliqa")
     ap.add_argument("--val", type=Path, default=EVAL / "obliqa" / "questions_val.jsonl")
     ap.add_argument("--test", type=Path, default=EVAL / "obliqa" / "questions_test.jsonl")
@@ -271,8 +233,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="nDCG@10 a non-default (k1, b) must win by to replace the default")
     ap.add_argument("--build-seconds", type=float, default=None, help="wall time of the bundle build, for the record")
     ap.add_argument("--name", default="hybrid_obliqa", help="bench/results/<name>.json and .png")
-    args = ap.parse_args(argv)
-    command = "python " + " ".join(shlex.quote(a) for a in [str(Path(sys.argv[0]))] + (argv or sys.argv[1:]))
+
+
+def run(args: argparse.Namespace) -> dict:
+    command = args.command
     timings: dict = {}
     t_all = time.perf_counter()
 
@@ -461,7 +425,8 @@ def main(argv: list[str] | None = None) -> None:
         "test": test_out,
         "timings": timings,
     }
-    out = write(args.name, payload)
+    written = write(args.name, payload)
+    out = result_path(args.name)
     png = RESULTS / f"{args.name}.png"
     plot(png, cells, chosen["bm25"], dense_val["ndcg@10"], lexical_val["val"]["ndcg@10"], chosen, len(val))
     print(f"wrote {out} and {png}")
@@ -469,7 +434,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  test {k:13s} nDCG@10 {r['ndcg@10']:.4f}  R@10 {r['recall@10']:.4f}  MRR@10 {r['mrr@10']:.4f}  "
               f"R@1 {r['recall@1']:.4f}  R@5 {r['recall@5']:.4f}  {r['settings']}")
     print("  targets:", test_out["targets"])
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench hybrid_obliqa: the same as python -m bench hybrid_obliqa
+    import sys
+
+    from bench.__main__ import main
+
+    main(["hybrid_obliqa", *sys.argv[1:]])

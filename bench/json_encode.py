@@ -1,8 +1,9 @@
-"""Rendering a /v1/infer answer: the standard library's json (Starlette's JSONResponse) vs orjson,
-and orjson over the engine's typed results (softknn.results dataclasses, what the route renders
-since issue 15) vs over the same results as plain dicts (what it rendered before).
+"""Rendering a /v1/infer answer: stdlib json vs orjson, and orjson over typed results vs over dicts.
 
-    python -m bench.json_encode [--calls 2000] [--threads 1]
+The standard library's json is what Starlette's JSONResponse does; the typed results
+(softknn.results dataclasses) are what the route renders since issue 15, the dicts what it rendered before.
+
+    python -m bench json_encode [--calls 2000] [--threads 1]
 
 The answers are real: Engine.infer on 20 real queries (bench/kb.py) over the 10k real bundle,
 k 8, evidence 5, wrapped as the route wraps them. The three arms render the same answers,
@@ -20,11 +21,12 @@ from bench.common import RESULTS, write
 from bench.kb import set_threads
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     import orjson
@@ -57,7 +59,7 @@ def main() -> None:
     row["speedup"] = row["json_ms_median"] / row["orjson_ms_median"]
     row["typed_vs_dicts"] = row["orjson_typed_ms_median"] / row["orjson_ms_median"]
     print(json.dumps(row))
-    write("json_encode", {"command": f"python -m bench.json_encode --calls {args.calls} --threads {args.threads}",
+    written = write("json_encode", {"command": f"python -m bench json_encode --calls {args.calls} --threads {args.threads}",
                           "rows": [row]})
     import matplotlib
 
@@ -73,7 +75,12 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(RESULTS / "json_encode.png", dpi=110)
     plt.close(fig)
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench json_encode: the same as python -m bench json_encode
+    import sys
+
+    from bench.__main__ import main
+
+    main(["json_encode", *sys.argv[1:]])

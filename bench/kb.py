@@ -1,6 +1,6 @@
 """KBs for the performance benchmarks: one real bundle, real embeddings, and larger KBs made from them.
 
-    python -m bench.kb [--real 10000]        # prepare (cached under $SOFTKNN_BENCH_CACHE, /tmp/softknn-bench)
+    python -m bench kb [--real 10000]        # prepare (cached under $SOFTKNN_BENCH_CACHE, /tmp/softknn-bench)
 
 What is real and what is synthetic (docs/benchmarks.md repeats this):
 - texts: sentence-level pieces of the ObliQA passages (../shared/data/obliqa_dev/documents, split at
@@ -250,14 +250,21 @@ def _build(xb: np.ndarray, spec, train_max: int):
     return index
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--real", type=int, default=10_000)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
-    print(json.dumps(prepare(args.real), indent=2))
+    res = prepare(args.real)
+    print(json.dumps(res, indent=2))
+    return res
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench kb: the same as python -m bench kb
+    import sys
+
+    from bench.__main__ import main
+
+    main(["kb", *sys.argv[1:]])

@@ -1,6 +1,6 @@
 """The machine's limits and how close encode and flat search come to them, measured in one run.
 
-    python -m bench.limits [--size 1000000] [--rounds 5]
+    python -m bench limits [--size 1000000] [--rounds 5]
 
 Interleaved per round (load drift hits all alike), torch (and faiss) at --threads (0 = the cores):
     matmul      fp32 (2048×2048)·(2048×2048) with torch: FLOP/s = 2n³ / t
@@ -12,7 +12,7 @@ Interleaved per round (load drift hits all alike), torch (and faiss) at --thread
     flat search one query against `size` chunk embeddings (float32, 384-d): ChunkIndex exact
                 search (torch matmul + top-k, what softknn's flat path runs) and faiss
                 IndexFlatIP; GB/s = N·D·4 / t
-Needs `python -m bench.kb` first for the embeddings (bench/kb.py: real up to ~46k, noisy
+Needs `python -m bench kb` first for the embeddings (bench/kb.py: real up to ~46k, noisy
 replicas beyond).
 """
 
@@ -57,18 +57,20 @@ def plot(res: dict) -> None:
               f"Machine limits vs encode and flat search ({res['threads']} thread)")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--size", type=int, default=1_000_000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
     ap.add_argument("--replot", action="store_true", help="only redraw limits.png from limits.json")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.replot:
         from bench.common import RESULTS
 
-        plot(json.loads((RESULTS / "limits.json").read_text()))
-        return
+        res = json.loads((RESULTS / "limits.json").read_text())
+        plot(res)
+        return res
     set_threads(args.threads)
 
     from bench.kb import CACHE, SHARED, device, embeddings
@@ -145,10 +147,15 @@ def main() -> None:
         "valid": threads == 1,
     }
     res["raw_seconds"] = {"wall": t, "cpu": c}
-    write("limits", {"command": f"python -m bench.limits --size {args.size} --rounds {args.rounds} --threads {args.threads}", **res})
+    written = write("limits", {"command": f"python -m bench limits --size {args.size} --rounds {args.rounds} --threads {args.threads}", **res})
     plot(res)
     print(json.dumps({k: v for k, v in res.items() if k != "raw_seconds"}, indent=2))
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench limits: the same as python -m bench limits
+    import sys
+
+    from bench.__main__ import main
+
+    main(["limits", *sys.argv[1:]])

@@ -13,7 +13,7 @@ hidden-int8; recompute) and measured:
     recall@10 of the evidence order (memory-mass) and of the requery, softknn.evaluation's metrics,
     for every arm.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/memory_repr.py        # writes bench/results/memory_repr.{json,png}
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench memory_repr        # writes bench/results/memory_repr.{json,png}
 
 Targets (issue 14): hidden ≥ 2× fewer bytes than kv with |Δ| ≤ 1e-5; the best lossy ≥ 8× fewer
 with |Δ| ≤ 1e-3 and quality within 0.1 point of kv.
@@ -33,17 +33,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import RESULTS, write  # noqa: E402
-from evaluation.metrics import classification_metrics, retrieval_metrics  # noqa: E402
-from evaluation.run import Query, Strategy, run_variants  # noqa: E402
-from index_builder.pipeline import BuildConfig, build_bundle  # noqa: E402
-from index_builder.reader import Fields  # noqa: E402
-from softknn.bundle import load_bundle  # noqa: E402
-from softknn.encoder import Encoder  # noqa: E402
-from softknn.engine import Engine, InferParams  # noqa: E402
-from softknn.memory_repr import MEMORY_KINDS  # noqa: E402
+from bench.common import RESULTS, result_path, write
+from evaluation.metrics import classification_metrics, retrieval_metrics
+from evaluation.run import Query, Strategy, run_variants
+from index_builder.pipeline import BuildConfig, build_bundle
+from index_builder.reader import Fields
+from softknn.bundle import load_bundle
+from softknn.encoder import Encoder
+from softknn.engine import Engine, InferParams
+from softknn.memory_repr import MEMORY_KINDS
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path("/work/shared/data")
@@ -190,15 +188,17 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=11, help="latency samples per arm and k")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.plot_only:
-        plot(json.loads((RESULTS / "memory_repr.json").read_text()), RESULTS / "memory_repr.png")
-        return
+        res = json.loads((RESULTS / "memory_repr.json").read_text())
+        plot(res, RESULTS / "memory_repr.png")
+        return res
     torch.set_num_threads(args.threads)
     WORK.mkdir(parents=True, exist_ok=True)
     enc = Encoder()
@@ -223,10 +223,12 @@ def main() -> None:
         print(json.dumps({k: {m: v[m] for m in ("memory_bytes_per_chunk", "ratio_vs_kv", "p50_ms_k8", "p50_ms_k32", "max_abs_delta")}
                           for k, v in res["datasets"][name]["arms"].items()}, indent=1), flush=True)
     res["targets"] = targets(res)
-    out = write("memory_repr", res)
+    written = write("memory_repr", res)
+    out = result_path("memory_repr")
     plot(res, RESULTS / "memory_repr.png")
     print(f"wrote {out}")
     print(json.dumps(res["targets"], indent=1))
+    return written
 
 
 def targets(res: dict) -> dict:
@@ -247,5 +249,9 @@ def targets(res: dict) -> dict:
     return t
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench memory_repr: the same as python -m bench memory_repr
+    import sys
+
+    from bench.__main__ import main
+
+    main(["memory_repr", *sys.argv[1:]])

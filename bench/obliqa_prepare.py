@@ -1,6 +1,6 @@
 """Convert ObliQA dev (../shared/data/obliqa_dev) into a softknn KB and a query set with gold ids.
 
-    python bench/obliqa_prepare.py [--data ../shared/data/obliqa_dev] [--out artifacts/eval/obliqa]
+    python -m bench obliqa_prepare [--data ../shared/data/obliqa_dev] [--out artifacts/eval/obliqa]
 
 Writes (never into the repository's tracked files; artifacts/ is git-ignored):
   kb.jsonl         one passage per line, {ID, Passage, DocumentID, PassageID}; the 720 passages
@@ -55,13 +55,14 @@ def gold_ids(question: dict, by_key: dict[tuple, list[dict]]) -> tuple[list[str]
     return ids, unresolved, empty
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "obliqa_dev")
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "eval" / "obliqa")
     ap.add_argument("--val", type=int, default=500, help="questions held out for choosing defaults")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
 
     passages = load_passages(args.data)
@@ -91,7 +92,12 @@ def main() -> None:
     stats.update(val=len(val), test=len(lines) - len(val), seed=args.seed)
     (args.out / "prepare.json").write_text(json.dumps(stats, indent=2))
     print(json.dumps(stats))
+    return stats
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench obliqa_prepare: the same as python -m bench obliqa_prepare
+    import sys
+
+    from bench.__main__ import main
+
+    main(["obliqa_prepare", *sys.argv[1:]])

@@ -1,6 +1,6 @@
 """Profile Engine.infer on one short input with pyinstrument; writes bench/results/profile_NAME.txt.
 
-    python -m bench.profile_infer [--size 100000] [--kind flat] [--k 8] [--calls 200] [--threads 0]
+    python -m bench profile_infer [--size 100000] [--kind flat] [--k 8] [--calls 200] [--threads 0]
 
 The KB is bench/kb.py's (real 10k bundle; synthetic beyond). The text tree shows where the time
 of a fused forward goes; docs/benchmarks.md quotes its top lines.
@@ -15,15 +15,16 @@ from bench.common import RESULTS
 from bench.kb import set_threads
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--size", type=int, default=100_000)
     ap.add_argument("--kind", default="flat")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--name", default=None)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from pyinstrument import Profiler
@@ -45,10 +46,15 @@ def main() -> None:
     name = args.name or f"profile_{args.size // 1000}k_{args.kind}_k{args.k}"
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{name}.txt"
-    header = f"python -m bench.profile_infer --size {args.size} --kind {args.kind} --k {args.k} --calls {args.calls} --threads {args.threads}\n"
+    header = f"python -m bench profile_infer --size {args.size} --kind {args.kind} --k {args.k} --calls {args.calls} --threads {args.threads}\n"
     out.write_text(header + prof.output_text(unicode=False, color=False))
     print(out.read_text()[:6000])
+    return {"command": header.strip(), "profile": str(out)}
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench profile_infer: the same as python -m bench profile_infer
+    import sys
+
+    from bench.__main__ import main
+
+    main(["profile_infer", *sys.argv[1:]])

@@ -1,6 +1,6 @@
 """Profile the softknn server under load with py-spy; writes bench/results/profile_service_cN.txt.
 
-    python -m bench.profile_service [--clients 1,16] [--duration 12] [--threads 1] [--runtime torch|onnx]
+    python -m bench profile_service [--clients 1,16] [--duration 12] [--threads 1] [--runtime torch|onnx]
 
 With --runtime onnx the server runs SOFTKNN_MODEL__RUNTIME=onnx and the files are named
 profile_service_onnx_cN.txt.
@@ -25,9 +25,9 @@ from pathlib import Path
 
 from bench.common import RESULTS
 from bench.kb import set_threads
-from bench.service import Server, load, request_for
+from bench.service import load, ready, request_for, softknn_server
 
-WATCH = ("Engine.infer", "forward_plain", "retrieve", "fuse", "gather", "forward_fused", "fused_attention", "_result",
+WATCH = ("Engine.infer", "forward_plain", "retrieve", "fuse", "gather", "forward_fused", "fused_attention", "result",
          "evidence_items", "influence", "result_payload", "JSONResponse", "render", "dumps", "admit", "Batcher._run",
          "_wait_to_fill", "wait", "tokenize", "middleware", "validate", "select", "_run_once", "httptools", "h11")
 
@@ -53,13 +53,14 @@ def summarize(raw: Path, top: int = 40) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--clients", default="1,16")
     ap.add_argument("--duration", type=float, default=12.0)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--runtime", default="torch", choices=["torch", "onnx"])
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     os.environ["SOFTKNN_MODEL__RUNTIME"] = args.runtime
     tag = "" if args.runtime == "torch" else f"{args.runtime}_"
     set_threads(args.threads)
@@ -73,9 +74,9 @@ def main() -> None:
     pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     with open(SHARED / "banking77" / "test.csv", newline="", encoding="utf-8") as f:
         queries = [r["text"] for r in csv.DictReader(f)][:500]
-    srv = Server("softknn", [sys.executable, "-m", "service.cli", "--bundle", str(bundle_path(10_000)), "--port", "{port}",
-                             "--log-level", "warning"], "/readyz").wait()
+    srv = ready(softknn_server("softknn", bundle_path(10_000)))
     method, path, kw = request_for("softknn", {})
+    out = {"command": args.command, "profiles": {}}
     try:
         asyncio.run(load(srv.url, method, path, kw, queries, 4, 3))  # warm-up
         for c in [int(x) for x in args.clients.split(",")]:
@@ -86,15 +87,21 @@ def main() -> None:
             time.sleep(1)
             r = asyncio.run(load(srv.url, method, path, kw, queries, c, args.duration))
             spy.wait(60)
-            text = (f"python -m bench.profile_service --clients {args.clients} --duration {args.duration} "
+            text = (f"python -m bench profile_service --clients {args.clients} --duration {args.duration} "
                     f"--threads {args.threads} --runtime {args.runtime}\nclients {c}: {r['req_per_s']:.1f} req/s, p50 {r.get('p50_ms', 0):.1f} ms\n"
                     + summarize(raw))
             (RESULTS / f"profile_service_{tag}c{c}.txt").write_text(text)
             raw.replace(Path("/tmp") / raw.name)  # kept outside the tree for a closer look
             print(text[:5000], flush=True)
+            out["profiles"][c] = {"file": str(RESULTS / f"profile_service_{tag}c{c}.txt"), **r}
     finally:
-        srv.stop()
+        srv.close()
+    return out
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench profile_service: the same as python -m bench profile_service
+    import sys
+
+    from bench.__main__ import main
+
+    main(["profile_service", *sys.argv[1:]])

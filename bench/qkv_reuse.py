@@ -1,6 +1,6 @@
 """The fused pass reusing the plain pass's q, k, v at the memory layer vs recomputing them.
 
-    python -m bench.qkv_reuse [--queries 50] [--rounds 6] [--threads 1]
+    python -m bench qkv_reuse [--queries 50] [--rounds 6] [--threads 1]
 
 Real queries (bench/kb.py) over the 10k real bundle, k = 8, evidence 5. For each query the plain
 pass runs twice (with the memory layer's q, k, v kept, and without); then Engine.fuse (K/V gather,
@@ -19,12 +19,13 @@ from bench.common import RESULTS, write
 from bench.kb import set_threads
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--queries", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     import numpy as np
@@ -53,7 +54,7 @@ def main() -> None:
            "saved_ms": (statistics.median(recompute) - statistics.median(reuse)) * 1e3, "max_abs_embedding_diff": diff,
            "calls": len(reuse)}
     print(json.dumps(row))
-    write("qkv_reuse", {"command": f"python -m bench.qkv_reuse --queries {args.queries} --rounds {args.rounds} "
+    written = write("qkv_reuse", {"command": f"python -m bench qkv_reuse --queries {args.queries} --rounds {args.rounds} "
                                    f"--threads {args.threads}", "rows": [row]})
     import matplotlib
 
@@ -67,7 +68,12 @@ def main() -> None:
     fig.tight_layout()
     fig.savefig(RESULTS / "qkv_reuse.png", dpi=110)
     plt.close(fig)
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench qkv_reuse: the same as python -m bench qkv_reuse
+    import sys
+
+    from bench.__main__ import main
+
+    main(["qkv_reuse", *sys.argv[1:]])

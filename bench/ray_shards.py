@@ -1,7 +1,8 @@
-"""2 KB shards served by Ray actors against the single-process service: p50 latency of one short input,
-and the sharded answer's max |Δ embedding| against the one-index answer.
+"""2 KB shards on Ray actors vs the single-process engine: p50 of one short input, max |Δ embedding|.
 
-    python -m bench.ray_shards [--n 100000] [--real 2000] [--queries 40] [--out bench/results/ray_shards.json]
+The sharded answer's max |Δ embedding| is taken against the one-index answer.
+
+    python -m bench ray_shards [--n 100000] [--real 2000] [--queries 40] [--out bench/results/ray_shards.json]
 
 The KB (bench/kb.py's recipe, smaller pool): a real bundle of `--real` texts (kb.kb_texts(): ObliQA
 sentences and Banking77 train texts, built by `softknn build`), then rows up to N made of its real
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import kb
+from bench.common import percentile
 from softknn.shards import Shard
 
 NOISE = 0.02
@@ -100,14 +102,15 @@ def sharded(one, n_real: int, n: int, threads: int):
     return b
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--real", type=int, default=2000)
     ap.add_argument("--queries", type=int, default=40)
     ap.add_argument("--threads", type=int, default=1, help="torch/faiss threads of each process")
     ap.add_argument("--out", type=Path, default=Path("bench/results/ray_shards.json"))
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import ray
 
@@ -143,11 +146,11 @@ def main() -> None:
         ray.shutdown()
     p50 = {k: statistics.median(v) * 1e3 for k, v in lat.items()}
     out = {
-        "command": f"python -m bench.ray_shards --n {args.n} --real {args.real} --queries {args.queries} --threads {args.threads}",
+        "command": f"python -m bench ray_shards --n {args.n} --real {args.real} --queries {args.queries} --threads {args.threads}",
         "chunks": args.n, "real_chunks": args.real, "queries": args.queries, "threads": args.threads,
         "retrieval": "dense", "index": "flat", "k": p.k,
         "p50_ms": {k: round(v, 2) for k, v in p50.items()},
-        "p90_ms": {k: round(float(np.percentile(v, 90)) * 1e3, 2) for k, v in lat.items()},
+        "p90_ms": {k: round(percentile(v, 90) * 1e3, 2) for k, v in lat.items()},
         "ratio_p50": round(p50["ray_2_shards"] / p50["single"], 3),
         "max_abs_delta_embedding": delta, "same_evidence_ids_and_order": bool(same_ids),
         "real_bundle_build_s": round(build_s, 1),
@@ -157,6 +160,7 @@ def main() -> None:
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
     plot(lat, out, args.out.with_suffix(".png"))
+    return out
 
 
 def plot(lat: dict, out: dict, path: Path) -> None:
@@ -176,5 +180,9 @@ def plot(lat: dict, out: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench ray_shards: the same as python -m bench ray_shards
+    import sys
+
+    from bench.__main__ import main
+
+    main(["ray_shards", *sys.argv[1:]])

@@ -10,7 +10,7 @@ EVAL="python -m evaluation.cli"
 B=artifacts/eval/bundles
 
 # 0. data: the ObliQA KB without its 720 empty passages, questions with gold passage ids, a val/test split
-python bench/obliqa_prepare.py
+python -m bench obliqa_prepare
 
 # 1. bundles (the defaults: last layer, flat index; ObliQA keys/values in float16)
 [ -f $B/banking77/manifest.json ] || softknn build $DATA/banking77/train.csv --out $B/banking77 --label-field category
@@ -18,8 +18,8 @@ python bench/obliqa_prepare.py
     --id-field ID --text-field Passage --kv-dtype float16
 
 # 2. sweeps on validation data only (Banking77: the KB side; ObliQA: the 500 validation questions)
-python bench/sweep_banking77.py --layers 5 3 1
-python bench/sweep_obliqa.py --limit 200       # 200 of the 500 validation questions (time budget)
+python -m bench sweep_banking77 --layers 5 3 1
+python -m bench sweep_obliqa --limit 200       # 200 of the 500 validation questions (time budget)
 
 # 3. Banking77: calibrate the abstain threshold on a 10% KB split (reusing the sweep's split bundle),
 #    then evaluate on test.csv, with the ObliQA test questions as out-of-domain inputs

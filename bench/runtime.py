@@ -1,6 +1,6 @@
 """The model runtime side by side (issue 16): torch eager vs ONNX Runtime, same run, one thread.
 
-    python -m bench.runtime [--texts 256] [--repeats 5] [--build-limit 2000] [--quality] [--name runtime]
+    python -m bench runtime [--texts 256] [--repeats 5] [--build-limit 2000] [--quality] [--name runtime]
                             [--baseline REV] [--variants onnx,onnx-extended,onnx-int8]
 
 1. Plain forward (`Encoder.forward_plain`: tokens in, pooled normalised embedding out) on Banking77
@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.common import RESULTS, write
+from bench.common import RESULTS, result_path, write
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 REPO = Path(__file__).resolve().parents[1]
@@ -212,8 +212,7 @@ def baseline_forward(rev: str):
     return mod
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--texts", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--build-limit", type=int, default=2000, help="Banking77 train texts the builder runs over (0 = skip)")
@@ -225,8 +224,9 @@ def main() -> None:
     ap.add_argument("--name", default="runtime")
     ap.add_argument("--baseline", default=None, help="also run onnx_forward.py as at this git revision (onnx-REV)")
     ap.add_argument("--variants", default="onnx,onnx-extended,onnx-int8", help="onnx alternatives, comma-separated")
-    args = ap.parse_args()
 
+
+def run(args: argparse.Namespace) -> dict:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -263,8 +263,14 @@ def main() -> None:
         res["quality"] = quality({"onnx": encs["onnx"], "onnx-int8": encs["onnx-int8"]}, args.quality_every,
                                  args.quality_distractors)
     res["load_average_after"] = os.getloadavg()
-    print(write(args.name, res), plot(args.name, res))
+    written = write(args.name, res)
+    print(result_path(args.name), plot(args.name, res))
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench runtime: the same as python -m bench runtime
+    import sys
+
+    from bench.__main__ import main
+
+    main(["runtime", *sys.argv[1:]])

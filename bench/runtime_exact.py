@@ -14,11 +14,12 @@ per call), per arm:
 and reports max |Δ| of the fused embedding (per answer; max, percentiles, how many above 1e-7 and
 1e-6), of every other float in the answer, and whether labels / evidence ids / ranks agree.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/runtime_exact.py     # writes bench/results/runtime_exact.json
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench runtime_exact     # writes bench/results/runtime_exact.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -27,13 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import write  # noqa: E402
-from index_builder.pipeline import BuildConfig, build_bundle  # noqa: E402
-from softknn.bundle import load_bundle  # noqa: E402
-from softknn.encoder import Encoder  # noqa: E402
-from softknn.engine import Engine, InferParams  # noqa: E402
+from bench.common import result_path, write
+from index_builder.pipeline import BuildConfig, build_bundle
+from softknn.bundle import load_bundle
+from softknn.encoder import Encoder
+from softknn.engine import Engine, InferParams
 
 SAMPLE = Path(__file__).resolve().parents[1] / "softknn" / "sample_kb"
 EDGE = ["?", "refund", "DOG", "ferry ferry ferry ferry ferry ferry", "Zürich → Köln: 12,50 € 🚆 déjà-vu",
@@ -96,7 +95,11 @@ def summary(per: list[float]) -> dict:
             **{f"above_{t:g}": int((a > t).sum()) for t in THRESHOLDS}}
 
 
-def main() -> None:
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
+    """No flags: the sample KB, five parameter sets, one thread."""
+
+
+def run(args: argparse.Namespace) -> dict:
     import faiss
 
     faiss.omp_set_num_threads(1)
@@ -117,7 +120,7 @@ def main() -> None:
             "onnx-all-batched": (Engine(onnx_all, b_torch), True, 1),
             "onnx-basic": (Engine(onnx_basic, b_torch), False, 1),
             "onnx-built": (Engine(onnx_all, b_onnx), False, 1)}
-    res = {"command": "HF_HUB_OFFLINE=1 .venv/bin/python bench/runtime_exact.py", "texts": ts, "params": PARAMS,
+    res = {"command": "HF_HUB_OFFLINE=1 .venv/bin/" + args.command, "texts": ts, "params": PARAMS,
            "reference": "torch fp32, 1 thread, torch-built sample bundle, one text per Engine.infer call, exact=True",
            "verification": {"all": onnx_all.onnx.verification, "basic": onnx_basic.onnx.verification},
            "arms": {}}
@@ -142,8 +145,14 @@ def main() -> None:
                             "per_answer": {p: v["embedding_per_answer"] for p, v in by.items()}}
         print(arm, json.dumps({k: res["arms"][arm][k] for k in ("embedding", "other_floats_max", "n_mismatches")}),
               flush=True)
-    print(f"wrote {write('runtime_exact', res)}")
+    written = write("runtime_exact", res)
+    print(f"wrote {result_path('runtime_exact')}")
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench runtime_exact: the same as python -m bench runtime_exact
+    import sys
+
+    from bench.__main__ import main
+
+    main(["runtime_exact", *sys.argv[1:]])

@@ -15,7 +15,7 @@ the settings' default parameters, so hybrid retrieval; --compare adds dense / le
     against the torch fp32 engine on its own bundle, over the first Q_DELTA queries of each set,
     and whether the top label / the evidence ids agree.
 
-    HF_HUB_OFFLINE=1 .venv/bin/python bench/runtime_pipeline.py     # writes bench/results/runtime_pipeline.{json,png}
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench runtime_pipeline     # writes bench/results/runtime_pipeline.{json,png}
 
 Options: --threads (torch, ORT and FAISS threads; default 2), the subset sizes, --plot-only.
 """
@@ -31,17 +31,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.common import RESULTS, write  # noqa: E402
-from bench.memory_repr import banking77, obliqa  # noqa: E402
-from evaluation.run import evaluate  # noqa: E402
-from index_builder.pipeline import BuildConfig, build_bundle  # noqa: E402
-from index_builder.reader import Fields  # noqa: E402
-from softknn.bundle import load_bundle  # noqa: E402
-from softknn.encoder import Encoder  # noqa: E402
-from softknn.engine import Engine, InferParams  # noqa: E402
-from softknn.settings import InferDefaults  # noqa: E402
+from bench.common import RESULTS, result_path, write
+from bench.memory_repr import banking77, obliqa
+from evaluation.run import evaluate
+from index_builder.pipeline import BuildConfig, build_bundle
+from index_builder.reader import Fields
+from softknn.bundle import load_bundle
+from softknn.encoder import Encoder
+from softknn.engine import Engine, InferParams
+from softknn.settings import InferDefaults
 
 REPO = Path(__file__).resolve().parents[1]
 OBLIQA = Path("/work/main/artifacts/eval/obliqa")  # kb.jsonl + questions_val.jsonl (bench/obliqa_prepare.py)
@@ -140,8 +138,7 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--threads", type=int, default=2, help="torch, ONNX Runtime and FAISS intra-op threads")
     for key, v in SUBSETS.items():
         ap.add_argument(f"--{key.replace('_', '-')}", type=int, default=v)
@@ -151,10 +148,13 @@ def main() -> None:
                     "`softknn eval` adds dense,lexical — each one more fused pass per query)")
     ap.add_argument("--out", default="runtime_pipeline", help="result name under bench/results/")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.plot_only:
-        plot(json.loads((RESULTS / f"{args.out}.json").read_text()), RESULTS / f"{args.out}.png")
-        return
+        res = json.loads((RESULTS / f"{args.out}.json").read_text())
+        plot(res, RESULTS / f"{args.out}.png")
+        return res
     import faiss
 
     torch.set_num_threads(args.threads)
@@ -170,7 +170,7 @@ def main() -> None:
                                                "verification": enc.onnx.verification if enc.onnx else None}
         encoders[name_of(runtime, precision)] = enc
         print(f"opened {name_of(runtime, precision)} in {opened[name_of(runtime, precision)]['open_s']} s", flush=True)
-    res = {"command": "HF_HUB_OFFLINE=1 .venv/bin/python bench/runtime_pipeline.py " + " ".join(sys.argv[1:]),
+    res = {"command": "HF_HUB_OFFLINE=1 .venv/bin/" + args.command,
            "subsets": subsets, "compare": args.compare.split(","), "threads": args.threads, "q_delta": args.q_delta,
            "params": "InferDefaults() (hybrid where the bundle has BM25; the bundle's calibrated λ, τ, threshold)",
            "build": "BuildConfig defaults (lexical=True, calibrate=True), as `softknn build`",
@@ -211,10 +211,16 @@ def main() -> None:
                               "max_abs_delta": v["exact_delta"]["max_abs_delta"]} for n, v in variants.items()}, indent=1),
               flush=True)
         write(args.out, res)  # after every dataset: a partial run still leaves its figures
-    out = write(args.out, res)
+    written = write(args.out, res)
+    out = result_path(args.out)
     plot(res, RESULTS / f"{args.out}.png")
     print(f"wrote {out}")
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench runtime_pipeline: the same as python -m bench runtime_pipeline
+    import sys
+
+    from bench.__main__ import main
+
+    main(["runtime_pipeline", *sys.argv[1:]])

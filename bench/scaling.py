@@ -1,9 +1,9 @@
 """Scaling curves: latency and memory as the KB grows (10k → 1M) and as the input grows (8 → 256 tokens).
 
-    python -m bench.scaling [--sizes 10000,30000,100000,300000,1000000] [--kinds flat,hnsw]
+    python -m bench scaling [--sizes 10000,30000,100000,300000,1000000] [--kinds flat,hnsw]
                             [--lengths 8,16,32,64,128,256] [--repeats 15]
 
-Needs `python -m bench.kb` first (bench/kb.py says what is synthetic beyond the 10k real bundle).
+Needs `python -m bench kb` first (bench/kb.py says what is synthetic beyond the 10k real bundle).
 KB growth, per size and index: one-query search (k=8), and Engine.infer (k=8) interleaved with the
 plain forward on the same real queries; memory: embeddings, FAISS index, and the K/V a real
 bundle of that size would hold (size × the real bundle's mean memory tokens per chunk × nh·hs ×
@@ -162,15 +162,16 @@ def plot(name: str, kb: list[dict], ln: list[dict]) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--sizes", default="10000,30000,100000,300000,1000000")
     ap.add_argument("--kinds", default="flat,hnsw")
     ap.add_argument("--lengths", default="8,16,32,64,128,256")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--name", default="scaling")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = leave torch's default: the cores)")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from bench.kb import CACHE, device, queries
@@ -191,12 +192,17 @@ def main() -> None:
     if len(ln) > 1:
         x = [r["tokens"] for r in ln]
         slopes["input_length"] = {k: slope(x, [r[k] for r in ln]) for k in ("fused_ms", "plain_ms", "fused_cpu_ms", "plain_cpu_ms")}
-    write(args.name, {"command": f"python -m bench.scaling --sizes {args.sizes} --kinds {args.kinds} "
+    written = write(args.name, {"command": f"python -m bench scaling --sizes {args.sizes} --kinds {args.kinds} "
                                  f"--lengths {args.lengths} --repeats {args.repeats} --threads {args.threads} --name {args.name}",
                       "kb_growth": kb, "input_length": ln, "loglog_slopes": slopes})
     plot(args.name, kb, ln)
     print(json.dumps(slopes, indent=2))
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench scaling: the same as python -m bench scaling
+    import sys
+
+    from bench.__main__ import main
+
+    main(["scaling", *sys.argv[1:]])

@@ -1,36 +1,9 @@
 """The service side by side: softknn over HTTP vs in-process, a naive service, infinity-emb and txtai.
 
-    python -m bench.service [--clients 1,4,16,64] [--duration 8] [--sequential 60] [--peers /work/peers]
+    python -m bench service [--clients 1,4,16,64] [--duration 8] [--sequential 60] [--peers /work/peers]
 
-Every server runs on 127.0.0.1 only, on the same real KB (the 10k real bundle of bench/kb.py; txtai
-indexes the same texts itself) and the same real short queries (Banking77 test texts):
-    softknn    POST /v1/infer {"inputs": [q], "k": 8, "evidence": 5}: encode, k-NN, fused pass, evidence
-    softknn-onnx   with --runtime onnx: the same server with SOFTKNN_MODEL__RUNTIME=onnx (issue 16)
-    softknn-wait2  the same server with SOFTKNN_BATCHING__MAX_WAIT_MS=2, the default before
-               2026-11-30's second run (the batcher waits up to 2 ms for a batch to fill instead of
-               taking what is queued when it is free): the before/after of that change
-    naive      bench/naive_service.py, POST /search: encode + FAISS flat search, no batching
-    infinity   infinity-emb (its venv under --peers), POST /embeddings: embedding only, no search
-    txtai      txtai API (its venv under --peers), GET /search?query=q&limit=8: embed + search
-softknn does more work per request than any of them (a second, fused pass over the last layer,
-evidence with spans and influence, diagnostics, a 384-float embedding in the response).
-
-Phase 1 (latency): one request at a time, the alternatives interleaved per query, plus the
-in-process Engine.infer (the fused forward the service wraps) and the in-process plain forward.
-Phase 2 (throughput): for each client count c, each server in turn for --duration s under c
-asyncio+httpx clients sending back to back (the load client shares the 2 cores; indicative).
-Peers missing from --peers are skipped and reported as missing.
-
-Two smaller modes of the same script (they were bench/service_quick.py and bench/service_wait.py):
-
-    python -m bench.service --quick [--quick-threads 1,2] [--clients 1,4,16] [--duration 10]
-        softknn alone on the sample KB's bundle (built if missing; --bundle), for each torch thread
-        count: latency and requests/s at each client level, and the mean micro-batch. Prints JSON
-        (--out writes it too); a check of a change in minutes, not a figure for the docs.
-    python -m bench.service --fill-wait [--rounds 2] [--requests 120] [--threads 1]
-        where a one-client request's time goes with the batcher's fill wait at 2 ms and at 0: the
-        server's own mean queue wait and inference time (/metrics) beside the client's p50, on
-        the 10k real bundle, the two settings alternated --rounds times (bench/results/service_wait.json).
+How it measures (the KB, the queries, what is timed and checked): docs/benchmarks.md, "Methods",
+`service`.
 """
 
 from __future__ import annotations
@@ -41,7 +14,6 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,49 +21,43 @@ from pathlib import Path
 
 import httpx
 
-from bench.common import RESULTS, write
+from bench.common import RESULTS, summary, write
 from bench.kb import set_threads
-from service.testing import HOST, free_port, wait_ready
+from service.testing import HOST, LiveServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-class Server:
-    def __init__(self, name: str, cmd: list[str], ready: str, env: dict | None = None, cwd: Path = REPO):
-        self.name, self.port = name, free_port()
-        self.url = f"http://{HOST}:{self.port}"
-        self.log = Path(tempfile.gettempdir()) / f"bench_service_{name}.log"
-        cmd = [c.replace("{port}", str(self.port)) for c in cmd]
-        with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(cmd, cwd=cwd, stdout=f, stderr=subprocess.STDOUT,
-                                         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
-        self.ready_path = ready
+def spawn(name: str, cmd: list[str], ready_path: str, env: dict | None = None, cwd: Path = REPO) -> LiveServer:
+    """Start a server through the one harness (service/testing.py) on a free port ("{port}" in `cmd`),
+    HF offline, `env` on top, its output in $TMPDIR/bench_service_NAME.log; not waited for yet."""
+    port = free_port()
+    return LiveServer.spawn([c.replace("{port}", str(port)) for c in cmd],
+                            Path(tempfile.gettempdir()) / f"bench_service_{name}.log", port=port,
+                            env={"HF_HUB_OFFLINE": "1", **(env or {})}, cwd=cwd, ready_path=ready_path)
 
-    def wait(self) -> Server:
-        with httpx.Client(base_url=self.url, timeout=2) as client:
-            wait_ready(client, 600, path=self.ready_path, proc=self.proc, log_path=self.log, interval=0.5)
-        return self
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def softknn_server(name: str, bundle: Path, env: dict | None = None) -> LiveServer:
+    """`python -m service.cli` on `bundle`, no auth, torch threads as this process's environment says."""
+    return spawn(name, LiveServer.command(bundle, "{port}", log_level="warning"), "/readyz", env)
+
+
+def ready(srv: LiveServer) -> LiveServer:
+    srv.wait_ready(600, interval=0.5)
+    return srv
 
 
 def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str],
                   only: set[str] | None = None, softknn_workers: int = 0,
                   runtime: str = "torch") -> tuple[dict, dict, list[str]]:
-    """Start the servers (all, or those in `only`); returns ({name: Server}, info, missing peers)."""
+    """Start the servers (all, or those in `only`); returns ({name: LiveServer}, info, missing peers)."""
     from bench.kb import device
 
     want = lambda name: not only or name in only  # noqa: E731
     servers, missing = {}, []
 
-    def softknn(name: str, env: dict | None = None) -> Server:
-        return Server(name, [sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port", "{port}",
-                             "--log-level", "warning"], "/readyz", env=env)
+    def softknn(name: str, env: dict | None = None) -> LiveServer:
+        return softknn_server(name, bundle, env)
 
     if want("softknn"):
         servers["softknn"] = softknn("softknn")
@@ -108,11 +74,11 @@ def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str]
             name = f"softknn-{runtime}-w{softknn_workers}"
             servers[name] = softknn(name, env | {"SOFTKNN_BATCHING__WORKERS": str(softknn_workers)})
     if want("naive"):
-        servers["naive"] = Server("naive", [sys.executable, "-m", "bench.naive_service", "--bundle", str(bundle), "--port",
+        servers["naive"] = spawn("naive", [sys.executable, "-m", "bench.naive_service", "--bundle", str(bundle), "--port",
                                             "{port}"], "/healthz")
     inf = peers / "infinity" / "bin" / "infinity_emb"
     if want("infinity") and inf.is_file():
-        servers["infinity"] = Server("infinity", [str(inf), "v2", "--model-id", model_dir, "--engine", "torch", "--device",
+        servers["infinity"] = spawn("infinity", [str(inf), "v2", "--model-id", model_dir, "--engine", "torch", "--device",
                                                   device(), "--host", HOST, "--port", "{port}"], "/models",
                                      env={"DO_NOT_TRACK": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"})
     elif want("infinity"):
@@ -121,12 +87,12 @@ def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str]
     if want("txtai") and txt.is_file():
         cfg = Path(tempfile.mkdtemp(prefix="txtai-")) / "config.yml"
         cfg.write_text(f"writable: true\nembeddings:\n  path: {model_dir}\n  content: true\n")
-        servers["txtai"] = Server("txtai", [str(txt), "txtai.api:app", "--host", HOST, "--port", "{port}"], "/count",
+        servers["txtai"] = spawn("txtai", [str(txt), "txtai.api:app", "--host", HOST, "--port", "{port}"], "/count",
                                   env={"CONFIG": str(cfg)}, cwd=cfg.parent)
     elif want("txtai"):
         missing.append(f"txtai ({txt} not found)")
     for s in servers.values():
-        s.wait()
+        ready(s)
     info = {}
     if "txtai" in servers:
         t0 = time.perf_counter()
@@ -172,14 +138,9 @@ def tree_cpu_s(pid: int) -> float:
     return sum(procs[p][1] for p in tree if p in procs) / os.sysconf("SC_CLK_TCK")
 
 
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q / 100 * (len(xs) - 1))))]
-
-
 def lat_summary(t: list[float]) -> dict:
-    return {"p50_ms": pct(t, 50) * 1e3, "p99_ms": pct(t, 99) * 1e3, "min_ms": min(t) * 1e3, "max_ms": max(t) * 1e3,
-            "n": len(t)}
+    """{p50_ms, p99_ms, mean_ms, min_ms, max_ms, n} of durations in seconds."""
+    return summary(t, (50, 99), 1e3, "_ms")
 
 
 def sequential(servers: dict, info: dict, engine, queries: list[str], n: int) -> dict:
@@ -295,8 +256,7 @@ def server_metrics(c: httpx.Client) -> dict[str, float]:
 
 
 def fill_wait_probe(bundle: Path, queries: list[str], wait_ms: str, n: int) -> dict:
-    srv = Server(f"wait{wait_ms}", [sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port", "{port}",
-                                    "--log-level", "warning"], "/readyz", env={"SOFTKNN_BATCHING__MAX_WAIT_MS": wait_ms}).wait()
+    srv = ready(softknn_server(f"wait{wait_ms}", bundle, {"SOFTKNN_BATCHING__MAX_WAIT_MS": wait_ms}))
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as c:
             body = lambda q: {"inputs": [q], "k": 8, "evidence": 5}  # noqa: E731
@@ -309,14 +269,14 @@ def fill_wait_probe(bundle: Path, queries: list[str], wait_ms: str, n: int) -> d
                 lat.append(time.perf_counter() - t0)
             m1 = server_metrics(c)
     finally:
-        srv.stop()
+        srv.close()
     d = {k: m1[k] - m0.get(k, 0.0) for k in m1}
     mean = lambda name: 1e3 * d[f"{name}_sum"] / d[f"{name}_count"]  # noqa: E731
     return {"max_wait_ms": float(wait_ms), "client_p50_ms": statistics.median(lat) * 1e3,
             "queue_wait_ms": mean("softknn_queue_wait_seconds"), "inference_ms": mean("softknn_inference_seconds")}
 
 
-def fill_wait(args) -> None:
+def fill_wait(args) -> dict:
     from bench.kb import SHARED, bundle_path
 
     with open(SHARED / "banking77" / "test.csv", newline="", encoding="utf-8") as f:
@@ -326,12 +286,12 @@ def fill_wait(args) -> None:
         for wait in ("2", "0"):
             rows.append(fill_wait_probe(bundle_path(10_000), queries, wait, args.requests))
             print(json.dumps({k: round(v, 2) for k, v in rows[-1].items()}), flush=True)
-    write("service_wait", {"command": f"python -m bench.service --fill-wait --rounds {args.rounds} "
+    return write("service_wait", {"command": f"python -m bench service --fill-wait --rounds {args.rounds} "
                                       f"--requests {args.requests} --threads {args.threads}", "rows": rows})
 
 
 # --- --quick: softknn alone on the sample bundle ---------------------------------------------------
-def quick(args) -> None:
+def quick(args) -> dict:
     from service.testing import ensure_bundle
     from softknn.cli import sample_kb_path
 
@@ -340,9 +300,8 @@ def quick(args) -> None:
                if line.strip()]
     runs = []
     for threads in [int(t) for t in args.quick_threads.split(",")]:
-        srv = Server(f"quick{threads}", [sys.executable, "-m", "service.cli", "--bundle", str(bundle), "--port", "{port}",
-                                         "--log-level", "warning"], "/readyz",
-                     env={"SOFTKNN_MODEL__THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}).wait()
+        srv = ready(softknn_server(f"quick{threads}", bundle,
+                                   {"SOFTKNN_MODEL__THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}))
         try:
             for q in queries[:10]:  # warm-up
                 httpx.post(f"{srv.url}/v1/infer", json={"inputs": [q]}, timeout=60).raise_for_status()
@@ -356,8 +315,8 @@ def quick(args) -> None:
                 levels.append({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()})
             runs.append({"torch_threads": threads, "levels": levels})
         finally:
-            srv.stop()
-    out = {"benchmark": "service --quick", "command": " ".join(["python -m bench.service", *sys.argv[1:]]),
+            srv.close()
+    out = {"benchmark": "service --quick", "command": args.command,
            "request": {"inputs": 1, "params": "defaults (k 8, alpha 0.7, fixed, 5 evidence)"},
            "duration_s_per_level": args.duration, "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
            "runs": runs}
@@ -366,10 +325,10 @@ def quick(args) -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text + "\n")
+    return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--clients", default="1,4,16,64")
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--sequential", type=int, default=60, help="queries in the one-at-a-time phase")
@@ -390,7 +349,9 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=120, help="--fill-wait: sequential requests per server")
     ap.add_argument("--runtime", default="torch", choices=["torch", "onnx"],
                     help="onnx: also run softknn (and softknn-wN) with SOFTKNN_MODEL__RUNTIME=onnx, as softknn-onnx[-wN]")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     if args.quick:
         args.clients = args.clients if args.clients != "1,4,16,64" else "1,4,16"
         args.duration = args.duration if args.duration != 8.0 else 10.0
@@ -440,7 +401,7 @@ def main() -> None:
                 print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}), flush=True)
     finally:
         for s in servers.values():
-            s.stop()
+            s.close()
     by = {(lv["server"], lv["clients"]): lv for lv in levels}
     ratios = {"in_process_fused_over_plain_p50": seq["in_process_fused"]["p50_ms"] / seq["in_process_plain"]["p50_ms"]}
     for sk in [n for n in servers if n.startswith("softknn")]:
@@ -451,15 +412,20 @@ def main() -> None:
                 a, b = by[(sk, 16)]["requests_per_server_cpu_s"], by[(peer, 16)]["requests_per_server_cpu_s"]
                 if a and b:
                     ratios[f"{sk}_rps_per_cpu_over_{peer}_at_16"] = a / b
-    cmd = (f"python -m bench.service --clients {args.clients} --duration {args.duration} --sequential {args.sequential} "
+    cmd = (f"python -m bench service --clients {args.clients} --duration {args.duration} --sequential {args.sequential} "
            f"--threads {args.threads} --name {args.name}" + (f" --only {args.only}" if args.only else "")
            + (f" --softknn-workers {args.softknn_workers}" if args.softknn_workers else "")
            + (f" --runtime {args.runtime}" if args.runtime != "torch" else ""))
-    write(args.name, {"command": cmd, "kb_chunks": len(kb_texts), "missing_peers": missing, "info": info,
+    written = write(args.name, {"command": cmd, "kb_chunks": len(kb_texts), "missing_peers": missing, "info": info,
                       "loadavg_at_end": os.getloadavg(), "sequential": seq, "load": levels, "ratios": ratios})
     plot(args.name, seq, levels)
     print(json.dumps(ratios, indent=2))
+    return written
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench service: the same as python -m bench service
+    import sys
+
+    from bench.__main__ import main
+
+    main(["service", *sys.argv[1:]])

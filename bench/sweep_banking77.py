@@ -1,6 +1,6 @@
 """Choose softknn's defaults for labels and abstention on Banking77, on validation data only.
 
-    python bench/sweep_banking77.py [--layers 5 3 1] [--out artifacts/eval/banking77/sweeps]
+    python -m bench sweep_banking77 [--layers 5 3 1] [--out artifacts/eval/banking77/sweeps]
 
 Two validation sets, both from the KB side (train.csv); test.csv is never read here:
   1. leave-one-out over the whole KB bundle (10,003 records, each searched against the others).
@@ -195,11 +195,12 @@ def _moved(r: dict):
     return {"base": "", "alpha": r["alpha"], "mixing": r["mixing"], "k": r["k"], "temperature": r["temperature"]}[r["move"]]
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--layers", type=int, nargs="*", default=[5, 3, 1])
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "eval" / "banking77" / "sweeps")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     encoder = Encoder()
     bundle = load_bundle(BUNDLE, expected_fingerprint=encoder.info.fingerprint)
@@ -211,7 +212,12 @@ def main() -> None:
     plot(loo, eng, args.out)
     best = max(loo, key=lambda r: r["accuracy"])
     print("best leave-one-out:", best)
+    return {"leave_one_out": loo, "engine": eng, "best_leave_one_out": best}
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench sweep_banking77: the same as python -m bench sweep_banking77
+    import sys
+
+    from bench.__main__ import main
+
+    main(["sweep_banking77", *sys.argv[1:]])

@@ -1,9 +1,9 @@
 """Choose softknn's evidence defaults on ObliQA dev, on the validation questions only.
 
-    python bench/obliqa_prepare.py          # kb.jsonl, questions_{val,test}.jsonl
+    python -m bench obliqa_prepare          # kb.jsonl, questions_{val,test}.jsonl
     softknn build artifacts/eval/obliqa/kb.jsonl --out artifacts/eval/bundles/obliqa --id-field ID \
         --text-field Passage --kv-dtype float16
-    python bench/sweep_obliqa.py [--limit N] [--out artifacts/eval/obliqa/sweeps]
+    python -m bench sweep_obliqa [--limit N] [--out artifacts/eval/obliqa/sweeps]
 
 The 500 questions of questions_val.jsonl (a seeded split; the 2,288 others are the reported test
 set) are run through the engine for each variant, and the evidence ranking (by memory-mass share,
@@ -29,7 +29,7 @@ from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import Engine, InferParams
 from evaluation.metrics import retrieval_metrics
-from evaluation.run import Strategy, _ranked_ids, baseline_outcomes, read_queries, run_variants, sample
+from evaluation.run import Strategy, ranked_ids, baseline_outcomes, read_queries, run_variants, sample
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "artifacts" / "eval" / "bundles" / "obliqa"
@@ -49,7 +49,7 @@ def reranks(outs: list[dict], gold: list[list[str]], count) -> list[dict]:
     """Joint-mode evidence re-ranked by s + λ·log(mass share), and, as a control, by s + λ·log(n_c)
     (n_c = the chunk's token count): does the attention add anything beyond a length prior?"""
     def rank(fn) -> dict:
-        ranked = [_ranked_ids([(c, d) for c, d, *_ in sorted(o["items"], key=lambda it: -fn(it))], "doc") for o in outs]
+        ranked = [ranked_ids([(c, d) for c, d, *_ in sorted(o["items"], key=lambda it: -fn(it))], "doc") for o in outs]
         return retrieval_metrics(ranked, gold)
 
     rows = []
@@ -81,27 +81,28 @@ def plot(rows: list[dict], base: dict, out: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--limit", type=int, default=None, help="a seeded subset of the validation questions")
     ap.add_argument("--out", type=Path, default=ROOT / "artifacts" / "eval" / "obliqa" / "sweeps")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     encoder = Encoder()
     bundle = load_bundle(BUNDLE, expected_fingerprint=encoder.info.fingerprint)
     qs = sample(read_queries(VAL, Fields("id", "text", None), "gold_ids"), args.limit)
     vs = variants()
     t0 = time.time()
-    run = run_variants(Engine(encoder, bundle), qs, [(p, s) for _, p, s in vs], batch_size=16, desc="obliqa val")
+    ran = run_variants(Engine(encoder, bundle), qs, [(p, s) for _, p, s in vs], batch_size=16, desc="obliqa val")
     gold = [q.gold for q in qs]
     rows = [{"variant": name, "params": {"alpha": p.alpha, "mixing": p.mixing, "k": p.k, "temperature": p.temperature,
                                          "rounds": s.rounds, "requery": s.requery},
              "softknn": retrieval_metrics([o["ranked"] for o in outs], gold)}
-            for (name, p, s), outs in zip(vs, run.outcomes, strict=True)]
+            for (name, p, s), outs in zip(vs, ran.outcomes, strict=True)]
     rows_of = {c["chunk_id"]: i for i, c in enumerate(bundle.chunks)}
     joint = next(i for i, (_, p, s) in enumerate(vs) if p.mixing == "joint" and s.rounds == 1)
-    post = reranks(run.outcomes[joint], gold, lambda cid: int(bundle.kv.count[rows_of[cid]]))
-    base = {k: retrieval_metrics([o["ranked"] for o in baseline_outcomes(run, bundle.chunks, k, 0.05)], gold)
+    post = reranks(ran.outcomes[joint], gold, lambda cid: int(bundle.kv.count[rows_of[cid]]))
+    base = {k: retrieval_metrics([o["ranked"] for o in baseline_outcomes(ran, bundle.chunks, k, 0.05)], gold)
             for k in (10, 20)}
     result = {"n": len(qs), "seconds": round(time.time() - t0), "baseline": base, "variants": rows, "post_hoc": post}
     (args.out / "sweeps.json").write_text(json.dumps(result, indent=1))
@@ -109,7 +110,12 @@ def main() -> None:
     for r in rows + post:
         print(f"{r['variant']:36s} " + "  ".join(f"{k} {v:.4f}" for k, v in r["softknn"].items() if k != "n"))
     print(f"{'plain retrieval k=10':36s} " + "  ".join(f"{k} {v:.4f}" for k, v in base[10].items() if k != "n"))
+    return result
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench sweep_obliqa: the same as python -m bench sweep_obliqa
+    import sys
+
+    from bench.__main__ import main
+
+    main(["sweep_obliqa", *sys.argv[1:]])

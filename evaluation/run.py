@@ -113,7 +113,7 @@ class Run:
     outcomes: list[list[dict]]  # [variant][query]
 
 
-def _ranked_ids(items: list[tuple[str, str]], match: str) -> list[str]:
+def ranked_ids(items: list[tuple[str, str]], match: str) -> list[str]:
     """Unique ids in order from (chunk_id, doc_id) pairs, by `match` (first occurrence kept)."""
     seen: dict[str, None] = {}
     for chunk_id, doc_id in items:
@@ -134,7 +134,7 @@ def _outcome(r: InferResult, match: str) -> dict:
         "score": float(top[1]),
         "mass_prediction": min(mass, key=lambda c: (-mass[c], c)) if mass else None,
         "max_similarity": r.diagnostics.nearest_similarity,  # s_1 = max e_q·e_c (the abstain gate's)
-        "ranked": _ranked_ids([(e.chunk_id, e.doc_id) for e in ev], match),
+        "ranked": ranked_ids([(e.chunk_id, e.doc_id) for e in ev], match),
         "label_scores": dict(list(scores.items())[:3]),
         "items": [(e.chunk_id, e.doc_id, e.similarity, e.mass_share) for e in ev],
         "memory_share": r.diagnostics.memory_share,
@@ -210,7 +210,7 @@ def baseline_outcomes(run: Run, chunks: list[dict], k: int, temperature: float, 
             "prediction": top[0],
             "score": float(top[1]),
             "max_similarity": float(d[0]),
-            "ranked": _ranked_ids([(chunks[r]["chunk_id"], chunks[r]["doc_id"]) for r in ids.tolist() if r >= 0], match),
+            "ranked": ranked_ids([(chunks[r]["chunk_id"], chunks[r]["doc_id"]) for r in ids.tolist() if r >= 0], match),
         })
     return out
 

@@ -3,7 +3,7 @@ the app (built by create_app), never from module globals.
 
 All are `async def`: FastAPI runs a plain `def` dependency in its thread pool, and these do no
 blocking work. With plain `def`, 13.6% of the event loop's py-spy samples at 1 client were those
-thread-pool hops (`python -m bench.profile_service --clients 1`; docs/benchmarks.md, round 2)."""
+thread-pool hops (`python -m bench profile_service --clients 1`; docs/benchmarks.md, round 2)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
 """The one server harness of the tests and the benchmarks: start a real softknn server, wait for it,
 measure it, stop it; and the hostile requests a server must refuse (issue 7, issue 15).
 
+    srv = LiveServer.spawn(cmd, log_path, port=p, ready_path="/healthz")   # any HTTP server (bench/service.py's peers)
+    srv.wait_ready(600); ...; srv.close()
+
     with LiveServer.start(bundle, log_path, env={...}) as srv:      # python -m service.cli on a free port
         srv.client.post("/v1/infer", json=...)                      # httpx.Client (API key set by default)
         srv.rss()                                                   # resident memory of the process, bytes
@@ -127,6 +130,25 @@ class LiveServer:
     log_path: Path
     client: httpx.Client
     ready_statuses: list[int] = field(default_factory=list)
+    ready_path: str = "/readyz"
+
+    @staticmethod
+    def command(bundle: Path | None, port: int, *, module: str = "service.cli", log_level: str = "info") -> list[str]:
+        """`python -m <module> --port P --log-level L [--bundle B]`: a softknn server's command line."""
+        cmd = [sys.executable, "-m", module, "--port", str(port), "--log-level", log_level]
+        return cmd + ["--bundle", str(bundle)] if bundle is not None else cmd
+
+    @classmethod
+    def spawn(cls, cmd: list[str], log_path: Path, *, port: int, env: dict[str, str] | None = None,
+              cwd: Path = REPO, ready_path: str = "/readyz", headers: dict[str, str] | None = None) -> LiveServer:
+        """Start `cmd`, any HTTP server that listens on 127.0.0.1:`port` (bench/service.py's peers too),
+        output to `log_path`, the environment with `env` on top; returns at once: `wait_ready`, then
+        `close` (or `stop`). `start` is this with a softknn server's command, waited for and stopped."""
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+        url = f"http://{HOST}:{port}"
+        return cls(proc, url, log_path, httpx.Client(base_url=url, timeout=120.0, headers=headers), ready_path=ready_path)
 
     @classmethod
     @contextlib.contextmanager
@@ -138,26 +160,24 @@ class LiveServer:
         key. Yields once /readyz answers 200; SIGTERM (then SIGKILL after 30 s) on exit."""
         port = free_port()
         secrets = {"SOFTKNN_AUTH__API_KEY": API_KEY, "SOFTKNN_AUTH__ADMIN_TOKEN": ADMIN_TOKEN} if auth else {}
-        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1", **secrets, **(env or {})}
-        cmd = [sys.executable, "-m", module, "--port", str(port), "--log-level", log_level]
-        if bundle is not None:
-            cmd += ["--bundle", str(bundle)]
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=REPO, env=full_env, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://{HOST}:{port}"
-        client = httpx.Client(base_url=url, timeout=120.0, headers={"Authorization": f"Bearer {API_KEY}"} if auth else None)
-        srv = cls(proc, url, log_path, client)
+        srv = cls.spawn(cls.command(bundle, port, module=module, log_level=log_level), log_path, port=port,
+                        env={"HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1", **secrets, **(env or {})},
+                        headers={"Authorization": f"Bearer {API_KEY}"} if auth else None)
         try:
             srv.ready_statuses = srv.wait_ready(ready_timeout)
             yield srv
         finally:
-            client.close()
-            srv.stop()
+            srv.close()
 
-    def wait_ready(self, timeout: float) -> list[int]:
-        """Poll /readyz until 200; the statuses seen (0 = no connection yet)."""
-        return wait_ready(self.client, timeout, proc=self.proc, log_path=self.log_path, probe_timeout=5)
+    def wait_ready(self, timeout: float, interval: float = 0.1) -> list[int]:
+        """Poll `ready_path` (/readyz) until 200; the statuses seen (0 = no connection yet)."""
+        return wait_ready(self.client, timeout, proc=self.proc, log_path=self.log_path, probe_timeout=5,
+                          interval=interval, path=self.ready_path)
+
+    def close(self) -> int:
+        """Close the client and stop the server; its exit code."""
+        self.client.close()
+        return self.stop()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Signal the server and wait for it; SIGKILL after `timeout`. Returns the exit code."""

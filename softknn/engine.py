@@ -138,6 +138,14 @@ class Engine:
         self.layer = encoder.check_layer(bundle.memory_layer)
         bundle.kv.attach(encoder, self.layer)  # a hidden-state or recompute memory computes K/V with this model
 
+    @classmethod
+    def retrieval_only(cls, bundle: Bundle) -> Engine:
+        """An Engine over `bundle` without a model: `resolve` and `retrieve` work (they never touch the
+        encoder), the fused pass does not (bench/hybrid_cost.py times the retrieval stage with one)."""
+        engine = cls.__new__(cls)
+        engine.encoder, engine.bundle, engine.layer = None, bundle, bundle.memory_layer
+        return engine
+
     # --- retrieval ----------------------------------------------------------------------------
     def resolve(self, params: list[InferParams]) -> list[InferParams]:
         """Validated, with the retrieval and temperature this bundle serves them with."""
@@ -161,7 +169,7 @@ class Engine:
             if mode == "dense":
                 D, I = index.search(xq[members], dsize, exact=exact)
                 for j, i in enumerate(members):
-                    self._select(out, i, D[j], I[j], D[j], None, params[i], n, kind)
+                    self.select(out, i, D[j], I[j], D[j], None, params[i], n, kind)
                     out.nearest[i] = float(D[j][0])
                 continue
             assert texts is not None, "lexical and hybrid retrieval need the input texts"
@@ -193,12 +201,13 @@ class Engine:
         else:
             S, ids, _ = found
             dense, nearest = index.rows_dot(ids, q), float(dense_top[0][0])
-        self._select(out, i, S, ids, dense, b[ids], p, n, kind)
+        self.select(out, i, S, ids, dense, b[ids], p, n, kind)
         out.nearest[i], out.words[i] = nearest, [(t, text[s:e]) for t, s, e in words]
 
-    def _select(self, out: Retrieval, i: int, D: np.ndarray, I: np.ndarray, dense: np.ndarray,
+    def select(self, out: Retrieval, i: int, D: np.ndarray, I: np.ndarray, dense: np.ndarray,
                 bm25: np.ndarray | None, p: InferParams, n: int, kind: str) -> None:
-        """R from the ranked (D, I) (s_c desc): the top k, or top k + threshold from the pool."""
+        """R of input i into `out` from the ranked (D, I) (s_c desc): the top k, or top k + threshold
+        from the pool (`retrieve`'s last step; public for the benchmarks that time it)."""
         keep = I >= 0
         sel = np.flatnonzero(keep)
         D, I = D[keep], I[keep]
@@ -235,7 +244,7 @@ class Engine:
         shortest texts together (by characters), answers in the input order.
 
         Every pass pads its texts to its longest and its retrieved chunks to its longest chunk,
-        so one wide pass over mixed lengths wastes work. `python -m bench.grouping` (Banking77 test
+        so one wide pass over mixed lengths wastes work. `python -m bench grouping` (Banking77 test
         texts, 1 thread, CPU ms per text, one pass → sorted passes of 4): a micro-batch of 8
         9.2 → 8.5, of 16 11.3 → 8.5, of 32 11.6 → 7.8 (passes of 8: 7.5; one text per pass:
         12.7–13.4). A text's answer does not depend on its pass-mates beyond float round-off
@@ -277,7 +286,7 @@ class Engine:
 
         emb, tokens = self.encoder.forward_fused(batch, self.layer, fuse, plain)
         fr = captured["fr"]
-        return [self._result(b, batch, fr, emb, tokens, retr, params[b], plain.embedding) for b in range(len(params))]
+        return [self.result(b, batch, fr, emb, tokens, retr, params[b], plain.embedding) for b in range(len(params))]
 
     def versus_plain(self, e_plain: np.ndarray, e_aug: np.ndarray, n: int = NEAREST_SHOWN) -> VersusPlain:
         """What the KB changed in one input's output: cos(e, e') and ‖e' − e‖ between the plain
@@ -294,7 +303,9 @@ class Engine:
         return VersusPlain(cosine=float(e @ e2 / (np.linalg.norm(e) * np.linalg.norm(e2))),
                            l2=float(np.linalg.norm(e2 - e)), nearest_plain=near(0), nearest_augmented=near(1))
 
-    def _result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: InferParams, plain_emb=None) -> InferResult:
+    def result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: InferParams, plain_emb=None) -> InferResult:
+        """Input b's InferResult from the fused pass's outputs (`fuse`'s last step: diagnostics, evidence,
+        labels; public for the benchmarks that time it)."""
         valid = batch.mask[b].to(fr.out.device)
         rows = retr.rows[b]
         w = retr.weights[b]

@@ -128,6 +128,16 @@ class LexicalIndex:
         """Vocabulary ids of the query's terms, repeats kept (a repeated word counts twice, as in bm25s)."""
         return [self.vocab[t] for t in terms if t and t in self.vocab]
 
+    def postings(self, term_ids: list[int]) -> int:
+        """Posting-list entries of these term ids, summed: the (term, chunk) pairs scoring them reads."""
+        p = self._indptr
+        return int(sum(int(p[i + 1]) - int(p[i]) for i in term_ids))
+
+    @property
+    def n_postings(self) -> int:
+        """Posting-list entries of the whole index: its (term, chunk) pairs."""
+        return int(self._indptr[-1])
+
     def scores(self, terms: list[str]) -> np.ndarray:
         """(N,) float32: BM25(q, c) for every chunk; 0 where no query term occurs in c."""
         ids = self.term_ids(terms)

@@ -2,7 +2,8 @@
 
 Ray clusters here are this test's own: a local one (`address="local"` inside RayEncode, never a
 cluster another program runs on this machine) and, in the slow suite, a two-node cluster on one
-machine (`ray start --head` + `ray start --address`), on free ports, stopped by process group.
+machine (tests/ray_nodes.py: `ray start --head` + `ray start --address` on free ports, token auth
+with a token of its own), stopped by process group.
 """
 
 from __future__ import annotations
@@ -10,12 +11,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +21,9 @@ import pytest
 
 from index_builder import pipeline
 from index_builder.pipeline import BuildConfig, build_bundle
+from service.testing import free_port
 from softknn.bundle import sha256_file, verify_bundle
+from tests.ray_nodes import ray_env, start_node, stop_node, wait_for_cpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -142,64 +142,20 @@ def test_a_ray_build_resuming_a_local_one_equals_the_local_build(tmp_path, sampl
 
 
 # --- a two-node cluster on one machine ------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ray_start(*args: str, temp_dir: str) -> subprocess.Popen:
-    """`ray start ... --block` in its own process group: killing the group stops that node only."""
-    ports = ["--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",
-             "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port"]
-    cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus", "1",
-           "--disable-usage-stats", "--temp-dir", temp_dir, *args]
-    for p in ports:
-        cmd += [p, str(_free_port())]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled")
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 @pytest.mark.slow
 def test_softknn_build_ray_on_a_two_node_cluster_equals_the_local_build(tmp_path, sample_kb, sample_bundle_path):
     temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    port = _free_port()
+    env = ray_env()
+    port = free_port()
     address = f"127.0.0.1:{port}"
-    head = _ray_start("--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--include-dashboard",
-                      "false", "--ray-client-server-port", str(_free_port()), temp_dir=temp_dir)
-    nodes = [head]
+    nodes = [start_node("--head", "--num-cpus", "1", "--node-ip-address", "127.0.0.1", "--port", str(port),
+                        "--include-dashboard", "false", "--ray-client-server-port", str(free_port()),
+                        temp_dir=temp_dir, env=env)]
     try:
-        deadline = time.monotonic() + 240
-        env = dict(os.environ, HF_HUB_OFFLINE="1", RAY_AUTH_MODE="disabled")
-        status = None
-        while time.monotonic() < deadline:  # the head answers once its GCS is up
-            assert head.poll() is None, head.stdout.read()
-            status = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", "--address", address],
-                                    capture_output=True, text=True, env=env, timeout=120)
-            if status.returncode == 0:
-                break
-            time.sleep(1)
-        assert status is not None and status.returncode == 0, status.stderr
-        nodes.append(_ray_start("--address", address, "--node-ip-address", "127.0.0.1", temp_dir=temp_dir))
-        while time.monotonic() < deadline:
-            assert nodes[1].poll() is None, nodes[1].stdout.read()
-            status = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "status", "--address", address],
-                                    capture_output=True, text=True, env=env, timeout=120)
-            if "2.0 CPU" in status.stdout or "0.0/2.0 CPU" in status.stdout:
-                break
-            time.sleep(1)
-        assert "/2.0 CPU" in status.stdout, status.stdout
+        wait_for_cpus(address, 1, nodes, env)  # the head answers once its GCS is up
+        nodes.append(start_node("--address", address, "--num-cpus", "1", "--node-ip-address", "127.0.0.1",
+                                temp_dir=temp_dir, env=env))
+        wait_for_cpus(address, 2, nodes, env)
 
         out = tmp_path / "b"
         r = subprocess.run([sys.executable, "-m", "softknn", "build", str(sample_kb), "--out", str(out),
@@ -211,5 +167,5 @@ def test_softknn_build_ray_on_a_two_node_cluster_equals_the_local_build(tmp_path
         _same_bundle(sample_bundle_path, out)
     finally:
         for proc in reversed(nodes):
-            _stop(proc)
+            stop_node(proc)
         shutil.rmtree(temp_dir, ignore_errors=True)

@@ -1,48 +1,49 @@
 """`softknn serve --ray --address` on a two-node Ray cluster on one machine (`ray start --head` and
-`ray start --address`): one shard actor lands on each node, and the exact answer is the one-index one."""
+`ray start --address`, tests/ray_nodes.py): one shard actor lands on each node, and the exact answer is
+the one-index one. The cluster is the test's own: token auth with its own token, stopped by process group."""
 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
-from service.testing import free_port
+from service.testing import free_port, wait_ready
 from softknn.engine import Engine, InferParams
+from tests.ray_nodes import ray_env, start_node, stop_node, wait_for_cpus
 from tests.shards.test_sharded import QUERIES
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-RAY = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` CLI of this interpreter
-
-
-def _ray(*args, env=None, check=True):
-    r = subprocess.run([*RAY, *args], capture_output=True, text=True, timeout=300, env=env)
-    if check and r.returncode:
-        raise RuntimeError(f"ray {' '.join(args)}: exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-2000:]}")
-    return r
 
 
 @pytest.fixture(scope="module")
-def two_nodes(tmp_path_factory):
-    """A head node and a worker node, each with 2 CPUs and one `shard` slot."""
+def two_nodes():
+    """A head node and a worker node, each with 2 CPUs and one `shard` slot: this test's own
+    (tests/ray_nodes.py), stopped by their process groups."""
     port = free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    temp = tmp_path_factory.mktemp("ray")
-    _ray("start", "--head", f"--port={port}", "--num-cpus=2", '--resources={"shard": 1, "head": 1}',
-         "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats", env=env)
+    env = ray_env()
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    address = f"127.0.0.1:{port}"
+    nodes = [start_node("--head", f"--port={port}", "--num-cpus=2", '--resources={"shard": 1, "head": 1}',
+                        "--include-dashboard=false", "--node-ip-address=127.0.0.1", temp_dir=temp, env=env)]
     try:
-        _ray("start", f"--address=127.0.0.1:{port}", "--num-cpus=2", '--resources={"shard": 1}', env=env)
-        yield f"127.0.0.1:{port}", env
+        wait_for_cpus(address, 2, nodes, env)
+        nodes.append(start_node(f"--address={address}", "--num-cpus=2", '--resources={"shard": 1}',
+                                "--node-ip-address=127.0.0.1", temp_dir=temp, env=env))
+        wait_for_cpus(address, 4, nodes, env)
+        yield address, env
     finally:
-        _ray("stop", "--force", env=env, check=False)
+        for proc in reversed(nodes):
+            stop_node(proc)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_serve_ray_on_two_nodes(two_nodes, sharded_bundle_path, sample_bundle, encoder, tmp_path):
@@ -57,16 +58,7 @@ def test_serve_ray_on_two_nodes(two_nodes, sharded_bundle_path, sample_bundle, e
                                 stderr=subprocess.STDOUT)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as c:
-            end = time.monotonic() + 600
-            while time.monotonic() < end:
-                assert proc.poll() is None, log.read_text()[-4000:]
-                try:
-                    if c.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(1)
-            assert c.get("/readyz").status_code == 200, log.read_text()[-4000:]
+            wait_ready(c, 600, proc=proc, log_path=log, interval=1, probe_timeout=10)
             want = [r.to_dict() for r in Engine(encoder, sample_bundle).infer(QUERIES, InferParams(exact=True))]
             got = c.post("/v1/infer", json={"inputs": QUERIES, "exact": True}).json()["results"]
             for a, b in zip(want, got, strict=True):
