@@ -25,8 +25,8 @@ from index_builder.chunker import Chunk, chunk_documents
 from index_builder.reader import Fields, read_kb
 from softknn.bundle import atomic_write_bytes, data_files, finalize, verify_bundle
 from softknn.encoder import Encoder
+from softknn.calibration import calibrate_loo
 from softknn.errors import BundleError, KBFormatError
-from evaluation.calibration import calibrate_loo
 from softknn.engine import InferParams
 from softknn.generator import Generator
 from index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
@@ -55,7 +55,7 @@ class BuildConfig:
     memory: str = "kv"  # the memory representation: softknn.memory_repr.MEMORY_KINDS
     fields: Fields = field(default_factory=Fields)
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
-    calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (evaluation.calibration)
+    calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (softknn.calibration)
     shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.shards)
     generator_layers: str = "all"  # with a generator: its memory layers (index_builder.generator_memory)
     generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)

@@ -58,7 +58,7 @@ class InferParams:
 
     def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> InferParams:
         """With `retrieval`, `temperature` and `lexical_weight` filled in for a bundle with or without
-        a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (evaluation.calibration)."""
+        a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (softknn.calibration)."""
         mode = self.retrieval or ("hybrid" if has_lexical else "dense")
         if mode != "dense" and not has_lexical:
             raise InvalidInput(f"retrieval {mode!r} needs a lexical index, and this bundle was built without one "
