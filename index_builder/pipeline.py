@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from index_builder.chunker import Chunk, chunk_documents
 from index_builder.reader import Fields, read_kb
-from softknn.bundle import atomic_write_bytes, data_files, finalize, verify_bundle
+from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
 from softknn.encoder import Encoder
 from softknn.calibration import calibrate_loo
 from softknn.errors import BundleError, KBFormatError
@@ -83,22 +83,6 @@ def _batches(chunks: list[Chunk], tokenizer, batch_size: int) -> list[list[int]]
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-class _PlainWriter:
-    """A file seen through write() alone, so numpy streams an array in chunks through Python's write.
-
-    numpy's fast path for real files (ndarray.tofile) loses errno on a full disk ("problem writing
-    element N"); Python's write raises OSError with it (ENOSPC, EDQUOT, EROFS), which build_bundle
-    turns into a message that names the folder (tests/reliability/test_crash_build.py)."""
-
-    def __init__(self, f):
-        self.write = f.write
-
-
-def _save(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.lib.format.write_array(_PlainWriter(f), np.ascontiguousarray(array), allow_pickle=False)
-
-
 def _open_memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.memmap:
     """A new .npy memory map whose blocks are allocated up front.
 
@@ -155,9 +139,9 @@ def write_shard(shard: Path, rows: list[int], arrays: dict[str, np.ndarray]) -> 
     """One encoded batch (encode_batch's arrays) as a shard directory, renamed into place whole."""
     tmp = shard.with_name(f"{shard.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
-    _save(tmp / "rows.npy", np.asarray(rows, dtype=np.int64))
+    save_array(tmp / "rows.npy", np.asarray(rows, dtype=np.int64))
     for name, array in arrays.items():
-        _save(tmp / f"{name}.npy", array)
+        save_array(tmp / f"{name}.npy", array)
     os.replace(tmp, shard)  # a shard exists whole or not at all
 
 
@@ -196,7 +180,7 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
                 if len(h):
                     absmax = np.maximum(absmax, np.abs(h).max(0))
             scale = int8_scale(absmax)
-            _save(tmp / "mem_hidden_scale.npy", scale)
+            save_array(tmp / "mem_hidden_scale.npy", scale)
             convert = lambda x: quantize_int8(np.asarray(x), scale)  # noqa: E731
         mem["hidden.npy"] = (_open_memmap(tmp / "mem_hidden.npy", HIDDEN_DTYPES[memory_kind], (ntok, nh * hs)), convert)
     for s, sh in enumerate(shards):
@@ -214,7 +198,7 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
     for arr in (emb, spans, *(a for a, _ in mem.values())):
         arr.flush()
     del emb, spans, mem, src
-    _save(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1))
+    save_array(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1))
     return ntok
 
 

@@ -135,7 +135,7 @@ class HiddenStore(_Attached):
 
     def gather_reference(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
         """One chunk at a time: its states, then `key`/`value` of the layer written out as h·Wᵀ + b."""
-        attn = self._need()._attn[self.layer]
+        attn = self._need().attention_modules[self.layer]
         nh, hs = self.num_heads, self.head_dim
 
         def chunk(c: int) -> tuple[torch.Tensor, torch.Tensor]:
