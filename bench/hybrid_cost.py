@@ -51,7 +51,7 @@ any copy, plus noise σ = 0.05 per dimension (cosine ≈ 0.7 to it), renormalise
 where the KB holds none), so every query has a clear nearest neighbour above a flat tail.
 
 Also: how often `topk_fast` certified its answer (vs the brute-force fallback), counted by wrapping
-`softknn.engine.topk_fast` in an untimed pass over the same queries; the flat prefilter's counts;
+`softknn.retrieval.topk_fast` in an untimed pass over the same queries; the flat prefilter's counts;
 the fast path vs `exact=True` on `--check` queries (same ids, scores within 1e-5), and the fast
 path's own algorithm (topk_fast fed with the exact dense top m) vs `topk_reference`; a stage
 breakdown of one hybrid retrieval (the library's steps, timed between them); posting-list work per
@@ -409,7 +409,7 @@ def exactness(engine, params: dict, xq: np.ndarray, texts: list[str], tol: float
 
 
 def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
-    """Median ms of each step of one hybrid retrieval (Engine._lexical_select's calls and
+    """Median ms of each step of one hybrid retrieval (Retriever._lexical_select's calls and
     softknn.retrieval.topk_fast's steps, timed between them) and of the dense one; plus the BM25
     work: query terms and posting entries summed."""
     from softknn.engine import Retrieval
@@ -448,7 +448,7 @@ def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> d
         dense = index.rows_dot(ids, q)
         t.append(time.perf_counter())
         out = Retrieval.empty(1)
-        engine._select(out, 0, S, ids, dense, b[ids], p, n, "x")
+        engine.retriever._select(out, 0, S, ids, dense, b[ids], p, n, "x")
         t.append(time.perf_counter())
         for s_, a, z in zip(names, t, t[1:], strict=False):
             st[s_].append((z - a) * 1e3)
@@ -458,7 +458,7 @@ def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> d
         t0 = time.perf_counter()
         D8, I8 = index.search(q[None], min(n, pd.k))
         t1 = time.perf_counter()
-        engine._select(out, 0, D8[0], I8[0], D8[0], None, pd, n, "x")
+        engine.retriever._select(out, 0, D8[0], I8[0], D8[0], None, pd, n, "x")
         t2 = time.perf_counter()
         dense_st["dense_search_k"].append((t1 - t0) * 1e3)
         dense_st["select"].append((t2 - t1) * 1e3)

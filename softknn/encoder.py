@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from softknn.backends import PlainForward
 from softknn.errors import InputTooLarge, InvalidInput, ModelRuntimeError, UnsupportedModel
 
 ATTN_IMPLEMENTATION = "softknn"
@@ -300,9 +301,14 @@ class Encoder:
     def forward_plain(
         self, batch: TokenBatch, *, capture_layer: int | None = None, keep_hidden: bool = False
     ) -> PlainPass:
-        """The unmodified model; optionally capture layer `capture_layer`'s (k, v) and keep hidden states."""
-        if self.onnx is not None:
-            return self._forward_onnx(batch, capture_layer, keep_hidden)
+        """The unmodified model; optionally capture layer `capture_layer`'s (k, v) and keep hidden states.
+
+        The one place the runtime is picked: ONNX Runtime where the encoder was opened with
+        runtime "onnx" (OnnxForward.plain), else torch (_plain_torch); both are PlainForward."""
+        plain: PlainForward = self.onnx.plain if self.onnx is not None else self._plain_torch
+        return plain(batch, capture_layer, keep_hidden)
+
+    def _plain_torch(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass:
         hook = CaptureKV(self.attention_modules[capture_layer]) if capture_layer is not None else None
         with bind_hook(hook):
             out = self.model(**batch.features, output_hidden_states=keep_hidden, return_dict=True)
@@ -314,24 +320,6 @@ class Encoder:
             key=hook.key if hook else None,
             value=hook.value if hook else None,
             query=hook.query if hook else None,
-            capture_layer=capture_layer,
-        )
-
-    def _forward_onnx(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass:
-        """forward_plain's outputs from the ONNX graph (the same fields, the same shapes; zeros at padded
-        positions, which no caller reads: see softknn.onnx_forward)."""
-        n = self.info.num_layers
-        names = [f"hidden_{i}" for i in range(n + 1)] if keep_hidden else [f"hidden_{n}"]
-        if capture_layer is not None:
-            names += [f"{w}_{capture_layer}" for w in ("query", "key", "value")]
-        out = self.onnx.run(batch.features, names)
-        tokens = out[f"hidden_{n}"]  # (B, T, C)
-        qkv = [out.get(f"{w}_{capture_layer}") for w in ("query", "key", "value")]  # (B, nh, T, hs) | None
-        return PlainPass(
-            embedding=self.pool(batch, tokens),
-            token_embeddings=tokens,
-            hidden_states=tuple(out[f"hidden_{i}"] for i in range(n + 1)) if keep_hidden else None,
-            query=qkv[0], key=qkv[1], value=qkv[2],
             capture_layer=capture_layer,
         )
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from softknn.encoder import RESUMABLE_TYPES, CaptureKV, bind_hook
+from softknn.encoder import RESUMABLE_TYPES, CaptureKV, PlainPass, TokenBatch, bind_hook
 from softknn.errors import ModelRuntimeError, UnsupportedModel
 
 EXPORT_VERSION = 2  # bump when the graph's inputs/outputs or the export recipe change
@@ -308,6 +308,24 @@ class OnnxForward:
         names = names or self.outputs
         got = self.session.run(names, packed.feeds)
         return {k: packed.unpack(k, torch.from_numpy(a)) for k, a in zip(names, got, strict=True)}
+
+    def plain(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass:
+        """The encoder's plain pass from this graph (softknn.backends.PlainForward): the same fields
+        and shapes as torch's, zeros at padded positions, which no caller reads (module doc)."""
+        n = self.n
+        names = [f"hidden_{i}" for i in range(n + 1)] if keep_hidden else [f"hidden_{n}"]
+        if capture_layer is not None:
+            names += [f"{w}_{capture_layer}" for w in ("query", "key", "value")]
+        out = self.run(batch.features, names)
+        tokens = out[f"hidden_{n}"]  # (B, T, C)
+        qkv = [out.get(f"{w}_{capture_layer}") for w in ("query", "key", "value")]  # (B, nh, T, hs) | None
+        return PlainPass(
+            embedding=self.encoder.pool(batch, tokens),
+            token_embeddings=tokens,
+            hidden_states=tuple(out[f"hidden_{i}"] for i in range(n + 1)) if keep_hidden else None,
+            query=qkv[0], key=qkv[1], value=qkv[2],
+            capture_layer=capture_layer,
+        )
 
     def _verify(self) -> dict:
         """Every output at every real position against torch on VERIFY_TEXTS, packed as served and
