@@ -347,7 +347,7 @@ def exactness(engine, params: dict, xq: np.ndarray, texts: list[str], tol: float
 
 
 def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
-    """Median ms of each step of one hybrid retrieval (Engine.retrieve's hybrid calls and
+    """Median ms of each step of one hybrid retrieval (Retriever._lexical_select's calls and
     softknn.retrieval.topk_fast's steps, timed between them) and of the dense one; plus the BM25
     work: query terms and posting entries summed."""
     from softknn.engine import Retrieval
@@ -428,7 +428,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     import gc
 
     from softknn.bundle import Bundle
-    from softknn.engine import Engine, InferParams
+    from softknn.search import InferParams, Retriever
     from softknn.lexical import LexicalIndex, LexicalSpec
     from softknn.manifest import Counts, IndexRecord, Manifest
     from softknn.memory import PREFILTER_MIN_CHUNKS, ChunkIndex, KVStore
@@ -466,7 +466,7 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     bundle = Bundle(path=SCRATCH, manifest=manifest, index=cindex, kv=kv,
                     chunks=[{"chunk_id": str(i)} for i in range(n)], token_spans=np.zeros((0, 2), np.int64),
                     lexical=lex)
-    engine = Engine.retrieval_only(bundle)
+    engine = Retriever(bundle)  # retrieval needs only the bundle
     params = dict(zip(MODES, engine.resolve([InferParams(k=8, retrieval=m) for m in MODES]), strict=True))
 
     qs = query_set(n_queries, ids_b, intents_b)

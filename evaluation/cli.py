@@ -2,14 +2,13 @@
 
 Registered by softknn/cli.py as `app.command("eval")(eval_command)`, and runnable alone as
 `python -m evaluation.cli eval ...`; this module parses, builds the encoder and bundles, calls
-evaluation.run, and writes the report, per-query predictions and plots (evaluation.report) under --out.
+evaluation.run (and evaluation.holdout for `calibrate` / --calibrate-kb), and writes the report, per-query predictions and plots (evaluation.report) under --out.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -20,105 +19,6 @@ from softknn.console import encoder_for, fail, settings_from
 from softknn.errors import SoftKNNError
 
 log = logging.getLogger(__name__)
-
-
-# --- the validation split and its bundle ------------------------------------------------------
-def prepare_validation(kb: Path, fields, bundle_manifest: dict, work: Path, encoder, *, fraction: float = 0.1,
-                       seed: int = 0, layer: int | None = None, progress: bool = True):
-    """Hold out a stratified slice of the KB's labelled records and build a bundle from the rest,
-    with the same build settings as `bundle_manifest` (memory layer overridable, for sweeps).
-
-    Writes work/{rest.jsonl, heldout.jsonl, split.json, bundle/}; a rerun with the same split and
-    settings reuses the bundle. Returns (validation bundle path, held-out queries).
-    """
-    from evaluation.run import Query, holdout_split, write_docs_jsonl
-    from index_builder.pipeline import BuildConfig, build_bundle
-    from index_builder.reader import Fields, read_kb
-    from softknn.bundle import verify_bundle
-    from softknn.errors import BundleError
-
-    work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
-    docs = read_kb(Path(kb), fields)
-    rest, held = holdout_split(docs, fraction, seed)
-    b = bundle_manifest["build"]
-    cfg = BuildConfig(layer=bundle_manifest["memory_layer"] if layer is None else layer,
-                      index_type=bundle_manifest["index"]["kind"], chunk_tokens=b["chunk_tokens"],
-                      overlap=b["overlap"], batch_size=b["batch_size"], kv_dtype=bundle_manifest["kv_dtype"],
-                      memory=bundle_manifest.get("memory", "kv"),
-                      fields=Fields(), lexical=bool(bundle_manifest.get("lexical")))
-    split = {"kb": str(Path(kb).resolve()), "fraction": fraction, "seed": seed, "n_rest": len(rest),
-             "n_held": len(held), "layer": cfg.layer, "kv_dtype": cfg.kv_dtype, "chunk_tokens": cfg.chunk_tokens,
-             "overlap": cfg.overlap, "index": cfg.index_type, "model": bundle_manifest["model"]["fingerprint"],
-             "lexical": cfg.lexical}
-    out = work / "bundle"
-    reuse = False
-    if (work / "split.json").is_file() and json.loads((work / "split.json").read_text()) == split:
-        try:
-            verify_bundle(out)
-            reuse = True
-        except BundleError as e:
-            log.info("rebuilding %s: %s", out, e)
-    if not reuse:
-        write_docs_jsonl(rest, work / "rest.jsonl")
-        write_docs_jsonl(held, work / "heldout.jsonl")
-        build_bundle(work / "rest.jsonl", out, cfg, encoder, force=True, progress=progress)
-        (work / "split.json").write_text(json.dumps(split, indent=2))
-    return out, [Query(d.doc_id, d.text, d.label) for d in held]
-
-
-def min_validation(target_loss: float) -> int:
-    """The fewest validation queries a threshold is set from by default: ⌈1/target_loss⌉ (100 at
-    the default 1%, never more than 100).
-
-    The threshold is the largest t whose in-scope loss stays within target_loss, and each right
-    answer it rejects costs 1/n; below 1/target_loss it can reject none, so it lands on the lowest
-    right answer's score, an extreme of a tiny sample (issue 17: 5 rows gave 0.935, and in-scope
-    questions were then refused). A zero budget is treated as 1% here."""
-    return math.ceil(1 / max(target_loss, 0.01) - 1e-9)
-
-
-def small_validation(record: dict, need: int) -> dict:
-    """The record as stored: unchanged with at least `need` validation queries; with fewer the
-    thresholds are not set (the engine then answers every query, as an uncalibrated bundle does),
-    the ones computed kept under validation.unapplied, and validation.too_small says why."""
-    n = record["validation"]["n"]
-    record["validation"]["min_n"] = need
-    if n >= need:
-        return record
-    keys = ("abstain_threshold", "min_similarity", "abstain_threshold_gated")
-    record["validation"]["unapplied"] = {k: record[k] for k in keys}
-    record["validation"]["too_small"] = (
-        f"only {n} validation queries (< {need}, see --min-validation): too few to set an abstain threshold, "
-        f"so none is set and every query is answered; calibrate on a larger labelled KB (or a larger "
-        f"--fraction), or pass a threshold per request")
-    return {**record, **dict.fromkeys(keys)}
-
-
-def calibrate(bundle_path: Path, kb: Path, fields, encoder, params, *, work: Path, fraction: float = 0.1,
-              seed: int = 0, target_loss: float = 0.01, batch_size: int = 32, progress: bool = True,
-              min_n: int | None = None) -> dict:
-    """Choose the abstain threshold on a KB-side validation split and store it in the bundle; with
-    fewer than `min_n` validation queries (default min_validation) store none (small_validation)."""
-    from evaluation.run import Strategy, baseline_outcomes, calibration_record, run_variants
-    from softknn.bundle import load_bundle, read_manifest, write_calibration
-    from softknn.engine import Engine
-    from softknn.retrieval import DEFAULT_TEMPERATURE
-
-    val_path, held = prepare_validation(kb, fields, read_manifest(bundle_path), work, encoder,
-                                        fraction=fraction, seed=seed, progress=progress)
-    val = load_bundle(val_path, expected_fingerprint=encoder.info.fingerprint)
-    engine = Engine(encoder, val)
-    params = engine.resolve([params])[0]
-    run = run_variants(engine, held, [(params, Strategy())], batch_size=batch_size,
-                       progress=progress, desc="calibration")
-    base = baseline_outcomes(run, val.chunks, params.k, DEFAULT_TEMPERATURE["dense"], params.kernel)
-    record = small_validation(calibration_record(run.outcomes[0], base, held, params, target_loss, fraction, seed),
-                              min_validation(target_loss) if min_n is None else min_n)
-    write_calibration(bundle_path, record)
-    (Path(work) / "calibration.json").write_text(json.dumps(record, indent=2))
-    return record
-
 
 
 def print_report(rep: dict) -> None:
@@ -195,6 +95,7 @@ def eval_command(
     from softknn.console import need_bundle
 
     need_bundle(bundle)
+    from evaluation.holdout import calibrate
     from evaluation.report import write_report
     from evaluation.run import Strategy, baseline_outcomes, evaluate, read_queries, sample
     from index_builder.reader import Fields
@@ -263,6 +164,7 @@ def calibrate_command(
     from softknn.console import need_bundle
 
     need_bundle(bundle)
+    from evaluation.holdout import calibrate
     from index_builder.reader import Fields
     from softknn.bundle import read_manifest
     from softknn.engine import InferParams

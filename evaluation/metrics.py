@@ -18,6 +18,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# The abstain rules and their threshold choice live in the core, where the builder's calibration
+# uses them too; re-exported here beside the other metrics.
+from softknn.calibration import RULES, abstain_point, calibrate_rules, choose_threshold, gated_scores  # noqa: F401
+
 
 # --- ranking and classification ---------------------------------------------------------------
 def recall_at_k(ranked: Sequence[str], gold: set[str], k: int) -> float:
@@ -67,17 +71,6 @@ def classification_metrics(gold: Sequence[str], pred: Sequence[str | None]) -> d
     return {"n": len(gold), "accuracy": sum(tp.values()) / len(gold), "macro_f1": float(np.mean(f1))}
 
 
-def abstain_point(scores: Sequence[float], correct: Sequence[bool], t: float) -> dict:
-    s, c = np.asarray(scores, dtype=np.float64), np.asarray(correct, dtype=bool)
-    keep = s >= t
-    return {
-        "threshold": float(t),
-        "rejection_rate": float(1 - keep.mean()),
-        "answered_accuracy": float(c[keep].mean()) if keep.any() else None,
-        "accuracy_loss": float(c.mean() - (c & keep).mean()),
-    }
-
-
 def abstain_curve(scores: Sequence[float], correct: Sequence[bool], points: int = 101) -> list[dict]:
     """The trade-off at thresholds spread over the score quantiles (rejection 0 → 1)."""
     s = np.asarray(scores, dtype=np.float64)
@@ -87,49 +80,8 @@ def abstain_curve(scores: Sequence[float], correct: Sequence[bool], points: int 
     return [abstain_point(scores, correct, t) for t in ts]
 
 
-def choose_threshold(scores: Sequence[float], correct: Sequence[bool], target_loss: float) -> float:
-    """The largest t (0 or an observed score) with loss(t) ≤ target_loss: most rejection for that cost."""
-    s = np.asarray(scores, dtype=np.float64)
-    c = np.asarray(correct, dtype=bool)
-    best = 0.0
-    for t in np.unique(s):  # loss(t) is non-decreasing in t
-        if c.mean() - (c & (s >= t)).mean() <= target_loss + 1e-12:
-            best = float(t)
-        else:
-            break
-    return best
-
-
 def rejection_rate(scores: Sequence[float], t: float | None) -> float | None:
     return None if t is None or not len(scores) else float(np.mean(np.asarray(scores) < t))
-
-
-
-# --- abstention rules -------------------------------------------------------------------------
-# "score": abstain when the top label score < t (what a request's own abstain_threshold applies).
-# "gated": also abstain when the nearest chunk's similarity s_1 < s_min; the engine applies it
-# whenever the bundle's calibration holds an s_min (softknn.engine.Engine._predict). w_db is normalised over R,
-# so the top label score cannot tell "the neighbours agree" from "the neighbours are close": an
-# out-of-domain input whose k nearest chunks share a label scores as high as an in-scope one
-# (Banking77 validation: ObliQA questions, docs/quality.md). s_1 carries the missing absolute scale.
-RULES = {"score": "abstain when the top label score < t (the engine)",
-         "gated": "abstain when the nearest chunk's similarity < s_min or the top label score < t (proposed)"}
-
-
-def gated_scores(scores: Sequence[float], similarity: Sequence[float], s_min: float | None) -> np.ndarray:
-    """The top label score where s_1 ≥ s_min, else −1 (below any threshold): rule "gated" as one score."""
-    s = np.asarray(scores, dtype=np.float64)
-    return s if s_min is None else np.where(np.asarray(similarity, dtype=np.float64) >= s_min, s, -1.0)
-
-
-def calibrate_rules(scores: Sequence[float], similarity: Sequence[float], correct: Sequence[bool],
-                    target_loss: float) -> dict:
-    """Thresholds on validation: "score" spends the whole loss budget on t; "gated" spends half on
-    s_min (similarity alone), then the rest on t given the gate."""
-    s_min = choose_threshold(similarity, correct, target_loss / 2)
-    return {"score": {"threshold": choose_threshold(scores, correct, target_loss)},
-            "gated": {"min_similarity": s_min,
-                      "threshold": max(0.0, choose_threshold(gated_scores(scores, similarity, s_min), correct, target_loss))}}
 
 
 def auroc(pos: Sequence[float], neg: Sequence[float]) -> float | None:

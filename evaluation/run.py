@@ -5,7 +5,8 @@ is the baseline (1-NN, weighted k-NN labels; ranking by similarity s = e_q·e_c)
 retrieval R; the fused pass gives softknn's labels (Nadaraya–Watson over w_db, or over the
 second-round w_db when the fused embedding is used to retrieve again) and evidence order.
 The metrics (recall@k, nDCG@k, MRR@k, accuracy, macro-F1, the abstain trade-off) are
-evaluation.metrics; the report's files and plots are evaluation.report and evaluation.plots.
+evaluation.metrics; the report's files and plots are evaluation.report and evaluation.plots; the
+held-out calibration, which runs these on a validation split, is evaluation.holdout.
 """
 
 from __future__ import annotations
@@ -27,13 +28,11 @@ from evaluation.metrics import (
     abstain_curve,
     abstain_point,
     auroc,
-    calibrate_rules,
     classification_metrics,
     gated_scores,
     rejection_rate,
     retrieval_metrics,
 )
-from softknn.bundle import atomic_write_bytes
 from softknn.engine import Engine, InferParams
 from softknn.errors import InvalidInput, KBFormatError
 from softknn.results import InferResult
@@ -358,75 +357,3 @@ def evaluate(engine: Engine, queries: list[Query], params: InferParams, strategy
     rep["calibration_matches_params"] = cal_params is None or all(
         rep["softknn_params"].get(k) == v for k, v in cal_params.items())
     return rep, run, ood_run
-
-
-# --- calibration: a validation split carved from the KB side ----------------------------------
-def holdout_split(docs: list, fraction: float, seed: int = 0) -> tuple[list, list]:
-    """Stratified by label: hold out round(fraction·n_label) documents of every label (≥ 1 where a
-    label has ≥ 2, never all of them); unlabelled documents stay in the KB. Returns (rest, held)."""
-    if not 0.0 < fraction < 1.0:
-        raise InvalidInput(f"holdout fraction must be in (0, 1), got {fraction}", field="fraction")
-    by_label: dict[str, list[int]] = {}
-    for i, d in enumerate(docs):
-        if d.label is not None:
-            by_label.setdefault(d.label, []).append(i)
-    rng = random.Random(seed)
-    held: set[int] = set()
-    for label in sorted(by_label):
-        idx = by_label[label][:]
-        rng.shuffle(idx)
-        m = min(len(idx) - 1, max(1 if len(idx) >= 2 else 0, round(fraction * len(idx))))
-        held.update(idx[:m])
-    if not held:
-        raise InvalidInput("no labelled documents to hold out (the KB needs labels for calibration)", field="label")
-    return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
-
-
-def write_docs_jsonl(docs: list, path: Path) -> None:
-    lines = [json.dumps({"id": d.doc_id, "text": d.text, "label": d.label, "metadata": d.metadata},
-                        ensure_ascii=False, sort_keys=True) for d in docs]
-    atomic_write_bytes(Path(path), ("\n".join(lines) + "\n").encode())
-
-
-def _calibrated(outs: list[dict], held: list[Query], target_loss: float) -> dict:
-    ok = [o["prediction"] == q.label for o, q in zip(outs, held, strict=True)]
-    scores, sims = [o["score"] for o in outs], [o["max_similarity"] for o in outs]
-    r = calibrate_rules(scores, sims, ok, target_loss)
-    g = r["gated"]
-    return {
-        "abstain_threshold": r["score"]["threshold"],
-        "min_similarity": g["min_similarity"],
-        "abstain_threshold_gated": g["threshold"],
-        "validation": {
-            "accuracy": float(np.mean(ok)),
-            "score_rule": {k: v for k, v in abstain_point(scores, ok, r["score"]["threshold"]).items() if k != "threshold"},
-            "gated_rule": {k: v for k, v in abstain_point(gated_scores(scores, sims, g["min_similarity"]), ok,
-                                                          g["threshold"]).items() if k != "threshold"},
-        },
-    }
-
-
-def calibration_record(soft_val: list[dict], base_val: list[dict], held: list[Query], params: InferParams,
-                       target_loss: float, fraction: float, seed: int) -> dict:
-    """Choose the thresholds on validation outcomes; the record the manifest's calibration holds.
-
-    The engine applies the gated rule (RULES): `min_similarity` with `abstain_threshold_gated`;
-    `abstain_threshold` is the score-only rule's t (softknn.engine.Engine._predict).
-    """
-    soft = _calibrated(soft_val, held, target_loss)
-    return {
-        **{k: soft[k] for k in ("abstain_threshold", "min_similarity", "abstain_threshold_gated")},
-        "rules": RULES,
-        "score": "top label score: Σ_c w_db(c)·1[label_c = top] (Nadaraya–Watson); s_1 = max_c e_q·e_c",
-        "target_accuracy_loss": target_loss,
-        "params": {"k": params.k, "temperature": params.temperature, "kernel": params.kernel,
-                   "retrieval": params.retrieval,
-                   **({"lexical_weight": params.lexical_weight} if params.retrieval == "hybrid" else {})},
-        "validation": {
-            "method": f"stratified {fraction:.0%} of the labelled KB records (seed {seed}) as queries against "
-                      "a bundle built from the rest",
-            "n": len(held),
-            **soft["validation"],
-        },
-        "baseline_knn": _calibrated(base_val, held, target_loss),
-    }

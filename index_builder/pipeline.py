@@ -23,10 +23,10 @@ from tqdm import tqdm
 
 from index_builder.chunker import Chunk, chunk_documents
 from index_builder.reader import Fields, read_kb
-from softknn.bundle import atomic_write_bytes, data_files, finalize, verify_bundle
+from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
 from softknn.encoder import Encoder
+from softknn.calibration import calibrate_loo
 from softknn.errors import BundleError, KBFormatError
-from evaluation.calibration import calibrate_loo
 from softknn.engine import InferParams
 from softknn.generator import Generator
 from index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
@@ -55,7 +55,7 @@ class BuildConfig:
     memory: str = "kv"  # the memory representation: softknn.memory_repr.MEMORY_KINDS
     fields: Fields = field(default_factory=Fields)
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
-    calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (evaluation.calibration)
+    calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (softknn.calibration)
     shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.shards)
     generator_layers: str = "all"  # with a generator: its memory layers (index_builder.generator_memory)
     generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)
@@ -81,22 +81,6 @@ def _batches(chunks: list[Chunk], tokenizer, batch_size: int) -> list[list[int]]
     lengths = [len(ids) for ids in tokenizer([c.text for c in chunks], add_special_tokens=True, verbose=False)["input_ids"]]
     order = sorted(range(len(chunks)), key=lambda i: (lengths[i], i))
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-class _PlainWriter:
-    """A file seen through write() alone, so numpy streams an array in chunks through Python's write.
-
-    numpy's fast path for real files (ndarray.tofile) loses errno on a full disk ("problem writing
-    element N"); Python's write raises OSError with it (ENOSPC, EDQUOT, EROFS), which build_bundle
-    turns into a message that names the folder (tests/reliability/test_crash_build.py)."""
-
-    def __init__(self, f):
-        self.write = f.write
-
-
-def _save(path: Path, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.lib.format.write_array(_PlainWriter(f), np.ascontiguousarray(array), allow_pickle=False)
 
 
 def _open_memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.memmap:
@@ -155,9 +139,9 @@ def write_shard(shard: Path, rows: list[int], arrays: dict[str, np.ndarray]) -> 
     """One encoded batch (encode_batch's arrays) as a shard directory, renamed into place whole."""
     tmp = shard.with_name(f"{shard.name}.tmp-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
-    _save(tmp / "rows.npy", np.asarray(rows, dtype=np.int64))
+    save_array(tmp / "rows.npy", np.asarray(rows, dtype=np.int64))
     for name, array in arrays.items():
-        _save(tmp / f"{name}.npy", array)
+        save_array(tmp / f"{name}.npy", array)
     os.replace(tmp, shard)  # a shard exists whole or not at all
 
 
@@ -196,7 +180,7 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
                 if len(h):
                     absmax = np.maximum(absmax, np.abs(h).max(0))
             scale = int8_scale(absmax)
-            _save(tmp / "mem_hidden_scale.npy", scale)
+            save_array(tmp / "mem_hidden_scale.npy", scale)
             convert = lambda x: quantize_int8(np.asarray(x), scale)  # noqa: E731
         mem["hidden.npy"] = (_open_memmap(tmp / "mem_hidden.npy", HIDDEN_DTYPES[memory_kind], (ntok, nh * hs)), convert)
     for s, sh in enumerate(shards):
@@ -214,7 +198,7 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
     for arr in (emb, spans, *(a for a, _ in mem.values())):
         arr.flush()
     del emb, spans, mem, src
-    _save(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1))
+    save_array(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1))
     return ntok
 
 

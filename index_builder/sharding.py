@@ -15,8 +15,7 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> d
     `tmp`; returns the top-level manifest (without files/version: `finalize_sharded` adds them)."""
     import faiss
 
-    from index_builder.pipeline import _save  # the writer that keeps errno on a full disk
-    from softknn.bundle import MANIFEST, finalize
+    from softknn.bundle import MANIFEST, finalize, save_array
     from softknn.memory import IndexSpec, build_index
 
     n = manifest["counts"]["chunks"]
@@ -35,11 +34,11 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> d
         part = tmp / f".{SHARD_DIR.format(s)}.tmp"
         part.mkdir()
         x = np.ascontiguousarray(xb[lo:hi])
-        _save(part / "embeddings.npy", x)
-        _save(part / "kv_keys.npy", keys[t0:t1])
-        _save(part / "kv_values.npy", values[t0:t1])
-        _save(part / "token_spans.npy", spans[t0:t1])
-        _save(part / "chunk_tokens.npy", np.stack([ct[lo:hi, 0] - t0, ct[lo:hi, 1]], axis=1))
+        save_array(part / "embeddings.npy", x)
+        save_array(part / "kv_keys.npy", keys[t0:t1])
+        save_array(part / "kv_values.npy", values[t0:t1])
+        save_array(part / "token_spans.npy", spans[t0:t1])
+        save_array(part / "chunk_tokens.npy", np.stack([ct[lo:hi, 0] - t0, ct[lo:hi, 1]], axis=1))
         (part / "index.faiss").write_bytes(faiss.serialize_index(build_index(x, spec)).tobytes())
         with open(part / "chunks.jsonl", "w", encoding="utf-8") as f:
             f.writelines(lines[lo:hi])

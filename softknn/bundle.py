@@ -75,6 +75,25 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+class _PlainWriter:
+    """A file seen through write() alone, so numpy streams an array in chunks through Python's write.
+
+    numpy's fast path for real files (ndarray.tofile) loses errno on a full disk ("problem writing
+    element N"); Python's write raises OSError with it (ENOSPC, EDQUOT, EROFS), which the builder
+    turns into a message that names the folder (tests/reliability/test_crash_build.py)."""
+
+    def __init__(self, f):
+        self.write = f.write
+
+
+def save_array(path: Path, array: np.ndarray) -> None:
+    """Write `array` as the .npy `path` through Python's write, so a full disk, a quota or a
+    read-only folder raises OSError with its errno (see _PlainWriter): every array of a bundle,
+    its shards and its sub-bundles is written by it."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array(_PlainWriter(f), np.ascontiguousarray(array), allow_pickle=False)
+
+
 def version_id(manifest: dict) -> str:
     """Content address: sha256 of the manifest without its own id and creation time."""
     body = {k: v for k, v in manifest.items() if k not in ("version_id", "created_at")}
@@ -258,7 +277,9 @@ def load_bundle(
     """Verify (checksums) and load a bundle; refuse one built with other model weights.
 
     A sharded bundle loads as a softknn.shards.ShardedBundle (the same interface), its shards in
-    this process or, with `shard_backend` (service.ray_serving.RayShards.factory(...)), elsewhere."""
+    this process or, with `shard_backend` (service.ray_serving.RayShards.factory(...)), elsewhere.
+    The one place the chunk search (softknn.backends.ChunkSearch) is chosen: the manifest's index
+    in a ChunkIndex, or the shards' merge; the memory store is load_memory's choice."""
     import faiss
 
     path = Path(path)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from softknn.backends import PlainForward
 from softknn.errors import InputTooLarge, InvalidInput, ModelRuntimeError, UnsupportedModel
 
 ATTN_IMPLEMENTATION = "softknn"
@@ -30,7 +31,8 @@ FuseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tenso
 _HOOK: contextvars.ContextVar = contextvars.ContextVar("softknn_layer_hook", default=None)
 # Architectures whose layers can be called as layer(hidden, attention_mask=...) to resume a pass
 # from layer L's input; others re-run the whole model with the hook bound (same result, slower).
-_RESUMABLE = {"bert", "roberta", "xlm-roberta", "electra", "camembert"}
+# The ONNX runtime exports these layer by layer, so it serves these alone.
+RESUMABLE_TYPES = {"bert", "roberta", "xlm-roberta", "electra", "camembert"}
 
 
 def _softknn_attention(module, query, key, value, attention_mask, **kwargs):
@@ -53,8 +55,9 @@ def _register_attention() -> None:
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
 
 
-class _CaptureKV:
-    """Hook that records a layer's query/key/value (B, nh, T, hs) and runs plain SDPA."""
+class CaptureKV:
+    """Hook that records a layer's query/key/value (B, nh, T, hs) and runs plain SDPA: bound with
+    bind_hook, the capture of the builder, of the plain pass and of the ONNX export."""
 
     def __init__(self, module):
         self.module = module
@@ -89,7 +92,10 @@ def _split_layer(layer) -> bool:
             and not getattr(layer, "is_decoder", False) and not getattr(layer, "chunk_size_feed_forward", 0))
 
 
-def _bind(hook):
+def bind_hook(hook):
+    """A context manager that makes `hook` the active attention hook (None: none) of this thread or
+    task: the registered attention calls it at `hook.module`, plain SDPA everywhere else."""
+
     class _Bound:
         def __enter__(self):
             self.token = _HOOK.set(hook)
@@ -187,7 +193,7 @@ class Encoder:
         self.tokenizer = self.st.tokenizer
         self._tokenizer_lock = threading.Lock()
         self.max_seq_length = int(self.st.max_seq_length)
-        self._attn = self._attention_modules()
+        self.attention_modules = self._attention_modules()
         cfg = self.model.config
         self.model_type = cfg.model_type
         self.info = ModelInfo(
@@ -281,7 +287,7 @@ class Encoder:
         )
 
     # --- forward passes -----------------------------------------------------------------------
-    def _pool(self, batch: TokenBatch, token_embeddings: torch.Tensor) -> torch.Tensor:
+    def pool(self, batch: TokenBatch, token_embeddings: torch.Tensor) -> torch.Tensor:
         """The model's own modules after the transformer (pooling, dense, normalise)."""
         feats = dict(batch.features, token_embeddings=token_embeddings)
         for module in list(self.st)[1:]:
@@ -295,38 +301,25 @@ class Encoder:
     def forward_plain(
         self, batch: TokenBatch, *, capture_layer: int | None = None, keep_hidden: bool = False
     ) -> PlainPass:
-        """The unmodified model; optionally capture layer `capture_layer`'s (k, v) and keep hidden states."""
-        if self.onnx is not None:
-            return self._forward_onnx(batch, capture_layer, keep_hidden)
-        hook = _CaptureKV(self._attn[capture_layer]) if capture_layer is not None else None
-        with _bind(hook):
+        """The unmodified model; optionally capture layer `capture_layer`'s (k, v) and keep hidden states.
+
+        The one place the runtime is picked: ONNX Runtime where the encoder was opened with
+        runtime "onnx" (OnnxForward.plain), else torch (_plain_torch); both are PlainForward."""
+        plain: PlainForward = self.onnx.plain if self.onnx is not None else self._plain_torch
+        return plain(batch, capture_layer, keep_hidden)
+
+    def _plain_torch(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass:
+        hook = CaptureKV(self.attention_modules[capture_layer]) if capture_layer is not None else None
+        with bind_hook(hook):
             out = self.model(**batch.features, output_hidden_states=keep_hidden, return_dict=True)
         tokens = out.last_hidden_state  # (B, T, C)
         return PlainPass(
-            embedding=self._pool(batch, tokens),
+            embedding=self.pool(batch, tokens),
             token_embeddings=tokens,
             hidden_states=out.hidden_states if keep_hidden else None,
             key=hook.key if hook else None,
             value=hook.value if hook else None,
             query=hook.query if hook else None,
-            capture_layer=capture_layer,
-        )
-
-    def _forward_onnx(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass:
-        """forward_plain's outputs from the ONNX graph (the same fields, the same shapes; zeros at padded
-        positions, which no caller reads: see softknn.onnx_forward)."""
-        n = self.info.num_layers
-        names = [f"hidden_{i}" for i in range(n + 1)] if keep_hidden else [f"hidden_{n}"]
-        if capture_layer is not None:
-            names += [f"{w}_{capture_layer}" for w in ("query", "key", "value")]
-        out = self.onnx.run(batch.features, names)
-        tokens = out[f"hidden_{n}"]  # (B, T, C)
-        qkv = [out.get(f"{w}_{capture_layer}") for w in ("query", "key", "value")]  # (B, nh, T, hs) | None
-        return PlainPass(
-            embedding=self._pool(batch, tokens),
-            token_embeddings=tokens,
-            hidden_states=tuple(out[f"hidden_{i}"] for i in range(n + 1)) if keep_hidden else None,
-            query=qkv[0], key=qkv[1], value=qkv[2],
             capture_layer=capture_layer,
         )
 
@@ -336,8 +329,8 @@ class Encoder:
         input; hidden_n the last hidden state) and query_i/key_i/value_i, named as the graph's outputs."""
         out: dict[str, torch.Tensor] = {}
         for i in range(self.info.num_layers):  # one pass per layer: a hook captures one layer
-            hook = _CaptureKV(self._attn[i])
-            with _bind(hook):
+            hook = CaptureKV(self.attention_modules[i])
+            with bind_hook(hook):
                 res = self.model(**batch.features, output_hidden_states=True, return_dict=True)
             out |= {f"query_{i}": hook.query, f"key_{i}": hook.key, f"value_{i}": hook.value}
         return out | {f"hidden_{i}": h for i, h in enumerate(res.hidden_states)}
@@ -352,17 +345,17 @@ class Encoder:
         layer `layer`'s input (so the layers before it are not run twice); otherwise the whole
         model runs again with the hook bound. Both give the same result (tests compare them).
         """
-        hook = _Fuse(self._attn[layer], fuse)
+        hook = _Fuse(self.attention_modules[layer], fuse)
         can_resume = resume and plain is not None and plain.hidden_states is not None
-        with _bind(hook):
-            if can_resume and self.model_type in _RESUMABLE:
+        with bind_hook(hook):
+            if can_resume and self.model_type in RESUMABLE_TYPES:
                 qkv = None
                 if plain.capture_layer == layer and plain.query is not None:  # the plain pass kept them
                     qkv = (plain.query, plain.key, plain.value)
                 tokens = self._resume(batch, plain.hidden_states[layer], layer, qkv=qkv, hook=hook)
             else:
                 tokens = self.model(**batch.features, return_dict=True).last_hidden_state
-        return self._pool(batch, tokens), tokens
+        return self.pool(batch, tokens), tokens
 
     def _resume(self, batch: TokenBatch, hidden: torch.Tensor, start: int, *, qkv=None, hook=None) -> torch.Tensor:
         """Layers start.. from layer start's input. With `qkv` (the plain pass's query/key/value at
@@ -373,7 +366,7 @@ class Encoder:
         mask4d = batch.features["attention_mask"].bool()[:, None, None, :].expand(B, 1, T, T)  # sdpa form
         for i, layer in enumerate(self.model.encoder.layer[start:]):
             if i == 0 and qkv is not None and hook is not None and _split_layer(layer):
-                attn = self._attn[start]
+                attn = self.attention_modules[start]
                 ctx, _ = hook(attn, *qkv, None, scaling=getattr(attn, "scaling", None))  # (B, T, nh, hs)
                 attention_output = layer.attention.output(ctx.reshape(B, T, -1), hidden)
                 hidden = layer.feed_forward_chunk(attention_output)
@@ -386,11 +379,11 @@ class Encoder:
     def project_kv(self, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v (n, nh, hs) = the layer's own key/value Linear on its input hidden states (n, C).
 
-        The same tensors `_CaptureKV` records at that layer (BertSelfAttention: `key(h)` viewed as
+        The same tensors `CaptureKV` records at that layer (BertSelfAttention: `key(h)` viewed as
         (…, nh, hs), unscaled; the 1/√hs scaling lives in the attention function), up to the
         round-off of a GEMM of another shape.
         """
-        attn = self._attn[layer]
+        attn = self.attention_modules[layer]
         if not (isinstance(getattr(attn, "key", None), torch.nn.Linear) and isinstance(getattr(attn, "value", None), torch.nn.Linear)):
             raise UnsupportedModel(f"{self.path}: layer {layer}'s attention has no key/value Linear to project "
                                    "hidden states with; build with --memory kv")
@@ -403,9 +396,9 @@ class Encoder:
     def capture_kv(self, batch: TokenBatch, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """key, value (B, nh, T, hs) at layer `layer`, running layers 0..layer only: the capture hook
         stops the pass once it has them (the `recompute` memory; same code path as the build's capture)."""
-        hook = _StopAfterCapture(self._attn[layer])
+        hook = _StopAfterCapture(self.attention_modules[layer])
         try:
-            with _bind(hook):
+            with bind_hook(hook):
                 self.model(**batch.features, return_dict=True)
         except _Captured:
             pass
@@ -417,7 +410,7 @@ class _Captured(Exception):
     """Raised by _StopAfterCapture to end a forward pass at the capture layer."""
 
 
-class _StopAfterCapture(_CaptureKV):
+class _StopAfterCapture(CaptureKV):
     def __call__(self, module, query, key, value, attention_mask, **kwargs):
         self.query, self.key, self.value = query, key, value
         raise _Captured

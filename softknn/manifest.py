@@ -67,7 +67,7 @@ class ShardRecord(_Section):
 
 
 class Calibration(_Section):
-    """What `softknn calibrate` / the build's leave-one-out set (evaluation.calibration); the rest
+    """What `softknn calibrate` / the build's leave-one-out set (softknn.calibration); the rest
     of the section (grids, validation figures) is kept as extra fields."""
 
     abstain_threshold: float | None = None  # the score-only rule's t

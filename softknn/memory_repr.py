@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from softknn.attention import MemoryBatch
+from softknn.backends import MemoryStore  # noqa: F401 (re-exported: what load_memory returns)
 from softknn.errors import BundleError
 from softknn.manifest import Manifest
 from softknn.memory import KVStore, pad_memory, pad_memory_reference
@@ -135,7 +136,7 @@ class HiddenStore(_Attached):
 
     def gather_reference(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
         """One chunk at a time: its states, then `key`/`value` of the layer written out as h·Wᵀ + b."""
-        attn = self._need()._attn[self.layer]
+        attn = self._need().attention_modules[self.layer]
         nh, hs = self.num_heads, self.head_dim
 
         def chunk(c: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,12 +198,12 @@ class RecomputeStore(_Attached):
                                     lambda c: self._kv([c])[0])
 
 
-MemoryStore = KVStore | HiddenStore | RecomputeStore
 
 
 def load_memory(path: Path, manifest: Manifest, load: Callable[[str], np.ndarray], chunk_tokens: np.ndarray,
                 texts: list[str]) -> MemoryStore:
-    """The bundle's memory store, whatever its representation (`load(name)` memory-maps one .npy)."""
+    """The bundle's memory store, whatever its representation (`load(name)` memory-maps one .npy):
+    the one place a MemoryStore (softknn.backends) is chosen, by the manifest's `memory`."""
     kind = memory_kind(manifest.memory)
     start, count = chunk_tokens[:, 0], chunk_tokens[:, 1]
     nh, hs = manifest.model.num_heads, manifest.model.head_dim

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from softknn.encoder import RESUMABLE_TYPES, CaptureKV, PlainPass, TokenBatch, bind_hook
 from softknn.errors import ModelRuntimeError, UnsupportedModel
 
 EXPORT_VERSION = 2  # bump when the graph's inputs/outputs or the export recipe change
@@ -157,7 +158,7 @@ class _Layers(torch.nn.Module):
     def __init__(self, encoder):
         super().__init__()
         self.model = encoder.model
-        self.attn = encoder._attn
+        self.attn = encoder.attention_modules
         self.inputs = graph_inputs(encoder)
 
     @staticmethod
@@ -166,8 +167,6 @@ class _Layers(torch.nn.Module):
         return seg[:, None, :, None] == seg[:, None, None, :]
 
     def forward(self, *features):
-        from softknn.encoder import _bind, _CaptureKV
-
         feats = dict(zip(self.inputs, features, strict=True))
         seg = feats["segment_ids"]  # (R, W)
         hidden = self.model.embeddings(input_ids=feats["input_ids"], token_type_ids=feats.get("token_type_ids"),
@@ -175,8 +174,8 @@ class _Layers(torch.nn.Module):
         mask4d = self.mask(seg)
         hiddens, qkv = [hidden], []
         for i, layer in enumerate(self.model.encoder.layer):
-            hook = _CaptureKV(self.attn[i])
-            with _bind(hook):
+            hook = CaptureKV(self.attn[i])
+            with bind_hook(hook):
                 out = layer(hidden, attention_mask=mask4d)
             hidden = out[0] if isinstance(out, tuple) else out  # (B, T, C)
             hiddens.append(hidden)
@@ -202,9 +201,9 @@ class OnnxForward:
         if encoder.device.type != "cpu":
             raise ModelRuntimeError(f"model.runtime=onnx runs on the CPU, but the model is on {encoder.device}; "
                                     "use model.runtime=torch on a GPU", field="model.runtime")
-        if encoder.model_type not in _resumable() or not hasattr(encoder.model, "embeddings"):
+        if encoder.model_type not in RESUMABLE_TYPES or not hasattr(encoder.model, "embeddings"):
             raise UnsupportedModel(f"{encoder.path}: model.runtime=onnx supports BERT-family models "
-                                   f"({', '.join(sorted(_resumable()))}), not {encoder.model_type!r}")
+                                   f"({', '.join(sorted(RESUMABLE_TYPES))}), not {encoder.model_type!r}")
         self.encoder = encoder
         self.precision = precision
         self.n = encoder.info.num_layers
@@ -310,6 +309,24 @@ class OnnxForward:
         got = self.session.run(names, packed.feeds)
         return {k: packed.unpack(k, torch.from_numpy(a)) for k, a in zip(names, got, strict=True)}
 
+    def plain(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass:
+        """The encoder's plain pass from this graph (softknn.backends.PlainForward): the same fields
+        and shapes as torch's, zeros at padded positions, which no caller reads (module doc)."""
+        n = self.n
+        names = [f"hidden_{i}" for i in range(n + 1)] if keep_hidden else [f"hidden_{n}"]
+        if capture_layer is not None:
+            names += [f"{w}_{capture_layer}" for w in ("query", "key", "value")]
+        out = self.run(batch.features, names)
+        tokens = out[f"hidden_{n}"]  # (B, T, C)
+        qkv = [out.get(f"{w}_{capture_layer}") for w in ("query", "key", "value")]  # (B, nh, T, hs) | None
+        return PlainPass(
+            embedding=self.encoder.pool(batch, tokens),
+            token_embeddings=tokens,
+            hidden_states=tuple(out[f"hidden_{i}"] for i in range(n + 1)) if keep_hidden else None,
+            query=qkv[0], key=qkv[1], value=qkv[2],
+            capture_layer=capture_layer,
+        )
+
     def _verify(self) -> dict:
         """Every output at every real position against torch on VERIFY_TEXTS, packed as served and
         packed tightest (several rows); refuse to open on a mismatch (see module doc)."""
@@ -328,7 +345,7 @@ class OnnxForward:
                     if d > worst:
                         worst, worst_name = d, name
                 last = f"hidden_{self.n}"
-                e_ref, e_got = enc._pool(batch, ref[last]), enc._pool(batch, got[last])  # (B, D) normalised
+                e_ref, e_got = enc.pool(batch, ref[last]), enc.pool(batch, got[last])  # (B, D) normalised
                 cos = min(cos, float((e_ref * e_got).sum(-1).min()))
         report = {"precision": self.precision, "max_abs_diff": worst, "worst_output": worst_name,
                   "min_embedding_cosine": cos}
@@ -343,8 +360,3 @@ class OnnxForward:
                                     "it to export again, or use model.precision=fp32", field="model.runtime")
         return report
 
-
-def _resumable() -> set[str]:
-    from softknn.encoder import _RESUMABLE
-
-    return _RESUMABLE

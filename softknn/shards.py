@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from softknn.attention import MemoryBatch
+from softknn.backends import ShardBackend
 from softknn.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
 from softknn.manifest import Manifest
 
@@ -110,12 +111,15 @@ class LocalShards:
     def call(self, method: str, args: list[tuple]) -> list:
         return [getattr(s, method)(*a) for s, a in zip(self.shards, args, strict=True)]
 
+    def call_some(self, method: str, shards: list[int], args: list[tuple]) -> list:
+        return [getattr(self.shards[s], method)(*a) for s, a in zip(shards, args, strict=True)]
+
     def close(self) -> None:
         self.shards = []
 
 
 class _Index:
-    """The KB's index as the Engine sees it (ChunkIndex's interface), over the shards."""
+    """The KB's index as the Engine sees it (softknn.backends.ChunkSearch), over the shards."""
 
     def __init__(self, owner: ShardedBundle, spec):
         self.owner, self.spec = owner, spec
@@ -186,7 +190,8 @@ class _Spans:
 
 
 class _KV:
-    """The memory as the Engine sees it: `gather` fans out to the shards, `start`/`count` global."""
+    """The memory as the Engine sees it (softknn.backends.MemoryStore): `gather` fans out to the
+    shards, `start`/`count` global."""
 
     def __init__(self, owner: ShardedBundle, start: np.ndarray, count: np.ndarray, nh: int, hs: int):
         self.owner, self.start, self.count = owner, start, count
@@ -238,7 +243,7 @@ class ShardedBundle:
 
     path: Path
     manifest: Manifest
-    backend: object  # LocalShards or service.ray_serving.RayShards: .call(method, args per shard)
+    backend: ShardBackend  # LocalShards or service.ray_serving.RayShards (softknn.backends)
     chunks: list[dict]
     lo: list[int]  # first global row of each shard
     labels: list[str] = field(default_factory=list)
@@ -270,9 +275,7 @@ class ShardedBundle:
         return self.backend.call(method, args)
 
     def call_some(self, method: str, shards: list[int], args: list[tuple]) -> list:
-        if hasattr(self.backend, "call_some"):
-            return self.backend.call_some(method, shards, args)
-        return [getattr(self.backend.shards[s], method)(*a) for s, a in zip(shards, args, strict=True)]
+        return self.backend.call_some(method, shards, args)
 
     def summary(self) -> dict:
         from softknn.bundle import bundle_summary
@@ -285,7 +288,7 @@ class ShardedBundle:
 
 def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gpu: bool = False) -> ShardedBundle:
     """A verified sharded bundle's metadata, and its shards opened by `backend_factory(specs)`
-    (specs: [(shard dir, lo)]; default: in this process)."""
+    (specs: [(shard dir, lo)]; default: in this process): the one place a ShardBackend is chosen."""
     from softknn.bundle import load_npy, read_manifest
     from softknn.lexical import LexicalIndex, LexicalSpec
     from softknn.memory import IndexSpec

@@ -1,6 +1,9 @@
 """The core (softknn/ minus its CLI face) imports no app: not the service, the builder nor the
 evaluation. Checked twice: statically over every import statement of every core file (function
-bodies included), and dynamically in a fresh interpreter that imports every core module."""
+bodies included), and dynamically in a fresh interpreter that imports every core module.
+
+The apps import each other without a cycle: the app-to-app import graph (every import statement
+of every app file; the `softknn` command, the composition root, is not an app) is acyclic."""
 
 from __future__ import annotations
 
@@ -50,6 +53,59 @@ def test_no_core_file_imports_an_app():
     assert len(core_files()) >= 10
     bad = [f"{p.relative_to(ROOT)}:{n} imports {m}" for p in core_files() for n, m in imported_names(p) if is_app(m)]
     assert bad == []
+
+
+def app_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """app -> the other apps its files import (statically, at any depth)."""
+    graph: dict[str, set[str]] = {}
+    for app in APPS:
+        deps = graph.setdefault(app, set())
+        for p in sorted((root / app).rglob("*.py")):
+            deps |= {m.split(".")[0] for _, m in imported_names(p) if is_app(m) and m.split(".")[0] != app}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as [a, b, ..., a], or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(u: str) -> list[str] | None:
+        state[u] = 1
+        path.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1:
+                return path[path.index(v):] + [v]
+            if v not in state and (found := visit(v)):
+                return found
+        path.pop()
+        state[u] = 2
+        return None
+
+    for u in sorted(graph):
+        if u not in state and (found := visit(u)):
+            return found
+    return None
+
+
+def test_the_app_graph_check_sees_a_cycle_through_a_function_body(tmp_path):
+    for app, body in (("service", "import json\n"),
+                      ("index_builder", "def f():\n    from evaluation.metrics import auroc\n"),
+                      ("evaluation", "from index_builder.reader import read_kb\n")):
+        (tmp_path / app).mkdir()
+        (tmp_path / app / "m.py").write_text(body)
+    graph = app_graph(tmp_path)
+    assert graph == {"service": set(), "index_builder": {"evaluation"}, "evaluation": {"index_builder"}}
+    assert find_cycle(graph) == ["evaluation", "index_builder", "evaluation"]
+    (tmp_path / "index_builder" / "m.py").write_text("import json\n")
+    assert find_cycle(app_graph(tmp_path)) is None
+
+
+def test_the_apps_import_each_other_without_a_cycle():
+    graph = app_graph()
+    assert "index_builder" in graph["evaluation"]  # the held-out calibration builds a second bundle
+    assert "evaluation" not in graph["index_builder"]  # so the builder's calibration is the core's
+    assert find_cycle(graph) is None, f"app import cycle: {' -> '.join(find_cycle(graph) or [])}"
 
 
 def loaded_after_importing(modules: list[str]) -> list[str]:

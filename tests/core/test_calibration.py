@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from evaluation.calibration import calibrate_loo, loo_outcomes
+from softknn.calibration import calibrate_loo, loo_outcomes
 from softknn.attention import knn_weights_row
 from softknn.engine import InferParams
 from softknn.evidence import label_scores

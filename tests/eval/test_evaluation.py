@@ -25,7 +25,8 @@ from evaluation.metrics import (
     recall_at_k,
     retrieval_metrics,
 )
-from evaluation.run import Strategy, _fused, holdout_split, read_queries, rules_from_calibration
+from evaluation.holdout import holdout_split
+from evaluation.run import Strategy, _fused, read_queries, rules_from_calibration
 from index_builder.reader import Document, Fields
 from softknn.bundle import load_bundle, verify_bundle, write_calibration
 from softknn.engine import Engine, InferParams

@@ -28,7 +28,7 @@ import pytest
 
 from index_builder import pipeline
 from index_builder.pipeline import BuildConfig, build_bundle
-from softknn.bundle import verify_bundle
+from softknn.bundle import save_array, verify_bundle
 from softknn.errors import BundleError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def test_save_keeps_errno_on_a_full_disk():
     # np.save("/dev/full", a) reports nothing at all, and ndarray.tofile on a full tmpfs says only
     # "problem writing element N"; the builder's writer raises ENOSPC
     with pytest.raises(OSError) as e:
-        pipeline._save(Path("/dev/full"), np.zeros(100_000))
+        save_array(Path("/dev/full"), np.zeros(100_000))
     assert e.value.errno == errno.ENOSPC
 
 

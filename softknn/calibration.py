@@ -1,4 +1,11 @@
-"""Build-time calibration of a labelled KB by leave-one-out over its own index (issue 13).
+"""The abstain rules and their calibration: the build-time leave-one-out over a labelled KB's own index.
+
+The rules (RULES) and how their thresholds are chosen from outcomes (choose_threshold,
+calibrate_rules) live here, below both apps: the builder calibrates every labelled bundle with
+them (calibrate_loo), the evaluation app on a held-out split (evaluation.holdout) and reports
+them (evaluation.metrics re-exports them).
+
+Leave-one-out:
 
 Each labelled chunk c, as a query (its stored embedding e_c and its own text's BM25 terms),
 retrieves from the other chunks (c itself removed from the dense and BM25 score vectors before
@@ -10,7 +17,7 @@ Leave-one-out cross-validation is the standard bandwidth selection of Nadaraya�
    leave-one-out accuracy (Banking77: λ 0.3, τ 0.25 → 92.62%, dense 92.26%;
    bench/hybrid_banking77.py);
 2. the abstain rule at that cell: abstain when the nearest chunk's dense similarity s₁ < s_min or
-   the top label score < t (evaluation.metrics.calibrate_rules), spending 0.75 of the in-scope
+   the top label score < t (calibrate_rules), spending 0.75 of the in-scope
    accuracy budget on leave-one-out, so the budget holds on new queries: calibrated at the full
    budget, the loss exceeded it in 50–65% of 20 KB-side splits, with the 0.75 margin in 15%
    (bench/hybrid_banking77.py, docs/quality.md).
@@ -21,9 +28,10 @@ retrieval defaults it chose (`retrieval_defaults`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from evaluation.metrics import RULES, abstain_point, calibrate_rules, gated_scores
 from softknn.attention import knn_weights_row
 from softknn.retrieval import DEFAULT_TEMPERATURE, best, kth_largest, mix, norm_top
 
@@ -33,6 +41,59 @@ BUDGET_MARGIN = 0.75
 MAX_QUERIES = 10_000  # leave-one-out queries (a seeded sample beyond this): ~1–2 ms each on one core
 
 
+# --- abstention rules -------------------------------------------------------------------------
+# "score": abstain when the top label score < t (what a request's own abstain_threshold applies).
+# "gated": also abstain when the nearest chunk's similarity s_1 < s_min; the engine applies it
+# whenever the bundle's calibration holds an s_min (softknn.engine.Engine._predict). w_db is normalised over R,
+# so the top label score cannot tell "the neighbours agree" from "the neighbours are close": an
+# out-of-domain input whose k nearest chunks share a label scores as high as an in-scope one
+# (Banking77 validation: ObliQA questions, docs/quality.md). s_1 carries the missing absolute scale.
+RULES = {"score": "abstain when the top label score < t (the engine)",
+         "gated": "abstain when the nearest chunk's similarity < s_min or the top label score < t (proposed)"}
+
+
+def abstain_point(scores: Sequence[float], correct: Sequence[bool], t: float) -> dict:
+    """The trade-off at threshold t: rejection rate, answered accuracy, in-scope accuracy loss."""
+    s, c = np.asarray(scores, dtype=np.float64), np.asarray(correct, dtype=bool)
+    keep = s >= t
+    return {
+        "threshold": float(t),
+        "rejection_rate": float(1 - keep.mean()),
+        "answered_accuracy": float(c[keep].mean()) if keep.any() else None,
+        "accuracy_loss": float(c.mean() - (c & keep).mean()),
+    }
+
+
+def choose_threshold(scores: Sequence[float], correct: Sequence[bool], target_loss: float) -> float:
+    """The largest t (0 or an observed score) with loss(t) ≤ target_loss: most rejection for that cost."""
+    s = np.asarray(scores, dtype=np.float64)
+    c = np.asarray(correct, dtype=bool)
+    best = 0.0
+    for t in np.unique(s):  # loss(t) is non-decreasing in t
+        if c.mean() - (c & (s >= t)).mean() <= target_loss + 1e-12:
+            best = float(t)
+        else:
+            break
+    return best
+
+
+def gated_scores(scores: Sequence[float], similarity: Sequence[float], s_min: float | None) -> np.ndarray:
+    """The top label score where s_1 ≥ s_min, else −1 (below any threshold): rule "gated" as one score."""
+    s = np.asarray(scores, dtype=np.float64)
+    return s if s_min is None else np.where(np.asarray(similarity, dtype=np.float64) >= s_min, s, -1.0)
+
+
+def calibrate_rules(scores: Sequence[float], similarity: Sequence[float], correct: Sequence[bool],
+                    target_loss: float) -> dict:
+    """Thresholds on validation: "score" spends the whole loss budget on t; "gated" spends half on
+    s_min (similarity alone), then the rest on t given the gate."""
+    s_min = choose_threshold(similarity, correct, target_loss / 2)
+    return {"score": {"threshold": choose_threshold(scores, correct, target_loss)},
+            "gated": {"min_similarity": s_min,
+                      "threshold": max(0.0, choose_threshold(gated_scores(scores, similarity, s_min), correct, target_loss))}}
+
+
+# --- leave-one-out over the KB ----------------------------------------------------------------
 def _top_k(s: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k best of s (score desc, id asc) without sorting all of s."""
     if len(s) > k:
@@ -145,7 +206,7 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
     retrieval, lam, tau = chosen
     defaults = {retrieval: {"temperature": tau, **({"lexical_weight": lam} if lam is not None else {})}}
     return {
-        "method": "leave-one-out over the KB at build time (evaluation.calibration)",
+        "method": "leave-one-out over the KB at build time (softknn.calibration)",
         "abstain_threshold": rules["score"]["threshold"],
         "min_similarity": g["min_similarity"],
         "abstain_threshold_gated": g["threshold"],

@@ -1,0 +1,132 @@
+"""The seams the engine runs on, each a Protocol with its implementations chosen in one place.
+
+A new kind of model, index or memory implements the Protocol and is added where the choice is
+made; nothing that calls it changes:
+
+- ModelForward: the model the Engine runs (tokenize, the plain pass, the fused pass, and what a
+  memory store asks of it). softknn.encoder.Encoder; built from the settings by
+  softknn.console.encoder_for. Its plain pass is a PlainForward: torch (Encoder._plain_torch) or
+  ONNX Runtime (softknn.onnx_forward.OnnxForward.plain), picked by the Encoder's `runtime` in
+  Encoder.forward_plain. A causal language model (softknn.generator.Generator) is a second kind
+  of model beside it, run by softknn.generation, not through this Protocol.
+- ChunkSearch: dense search over the KB's chunk embeddings (top k, exact similarities, dot
+  products of given rows). softknn.memory.ChunkIndex (flat, HNSW, IVF, IVF-PQ: the kind
+  is chosen at build time by softknn.memory.choose_index and read back from the manifest), or a
+  sharded bundle's merge over its shards (softknn.shards); softknn.bundle.load_bundle picks one.
+- ShardBackend: where a sharded bundle's shards run (softknn.shards.Shard in every case): in
+  this process (softknn.shards.LocalShards) or as Ray actors (service.ray_serving.RayShards);
+  load_bundle's `shard_backend` factory picks one (None: in this process).
+- MemoryStore: the memory layer's keys/values of retrieved chunks, padded into a MemoryBatch.
+  softknn.memory.KVStore (stored K/V), softknn.memory_repr.HiddenStore (hidden states, fp16 or
+  int8, projected on read), softknn.memory_repr.RecomputeStore (recomputed from the chunk text),
+  or a sharded bundle's fan-out (softknn.shards); softknn.memory_repr.load_memory picks one from
+  the manifest's `memory`, softknn.shards.load_sharded builds the sharded one.
+
+The retrieval that needs only these (no model) is softknn.search.Retriever.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from softknn.attention import MemoryBatch
+    from softknn.encoder import FuseFn, ModelInfo, PlainPass, TokenBatch
+    from softknn.memory import IndexSpec
+
+
+class PlainForward(Protocol):
+    """The unmodified model over a tokenized batch: the pooled embedding, the last hidden state,
+    every layer's input (keep_hidden) and the q/k/v of `capture_layer`, in PlainPass's shapes."""
+
+    def __call__(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass: ...
+
+
+@runtime_checkable
+class ModelForward(Protocol):
+    """The model as the Engine runs it, and as a MemoryStore computes keys/values with it."""
+
+    info: ModelInfo  # name, fingerprint, shape, runtime and precision
+    device: torch.device
+
+    def check_layer(self, layer: int) -> int:
+        """The layer index normalised (negative counts from the end); InvalidInput out of range."""
+        ...
+
+    def tokenize(self, texts: list[str], *, truncate: bool | list[bool] = True, max_tokens: int | None = None,
+                 positions: list[int] | None = None) -> TokenBatch:
+        """A padded batch, each token with its character span; an over-long input cut or refused."""
+        ...
+
+    def forward_plain(self, batch: TokenBatch, *, capture_layer: int | None = None,
+                      keep_hidden: bool = False) -> PlainPass:
+        """The plain pass (PlainForward), through whichever runtime the model was opened with."""
+        ...
+
+    def forward_fused(self, batch: TokenBatch, layer: int, fuse: FuseFn, plain: PlainPass | None = None, *,
+                      resume: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embedding (B, D), tokens (B, T, C)) with layer `layer`'s attention replaced by `fuse`."""
+        ...
+
+    def project_kv(self, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (n, nh, hs) of layer `layer` from its input hidden states (n, C)."""
+        ...
+
+    def capture_kv(self, batch: TokenBatch, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """key, value (B, nh, T, hs) at layer `layer`, running the layers up to it only."""
+        ...
+
+
+@runtime_checkable
+class ChunkSearch(Protocol):
+    """Dense search over the KB's chunk embeddings e_c (unit norm); ids are chunk rows."""
+
+    spec: IndexSpec  # the index kind and parameters the bundle was built with
+    ntotal: int  # number of chunks
+
+    def search(self, xq: np.ndarray, k: int, *, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(D, I) (B, k): the top k by e_q·e_c (score desc, id asc), −1 ids past the KB's end;
+        `exact`: brute force, whatever the index kind."""
+        ...
+
+    def similarities(self, xq: np.ndarray) -> torch.Tensor:
+        """(B, N) float32 e_q·e_c over every chunk (the exact path's scores)."""
+        ...
+
+    def rows_dot(self, ids: np.ndarray, q: np.ndarray) -> np.ndarray:
+        """e_q·e_c of the given rows, for one query q (D,)."""
+        ...
+
+
+@runtime_checkable
+class ShardBackend(Protocol):
+    """The shards of a sharded bundle, wherever they run: a softknn.shards.Shard method per shard."""
+
+    def call(self, method: str, args: list[tuple]) -> list:
+        """`method(*args[s])` on every shard s, results in shard order."""
+        ...
+
+    def call_some(self, method: str, shards: list[int], args: list[tuple]) -> list:
+        """`method(*args[j])` on shard shards[j] only, results in that order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class MemoryStore(Protocol):
+    """The memory layer's keys/values of the KB's chunks, whatever the stored representation."""
+
+    start: np.ndarray  # (N,) each chunk's first token row (into the bundle's token_spans)
+    count: np.ndarray  # (N,) each chunk's number of memory tokens
+
+    def attach(self, encoder: ModelForward, layer: int) -> None:
+        """Give the store the model and layer it computes keys/values with (stored K/V: none)."""
+        ...
+
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """The padded memory of R per input: key/value (B, nh, S, Lm, hs), token mask, w_db (B, S)."""
+        ...

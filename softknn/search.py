@@ -1,0 +1,212 @@
+"""Retrieval over a bundle alone: the request parameters, R per input and why (no model).
+
+`Retriever(bundle)` turns query embeddings (and, for lexical and hybrid retrieval, the input
+texts) into R, its similarities and w_db, through the bundle's chunk search (softknn.backends.
+ChunkSearch: one FAISS index or the shards) and BM25 index; the score math is softknn.retrieval.
+The Engine (softknn.engine) holds one and adds the model: the embedding before, the fused pass after.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from softknn.attention import KERNELS, knn_weights_row, truncation_bound_row
+from softknn.backends import ChunkSearch
+from softknn.errors import InvalidInput
+from softknn.retrieval import CANDIDATES, DEFAULT_TEMPERATURE, LEXICAL_WEIGHT, RETRIEVALS, topk_fast, topk_reference
+
+if TYPE_CHECKING:
+    from softknn.bundle import Bundle
+    from softknn.shards import ShardedBundle
+
+MIXING = ("fixed", "joint")
+
+
+@dataclass(frozen=True)
+class InferParams:
+    alpha: float = 0.7  # seed 000 §4.3: internal attention is the more reliable, the KB a supplement
+    mixing: str = "fixed"
+    k: int = 8
+    temperature: float | None = None  # None: DEFAULT_TEMPERATURE of the retrieval
+    kernel: str = "softmax"
+    exact: bool = False
+    threshold: float | None = None  # hybrid top-k + threshold (seed 000 §5.3)
+    hybrid_pool: int = 64  # candidates searched when a threshold is set
+    evidence: int = 5
+    spans: int = 5
+    return_tokens: bool = False
+    truncate: bool = False
+    abstain_threshold: float | None = None  # None: the bundle's calibrated value
+    retrieval: str | None = None  # hybrid | dense | lexical; None: hybrid where the bundle has a lexical index
+    lexical_weight: float | None = None  # λ of the hybrid similarity; None: the bundle's calibrated λ, else LEXICAL_WEIGHT
+    candidates: int = CANDIDATES  # m: each retriever's top m are the hybrid candidates and its normalisation
+
+    @classmethod
+    def from_defaults(cls, defaults, **given) -> InferParams:
+        """The settings' request defaults (`Settings.defaults`, softknn.settings.InferDefaults) with
+        the `given` values that are not None on top, validated: how every command builds its
+        parameters (the service's request model bakes the same defaults in, service/schemas.py)."""
+        known = {f.name for f in fields(cls)}
+        values = {name: v for name, v in defaults.model_dump().items() if name in known}
+        values.update({name: v for name, v in given.items() if v is not None})
+        return cls(**values).validate()
+
+    def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> InferParams:
+        """With `retrieval`, `temperature` and `lexical_weight` filled in for a bundle with or without
+        a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (softknn.calibration)."""
+        mode = self.retrieval or ("hybrid" if has_lexical else "dense")
+        if mode != "dense" and not has_lexical:
+            raise InvalidInput(f"retrieval {mode!r} needs a lexical index, and this bundle was built without one "
+                               "(`softknn add-lexical` adds it); use retrieval 'dense'", field="retrieval")
+        own = (calibrated or {}).get(mode, {})
+        tau = self.temperature if self.temperature is not None else own.get("temperature", DEFAULT_TEMPERATURE[mode])
+        lam = self.lexical_weight if self.lexical_weight is not None else own.get("lexical_weight", LEXICAL_WEIGHT)
+        return replace(self, retrieval=mode, temperature=tau, lexical_weight=lam)
+
+    def search_size(self, n: int) -> int:
+        """How many ranked chunks R is chosen from: k, or the pool when a threshold is set (≤ n)."""
+        return min(n, max(self.k, self.hybrid_pool) if self.threshold is not None else self.k)
+
+    def validate(self) -> InferParams:
+        if not (0.0 <= self.alpha <= 1.0) or math.isnan(self.alpha):
+            raise InvalidInput(f"alpha must be in [0, 1], got {self.alpha}", field="alpha")
+        if self.mixing not in MIXING:
+            raise InvalidInput(f"mixing must be one of {MIXING}, got {self.mixing!r}", field="mixing")
+        if self.kernel not in KERNELS:
+            raise InvalidInput(f"kernel must be one of {KERNELS}, got {self.kernel!r}", field="kernel")
+        if self.k < 1:
+            raise InvalidInput(f"k must be ≥ 1, got {self.k}", field="k")
+        if self.temperature is not None and not (self.temperature > 0 and math.isfinite(self.temperature)):
+            raise InvalidInput(f"temperature must be > 0 and finite, got {self.temperature}", field="temperature")
+        if self.retrieval is not None and self.retrieval not in RETRIEVALS:
+            raise InvalidInput(f"retrieval must be one of {RETRIEVALS}, got {self.retrieval!r}", field="retrieval")
+        if self.lexical_weight is not None and (not (0.0 <= self.lexical_weight <= 1.0) or math.isnan(self.lexical_weight)):
+            raise InvalidInput(f"lexical_weight must be in [0, 1], got {self.lexical_weight}", field="lexical_weight")
+        if self.candidates < 1:
+            raise InvalidInput(f"candidates must be ≥ 1, got {self.candidates}", field="candidates")
+        if self.threshold is not None and not (0.0 < self.threshold < 1.0):
+            raise InvalidInput(f"threshold must be in (0, 1), got {self.threshold}", field="threshold")
+        return self
+
+
+@dataclass
+class Retrieval:
+    """R per input and why: each chunk's ranking similarity s_c, its dense e_q·e_c and BM25 score."""
+
+    rows: list[list[int]]  # R per input, in rank order
+    scores: list[list[float]]  # s_c, the similarity R was ranked by (softknn.retrieval)
+    weights: list[list[float]]  # w_db over R
+    bound: list[float]  # truncation bound per input
+    searched: list[str]  # "exact" or the index kind
+    dense: list[list[float]]  # e_q·e_c of each chunk in R
+    bm25: list[list[float] | None]  # BM25(q, c) of each chunk in R (None: dense retrieval)
+    nearest: list[float]  # the largest e_q·e_c over the KB (the abstain gate's s_1)
+    words: list[list[tuple[str, str]] | None]  # the input's analysed words: (term, the word as written)
+
+    @classmethod
+    def empty(cls, n: int) -> Retrieval:
+        return cls([[]] * n, [[]] * n, [[]] * n, [0.0] * n, [""] * n, [[]] * n, [None] * n, [-1.0] * n, [None] * n)
+
+
+class Retriever:
+    """R over one bundle (a softknn.bundle.Bundle or softknn.shards.ShardedBundle): its chunk
+    search (`index`), BM25 index (`lexical`, None when built without one) and calibration."""
+
+    def __init__(self, bundle: Bundle | ShardedBundle):
+        assert bundle.index is not None, "a loaded bundle has its chunk search"
+        self.bundle = bundle
+        self.index: ChunkSearch = bundle.index
+
+    def resolve(self, params: list[InferParams]) -> list[InferParams]:
+        """Validated, with the retrieval and temperature this bundle serves them with."""
+        cal = self.bundle.manifest.calibration.retrieval_defaults
+        return [p.validate().resolved(self.bundle.lexical is not None, cal) for p in params]
+
+    def retrieve(self, xq: np.ndarray, params: list[InferParams], texts: list[str] | None = None) -> Retrieval:
+        """R and w_db per input (params resolved). Inputs sharing (exact, retrieval, search size) are
+        searched together. Lexical and hybrid retrieval need the input `texts` for BM25."""
+        n = len(self.bundle)
+        out = Retrieval.empty(len(params))
+        groups: dict[tuple[bool, str, int], list[int]] = {}
+        for i, p in enumerate(params):
+            size = p.search_size(n)
+            # hybrid: the dense top m are candidates and set the normalisation; lexical: only the nearest (s₁)
+            dsize = {"dense": size, "lexical": 1}.get(p.retrieval, min(n, max(size, p.candidates)))
+            groups.setdefault((p.exact, p.retrieval, dsize), []).append(i)
+        index = self.index
+        for (exact, mode, dsize), members in groups.items():
+            kind = "exact" if exact or index.spec.kind == "flat" else index.spec.kind
+            if mode == "dense":
+                D, I = index.search(xq[members], dsize, exact=exact)
+                for j, i in enumerate(members):
+                    self.select(out, i, D[j], I[j], D[j], None, params[i], n, kind)
+                    out.nearest[i] = float(D[j][0])
+                continue
+            assert texts is not None, "lexical and hybrid retrieval need the input texts"
+            if exact:
+                d_all = index.similarities(xq[members]).numpy()  # (B, N) the brute force's dense scores
+            else:
+                D, I = index.search(xq[members], dsize)
+            for j, i in enumerate(members):
+                self._lexical_select(out, i, xq[i], texts[i], d_all[j] if exact else None,
+                                     None if exact else (D[j], I[j]), params[i], n, kind)
+        return out
+
+    def _lexical_select(self, out: Retrieval, i: int, q: np.ndarray, text: str, d_all: np.ndarray | None,
+                        dense_top: tuple[np.ndarray, np.ndarray] | None, p: InferParams, n: int, kind: str) -> None:
+        """R for one input by the hybrid or lexical similarity: from the candidates when they decide
+        it (softknn.retrieval.topk_fast), else (and always with exact) by brute force over the KB."""
+        lex, index = self.bundle.lexical, self.index
+        assert lex is not None, "resolve() refuses lexical and hybrid retrieval without a lexical index"
+        words = lex.analyzer.words(text)
+        b = lex.scores([t for t, _, _ in words])  # (N,) BM25 over every chunk
+        size = p.search_size(n)
+        found = None
+        if dense_top is not None:
+            found = topk_fast(dense_top[0], dense_top[1], lambda ids: index.rows_dot(ids, q), b, size,
+                              p.retrieval, p.lexical_weight, p.candidates)
+        if found is None:
+            d = d_all if d_all is not None else index.similarities(q[None])[0].numpy()
+            S, ids = topk_reference(d, b, size, p.retrieval, p.lexical_weight, p.candidates)
+            dense, nearest = d[ids], float(d.max())
+        else:
+            S, ids, _ = found
+            dense, nearest = index.rows_dot(ids, q), float(dense_top[0][0])
+        self.select(out, i, S, ids, dense, b[ids], p, n, kind)
+        out.nearest[i], out.words[i] = nearest, [(t, text[s:e]) for t, s, e in words]
+
+    def select(self, out: Retrieval, i: int, D: np.ndarray, I: np.ndarray, dense: np.ndarray,
+                bm25: np.ndarray | None, p: InferParams, n: int, kind: str) -> None:
+        """R from the ranked (D, I) (s_c desc): the top k, or top k + threshold from the pool."""
+        keep = I >= 0
+        sel = np.flatnonzero(keep)
+        D, I = D[keep], I[keep]
+        k = min(p.k, len(I))
+        if p.threshold is not None and len(I) > k:  # top-k ∪ {c in the pool : w(c) ≥ threshold}
+            mask = np.arange(len(I)) < k
+            mask |= knn_weights_row(np.ascontiguousarray(D, dtype=np.float32), p.temperature, p.kernel) >= p.threshold
+        else:
+            mask = np.arange(len(I)) < k
+        sel, D, I = sel[mask], D[mask], I[mask]
+        D = np.ascontiguousarray(D, dtype=np.float32)
+        w = knn_weights_row(D, p.temperature, p.kernel)
+        nz = w > 0  # compact kernels: a chunk outside the window is not in R
+        out.rows[i] = I[nz].tolist()
+        out.scores[i] = D[nz].tolist()
+        out.weights[i] = w[nz].tolist()
+        out.dense[i] = np.asarray(dense, dtype=np.float64)[sel][nz].tolist()
+        out.bm25[i] = None if bm25 is None else np.asarray(bm25, dtype=np.float64)[sel][nz].tolist()
+        out.bound[i] = truncation_bound_row(D, n, p.temperature, p.kernel)
+        out.searched[i] = kind
+
+    def matched_words(self, retr: Retrieval, b: int, row: int) -> list[str] | None:
+        """The input's words (as written, first occurrence) whose term occurs in chunk `row`."""
+        words = retr.words[b]
+        if words is None or self.bundle.lexical is None:
+            return None
+        hit = self.bundle.lexical.matched([t for t, _ in words], row)
+        return list(dict.fromkeys(w for t, w in words if t in hit))
