@@ -371,6 +371,8 @@ def speed(args) -> None:
                         else:
                             ans = item
                     t_end = time.perf_counter()
+                    if t_first is None:  # EOS as the first token: no Step; the prefill is all there was
+                        t_first = t_end
                     runs[k][ctx].append({"q": q["id"], "ttft_s": t_first - t0, "decode_s": t_end - t_first, "tokens": n,
                                          "decode_tok_s": (n - 1) / (t_end - t_first) if n > 1 and t_end > t_first else None,
                                          "prompt_tokens": ans.usage["prompt_tokens"],
