@@ -77,7 +77,6 @@ def norm_rows(x: np.ndarray, m: int) -> np.ndarray:
 
 def topk_rows(s: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Top k per row, score desc then column asc (retrieval.best), exact under ties."""
-    n = s.shape[1]
     part = np.argpartition(-s, k - 1, axis=1)[:, :k]
     kth = np.take_along_axis(s, part, 1).min(1)
     ties = (s >= kth[:, None]).sum(1) > k  # more than k chunks reach the k-th score: order by id

@@ -416,7 +416,7 @@ def profile(engine, params: dict, xq: np.ndarray, texts: list[str], top: int = 2
     ps = pstats.Stats(pr, stream=buf).sort_stats("tottime")
     ps.print_stats(top)
     rows = []
-    for (file, line, fn), (cc, nc, tt, ct, _) in sorted(ps.stats.items(), key=lambda kv: -kv[1][2])[:top]:
+    for (file, line, fn), (_cc, nc, tt, ct, _) in sorted(ps.stats.items(), key=lambda kv: -kv[1][2])[:top]:
         rows.append({"function": f"{Path(file).name}:{line}({fn})", "calls": nc,
                      "own_ms_per_query": tt * 1e3 / len(texts), "cum_ms_per_query": ct * 1e3 / len(texts)})
     return {"by_own_time": rows, "text": buf.getvalue()}
@@ -428,10 +428,10 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     import gc
 
     from softknn.bundle import Bundle
-    from softknn.search import InferParams, Retriever
     from softknn.lexical import LexicalIndex, LexicalSpec
     from softknn.manifest import Counts, IndexRecord, Manifest
     from softknn.memory import PREFILTER_MIN_CHUNKS, ChunkIndex, KVStore
+    from softknn.search import InferParams, Retriever
 
     texts_b, ids_b, intents_b, real_b = base
     load_start = [round(x, 2) for x in os.getloadavg()]

@@ -158,7 +158,7 @@ def synthetic_bundle(n: int, kind: str = "flat", params: dict | None = None, *, 
     `index`/`xb` may be passed in to reuse a built FAISS index and its embeddings.
     """
     from softknn.bundle import Bundle, load_bundle
-    from softknn.memory import ChunkIndex, KVStore, build_index, choose_index
+    from softknn.memory import ChunkIndex, KVStore, choose_index
 
     real = load_bundle(bundle_path(n_real), verify=False)
     xb = embeddings(n) if xb is None else xb

@@ -104,7 +104,7 @@ def build_all(enc: Encoder, kb: Path, name: str, fields: Fields, work: Path) -> 
 def latency(arms: dict[str, dict], repeats: int) -> dict:
     """p50 ms of Engine.infer([SHORT]) per arm and k, the arms interleaved round-robin."""
     times = {kind: {k: [] for k in KS} for kind in arms}
-    for kind, a in arms.items():  # warm-up
+    for a in arms.values():  # warm-up
         a["engine"].infer([SHORT], [InferParams(k=KS[0], exact=True)])
     for _ in range(repeats):
         for k in KS:

@@ -89,7 +89,7 @@ class BenchShard(Shard):
 
 def sharded(one, n_real: int, n: int, threads: int):
     from service.ray_serving import RayShards
-    from softknn.shards import ShardedBundle, _Index, _KV
+    from softknn.shards import _KV, ShardedBundle, _Index
 
     half = n // 2
     backend = RayShards([(n_real, n, 0, half, threads), (n_real, n, half, n, threads)], actor_cls=BenchShard,

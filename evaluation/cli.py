@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -59,31 +59,31 @@ def eval_command(
     text_field: Annotated[str, Opt(help="query text field")] = "text",
     label_field: Annotated[str, Opt(help="gold label field (classification)")] = "label",
     gold_field: Annotated[str, Opt(help="gold chunk/doc ids field: a list or one id (evidence)")] = "gold_ids",
-    ood: Annotated[Optional[Path], Opt(help="out-of-domain query set (rejection at the abstain threshold)")] = None,
-    ood_text_field: Annotated[Optional[str], Opt(help="text field of the OOD set (default: --text-field)")] = None,
+    ood: Annotated[Path | None, Opt(help="out-of-domain query set (rejection at the abstain threshold)")] = None,
+    ood_text_field: Annotated[str | None, Opt(help="text field of the OOD set (default: --text-field)")] = None,
     match: Annotated[str, Opt(help="gold ids are doc ids (doc) or chunk ids (chunk)")] = "doc",
-    limit: Annotated[Optional[int], Opt(help="evaluate a seeded random subset of this many queries")] = None,
+    limit: Annotated[int | None, Opt(help="evaluate a seeded random subset of this many queries")] = None,
     seed: Annotated[int, Opt(help="seed of --limit and of the calibration split")] = 0,
-    model: Annotated[Optional[str], Opt("--model", help="sentence-transformers model path")] = None,
-    alpha: Annotated[Optional[float], Opt(help="fixed-mixing weight of the input's own attention")] = None,
-    mixing: Annotated[Optional[str], Opt(help="fixed | joint")] = None,
-    k: Annotated[Optional[int], Opt(help="chunks retrieved")] = None,
-    temperature: Annotated[Optional[float], Opt(help="k-NN temperature τ")] = None,
-    kernel: Annotated[Optional[str], Opt(help="softmax | epanechnikov | uniform")] = None,
-    retrieval: Annotated[Optional[str], Opt(help="hybrid | dense | lexical (default: hybrid where the bundle has a "
+    model: Annotated[str | None, Opt("--model", help="sentence-transformers model path")] = None,
+    alpha: Annotated[float | None, Opt(help="fixed-mixing weight of the input's own attention")] = None,
+    mixing: Annotated[str | None, Opt(help="fixed | joint")] = None,
+    k: Annotated[int | None, Opt(help="chunks retrieved")] = None,
+    temperature: Annotated[float | None, Opt(help="k-NN temperature τ")] = None,
+    kernel: Annotated[str | None, Opt(help="softmax | epanechnikov | uniform")] = None,
+    retrieval: Annotated[str | None, Opt(help="hybrid | dense | lexical (default: hybrid where the bundle has a "
                                                  "lexical index)")] = None,
-    lexical_weight: Annotated[Optional[float], Opt(help="λ of the hybrid similarity")] = None,
+    lexical_weight: Annotated[float | None, Opt(help="λ of the hybrid similarity")] = None,
     compare: Annotated[str, Opt(help="retrievals reported side by side in the same run (comma-separated; "
                                      "'' for none)")] = "dense,lexical,hybrid",
     rounds: Annotated[int, Opt(help="2: retrieve again with the fused embedding (labels + evidence from round 2)")] = 1,
     requery: Annotated[str, Opt(help="round-2 query: fused (e') or sum (e_q + e')")] = "fused",
-    baseline_k: Annotated[Optional[int], Opt(help="weighted k-NN baseline k (default: --k)")] = None,
-    baseline_temperature: Annotated[Optional[float], Opt(help="weighted k-NN baseline τ (default: --temperature)")] = None,
-    threshold: Annotated[Optional[float], Opt(help="abstain threshold to evaluate (default: the bundle's calibrated one)")] = None,
-    calibrate_kb: Annotated[Optional[Path], Opt(help="first calibrate: the KB the bundle was built from (its labelled records are split)")] = None,
+    baseline_k: Annotated[int | None, Opt(help="weighted k-NN baseline k (default: --k)")] = None,
+    baseline_temperature: Annotated[float | None, Opt(help="weighted k-NN baseline τ (default: --temperature)")] = None,
+    threshold: Annotated[float | None, Opt(help="abstain threshold to evaluate (default: the bundle's calibrated one)")] = None,
+    calibrate_kb: Annotated[Path | None, Opt(help="first calibrate: the KB the bundle was built from (its labelled records are split)")] = None,
     calibrate_fraction: Annotated[float, Opt(help="share of each label held out for calibration")] = 0.1,
     target_loss: Annotated[float, Opt(help="in-scope accuracy the threshold may cost on validation")] = 0.01,
-    calibration_work: Annotated[Optional[Path], Opt(help="folder for the split and validation bundle (default: OUT/calibration; reused when it matches)")] = None,
+    calibration_work: Annotated[Path | None, Opt(help="folder for the split and validation bundle (default: OUT/calibration; reused when it matches)")] = None,
     kb_id_field: Annotated[str, Opt(help="KB id field (with --calibrate-kb)")] = "id",
     kb_text_field: Annotated[str, Opt(help="KB text field (with --calibrate-kb)")] = "text",
     kb_label_field: Annotated[str, Opt(help="KB label field (with --calibrate-kb)")] = "label",
@@ -146,15 +146,15 @@ def calibrate_command(
     bundle: Annotated[Path, typer.Argument(help="bundle directory (its manifest gets the threshold)")],
     kb: Annotated[Path, typer.Argument(help="the KB the bundle was built from")],
     work: Annotated[Path, Opt("--work", help="folder for the split and the validation bundle")] = Path("calibration"),
-    id_field: Annotated[Optional[str], Opt(help="KB id field [default: the one the bundle was built with]")] = None,
-    text_field: Annotated[Optional[str], Opt(help="KB text field [default: the one the bundle was built with]")] = None,
-    label_field: Annotated[Optional[str], Opt(help="KB label field [default: the one the bundle was built with]")] = None,
+    id_field: Annotated[str | None, Opt(help="KB id field [default: the one the bundle was built with]")] = None,
+    text_field: Annotated[str | None, Opt(help="KB text field [default: the one the bundle was built with]")] = None,
+    label_field: Annotated[str | None, Opt(help="KB label field [default: the one the bundle was built with]")] = None,
     fraction: Annotated[float, Opt(help="share of each label held out")] = 0.1,
     seed: Annotated[int, Opt(help="split seed")] = 0,
     target_loss: Annotated[float, Opt(help="in-scope accuracy the threshold may cost on validation")] = 0.01,
-    min_validation_n: Annotated[Optional[int], Opt("--min-validation", help="fewest validation queries a threshold "
+    min_validation_n: Annotated[int | None, Opt("--min-validation", help="fewest validation queries a threshold "
                                                    "is set from [default: ⌈1/target-loss⌉, at most 100]")] = None,
-    model: Annotated[Optional[str], Opt("--model", help="sentence-transformers model path")] = None,
+    model: Annotated[str | None, Opt("--model", help="sentence-transformers model path")] = None,
     progress: Annotated[bool, Opt(help="show progress bars")] = True,
 ) -> None:
     """Calibrate BUNDLE's abstain threshold on a validation split of KB (never the test queries).

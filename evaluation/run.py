@@ -21,8 +21,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from index_builder.reader import Fields, read_kb
-from softknn.attention import knn_weights
 from evaluation.metrics import (
     RULES,
     abstain_curve,
@@ -33,6 +31,8 @@ from evaluation.metrics import (
     rejection_rate,
     retrieval_metrics,
 )
+from index_builder.reader import Fields, read_kb
+from softknn.attention import knn_weights
 from softknn.engine import Engine, InferParams
 from softknn.errors import InvalidInput, KBFormatError
 from softknn.results import InferResult
@@ -285,7 +285,7 @@ def build_report(queries: list[Query], soft: list[dict], base_cls: list[dict], b
 def rules_from_calibration(cal: dict) -> dict:
     """The thresholds a bundle's calibration section holds, in build_report's `rules` shape."""
     out: dict = {}
-    for name, key in (("softknn", ""), ("baseline_knn", "baseline_knn_")):
+    for name in ("softknn", "baseline_knn"):
         src = cal if name == "softknn" else cal.get("baseline_knn") or {}
         if src.get("abstain_threshold") is not None:
             out.setdefault(name, {})["score"] = {"threshold": src["abstain_threshold"]}

@@ -22,18 +22,18 @@ import numpy as np
 from tqdm import tqdm
 
 from index_builder.chunker import Chunk, chunk_documents
+from index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
 from index_builder.reader import Fields, read_kb
 from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
-from softknn.encoder import Encoder
 from softknn.calibration import calibrate_loo
-from softknn.errors import BundleError, KBFormatError
+from softknn.encoder import Encoder
 from softknn.engine import InferParams
+from softknn.errors import BundleError, KBFormatError
 from softknn.generator import Generator
-from index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
 from softknn.lexical import LexicalIndex, LexicalSpec
-from softknn.retrieval import CANDIDATES
 from softknn.memory import build_index, choose_index
 from softknn.memory_repr import HIDDEN_DTYPES, check_kind, int8_scale, quantize_int8
+from softknn.retrieval import CANDIDATES
 
 log = logging.getLogger(__name__)
 KV_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -183,7 +183,7 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
             save_array(tmp / "mem_hidden_scale.npy", scale)
             convert = lambda x: quantize_int8(np.asarray(x), scale)  # noqa: E731
         mem["hidden.npy"] = (_open_memmap(tmp / "mem_hidden.npy", HIDDEN_DTYPES[memory_kind], (ntok, nh * hs)), convert)
-    for s, sh in enumerate(shards):
+    for sh in shards:
         rows = np.load(sh / "rows.npy")
         e, sp = (np.load(sh / f, mmap_mode="r") for f in ("emb.npy", "spans.npy"))
         src = {name: np.load(sh / name, mmap_mode="r") for name in mem}

@@ -7,25 +7,25 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 
 def serve(
-    bundle: Annotated[Optional[Path], typer.Option("--bundle", help="bundle directory to serve "
+    bundle: Annotated[Path | None, typer.Option("--bundle", help="bundle directory to serve "
                                                    "(SOFTKNN_BUNDLE)")] = None,
-    host: Annotated[Optional[str], typer.Option(help="interface to bind (SOFTKNN_HOST, default 127.0.0.1)")] = None,
-    port: Annotated[Optional[int], typer.Option(help="TCP port (SOFTKNN_PORT, default 8000)")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="sentence-transformers model path "
+    host: Annotated[str | None, typer.Option(help="interface to bind (SOFTKNN_HOST, default 127.0.0.1)")] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port (SOFTKNN_PORT, default 8000)")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="sentence-transformers model path "
                                                  "(SOFTKNN_MODEL__NAME; default: packaged all-MiniLM-L6-v2)")] = None,
-    log_level: Annotated[Optional[str], typer.Option("--log-level", help="debug | info | warning | error")] = None,
+    log_level: Annotated[str | None, typer.Option("--log-level", help="debug | info | warning | error")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="serve on Ray: one actor per shard of a sharded bundle, "
                                       "the model as a Ray Serve deployment (service.ray_serving)")] = False,
-    address: Annotated[Optional[str], typer.Option("--address", help="with --ray: the Ray cluster to join "
+    address: Annotated[str | None, typer.Option("--address", help="with --ray: the Ray cluster to join "
                                                    "(e.g. auto, HOST:6379); default: start a local one")] = None,
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="with --ray: model replicas")] = 1,
-    shard_resources: Annotated[Optional[str], typer.Option("--shard-resources", help="with --ray: Ray resources "
+    shard_resources: Annotated[str | None, typer.Option("--shard-resources", help="with --ray: Ray resources "
                                                            "each shard actor needs, JSON, e.g. '{\"shard\": 1}' "
                                                            "(default: spread over the nodes)")] = None,
 ) -> None:

@@ -18,8 +18,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from softknn.errors import (BundleError, InputTooLarge, InvalidInput, KBFormatError, ModelRuntimeError, ShardUnavailable,
-                            SoftKNNError, UnsupportedModel)
+from softknn.errors import (
+    BundleError,
+    InputTooLarge,
+    InvalidInput,
+    KBFormatError,
+    ModelRuntimeError,
+    ShardUnavailable,
+    SoftKNNError,
+    UnsupportedModel,
+)
 
 log = logging.getLogger("softknn.service")
 

@@ -19,8 +19,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from softknn.engine import InferParams
-from softknn.generation import GenParams
 from softknn.errors import InputTooLarge
+from softknn.generation import GenParams
 from softknn.settings import Settings
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)

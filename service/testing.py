@@ -222,9 +222,9 @@ def threaded_server(app, *, headers: dict[str, str] | None = None, ready_timeout
     """A real uvicorn server (service.server.uvicorn_config, `config` on top) in a thread of this
     process, on a socket it holds; yields an httpx.Client on it (`.app` = the app) once /readyz
     answers 200. The app shares this process's model: no model load, no second process."""
-    from service.server import uvicorn_config
-
     import uvicorn
+
+    from service.server import uvicorn_config
 
     sock = bound_socket()
     port = sock.getsockname()[1]

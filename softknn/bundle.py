@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from softknn.gen_memory import generator_files
 from softknn.errors import BundleError
+from softknn.gen_memory import generator_files
 from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
 from softknn.manifest import Manifest
 from softknn.memory import ChunkIndex, IndexSpec

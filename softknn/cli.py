@@ -9,7 +9,7 @@ import os
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from typer.core import TyperArgument, TyperCommand
@@ -60,7 +60,7 @@ def _note(msg: str) -> None:
     typer.secho(f"note: {msg}", fg=typer.colors.YELLOW, err=True)
 
 
-ModelOpt = Annotated[Optional[str], typer.Option("--model", help="sentence-transformers model path (default: packaged all-MiniLM-L6-v2)")]
+ModelOpt = Annotated[str | None, typer.Option("--model", help="sentence-transformers model path (default: packaged all-MiniLM-L6-v2)")]
 
 
 @app.command(cls=Command)
@@ -70,7 +70,7 @@ def build(
     model: ModelOpt = None,
     layer: Annotated[int, typer.Option(help="memory layer, 0-based; -1 = last")] = -1,
     index: Annotated[str, typer.Option(help="auto | flat | hnsw | ivf | ivfpq")] = "auto",
-    chunk_tokens: Annotated[Optional[int], typer.Option(help="tokens per chunk (default max_seq_length − 8)")] = None,
+    chunk_tokens: Annotated[int | None, typer.Option(help="tokens per chunk (default max_seq_length − 8)")] = None,
     overlap: Annotated[int, typer.Option(help="tokens shared by consecutive chunks")] = 32,
     batch_size: Annotated[int, typer.Option(help="chunks per model pass")] = 32,
     kv_dtype: Annotated[str, typer.Option(help="float32 | float16 for stored keys/values")] = "float32",
@@ -79,7 +79,7 @@ def build(
                                              "recompute (nothing stored; layers 0..L rerun)")] = "kv",
     id_field: Annotated[str, typer.Option(help="record field/column holding the id (missing: ids are filled in "
                                                 "as <file>-<row>)")] = "id",
-    text_field: Annotated[Optional[str], typer.Option(
+    text_field: Annotated[str | None, typer.Option(
         help="record field/column holding the text [default: text; where it is missing and one other column "
              "holds text, that one]")] = None,
     label_field: Annotated[str, typer.Option(help="record field/column holding the label")] = "label",
@@ -90,11 +90,11 @@ def build(
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
     ray: Annotated[bool, typer.Option("--ray", help="encode with Ray Data on a Ray cluster's workers "
                                                     "(the same bundle, byte for byte; docs/scale.md)")] = False,
-    address: Annotated[Optional[str], typer.Option(help="with --ray: the cluster to join (HOST:PORT, auto, "
+    address: Annotated[str | None, typer.Option(help="with --ray: the cluster to join (HOST:PORT, auto, "
                                                         "ray://HOST:10001); default: start a local one")] = None,
-    ray_workers: Annotated[Optional[int], typer.Option(help="with --ray: encoder actors (default: one per CPU "
+    ray_workers: Annotated[int | None, typer.Option(help="with --ray: encoder actors (default: one per CPU "
                                                             "of the cluster)")] = None,
-    generator: Annotated[Optional[str], typer.Option(help="also store a causal LM's keys/values of every chunk, "
+    generator: Annotated[str | None, typer.Option(help="also store a causal LM's keys/values of every chunk, "
                                                           "for `softknn generate` and /v1/generate: "
                                                           "smollm2-135m-instruct (packaged), a model folder or a .gguf file")] = None,
     generator_layers: Annotated[str, typer.Option(help="with --generator: its memory layers, all or a,b,c (0-based)")] = "all",
@@ -227,17 +227,17 @@ def query(
     bundle: Annotated[Path, typer.Argument(help="bundle directory")],
     texts: Annotated[list[str], typer.Argument(help="input texts")],
     model: ModelOpt = None,
-    alpha: Annotated[Optional[float], typer.Option(help="fixed-mixing weight of the input's own attention")] = None,
-    mixing: Annotated[Optional[str], typer.Option(help="fixed | joint")] = None,
-    k: Annotated[Optional[int], typer.Option(help="chunks retrieved")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="k-NN temperature τ")] = None,
-    kernel: Annotated[Optional[str], typer.Option(help="softmax | epanechnikov | uniform")] = None,
+    alpha: Annotated[float | None, typer.Option(help="fixed-mixing weight of the input's own attention")] = None,
+    mixing: Annotated[str | None, typer.Option(help="fixed | joint")] = None,
+    k: Annotated[int | None, typer.Option(help="chunks retrieved")] = None,
+    temperature: Annotated[float | None, typer.Option(help="k-NN temperature τ")] = None,
+    kernel: Annotated[str | None, typer.Option(help="softmax | epanechnikov | uniform")] = None,
     exact: Annotated[bool, typer.Option(help="exact search (bypass the ANN index)")] = False,
-    threshold: Annotated[Optional[float], typer.Option(help="top-k + threshold: also keep pool chunks with w ≥ threshold")] = None,
-    retrieval: Annotated[Optional[str], typer.Option(help="hybrid | dense | lexical (default: hybrid where the "
+    threshold: Annotated[float | None, typer.Option(help="top-k + threshold: also keep pool chunks with w ≥ threshold")] = None,
+    retrieval: Annotated[str | None, typer.Option(help="hybrid | dense | lexical (default: hybrid where the "
                                                           "bundle has a lexical index, else dense)")] = None,
-    lexical_weight: Annotated[Optional[float], typer.Option(help="λ of the hybrid similarity (1−λ)·dense + λ·BM25")] = None,
-    evidence: Annotated[Optional[int], typer.Option(help="evidence items per input")] = None,
+    lexical_weight: Annotated[float | None, typer.Option(help="λ of the hybrid similarity (1−λ)·dense + λ·BM25")] = None,
+    evidence: Annotated[int | None, typer.Option(help="evidence items per input")] = None,
     tokens: Annotated[bool, typer.Option(help="also return per-token outputs")] = False,
     truncate: Annotated[bool, typer.Option(help="cut inputs longer than the model's limit")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the result objects as JSON")] = False,
@@ -289,7 +289,7 @@ def generate(
     mixing: Annotated[str, typer.Option(help="joint | fixed")] = "joint",
     alpha: Annotated[float, typer.Option(help="fixed mixing: weight of the model's own context")] = 0.7,
     k: Annotated[int, typer.Option(help="chunks retrieved")] = 4,
-    retrieval: Annotated[Optional[str], typer.Option(help="hybrid | dense | lexical")] = None,
+    retrieval: Annotated[str | None, typer.Option(help="hybrid | dense | lexical")] = None,
     context: Annotated[str, typer.Option(help="memory (the KB in attention) | prompt (the chunks' text in the prompt)")] = "memory",
     no_kb: Annotated[bool, typer.Option("--no-kb", help="the plain model, no KB")] = False,
     exact: Annotated[bool, typer.Option(help="exact search; R's keys/values recomputed in float32")] = False,

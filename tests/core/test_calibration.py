@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softknn.calibration import calibrate_loo, loo_outcomes
 from softknn.attention import knn_weights_row
+from softknn.calibration import calibrate_loo, loo_outcomes
 from softknn.engine import InferParams
 from softknn.evidence import label_scores
 from softknn.lexical import LexicalIndex

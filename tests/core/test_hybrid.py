@@ -67,13 +67,13 @@ def test_norm_top_is_min_max_against_the_mth_best_clipped():
 def test_fast_topk_equals_the_brute_force_on_random_scores_with_ties(mode):
     rng = np.random.default_rng(0)
     undecided = 0
-    for trial in range(300):
+    for _trial in range(300):
         n = int(rng.integers(5, 400))
         d = np.round(rng.normal(0.3, 0.2, n), 2).astype(np.float32)  # rounded: many ties
         b = np.where(rng.random(n) < 0.3, np.round(rng.gamma(2.0, 2.0, n), 1), 0.0).astype(np.float32)
         k, m, lam = int(rng.integers(1, 30)), int(rng.integers(1, 60)), float(rng.random())
         order = np.lexsort((np.arange(n), -d))[: min(n, max(k, m))]  # what the exact dense search returns
-        found = topk_fast(d[order], order, lambda ids: d[ids], b, k, mode, lam, m)
+        found = topk_fast(d[order], order, lambda ids: d[ids], b, k, mode, lam, m)  # noqa: B023 (called here)
         S, I = topk_reference(d, b, k, mode, lam, m)
         if found is None:  # only where chunks with s = 0 compete for the last places
             undecided += 1

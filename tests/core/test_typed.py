@@ -9,7 +9,6 @@ import typing
 
 import orjson
 import pytest
-from pydantic import BaseModel
 
 from service import schemas
 from softknn import results

@@ -7,7 +7,6 @@ import json
 import math
 
 import pytest
-
 from loadtest import mix, report, run
 
 

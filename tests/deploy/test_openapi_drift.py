@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from scripts import export_openapi
+
 from tests.deploy.conftest import REPO
 
 FIX = "run `bash scripts/gen_client.sh` (exports openapi.json, regenerates clients/python) and commit both"

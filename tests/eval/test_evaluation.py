@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from evaluation.cli import calibrate_command, eval_command
+from evaluation.holdout import holdout_split
 from evaluation.metrics import (
     abstain_point,
     auroc,
@@ -25,7 +26,6 @@ from evaluation.metrics import (
     recall_at_k,
     retrieval_metrics,
 )
-from evaluation.holdout import holdout_split
 from evaluation.run import Strategy, _fused, read_queries, rules_from_calibration
 from index_builder.reader import Document, Fields
 from softknn.bundle import load_bundle, verify_bundle, write_calibration

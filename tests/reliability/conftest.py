@@ -22,7 +22,8 @@ import torch
 
 from index_builder.pipeline import BuildConfig, build_bundle
 from service.app import create_app
-from service.testing import ADMIN_TOKEN, API_KEY, threaded_server as serve_in_thread
+from service.testing import ADMIN_TOKEN, API_KEY
+from service.testing import threaded_server as serve_in_thread
 from softknn.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.testing import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
 from service.schemas import infer_request_model
+from service.testing import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
 from softknn.bundle import load_bundle
 from softknn.engine import Engine
 from softknn.settings import Settings

@@ -98,7 +98,7 @@ def test_200_slow_clients_still_sending_all_read_their_408_under_load(hostile_se
 
         load = [asyncio.create_task(well_formed()) for _ in range(2)]
         outcomes = []
-        for wave in range(4):  # 4 waves of 50 connections, staggered so deadlines spread over time
+        for _wave in range(4):  # 4 waves of 50 connections, staggered so deadlines spread over time
             tasks = [asyncio.create_task(slow_body(url, byte_every_s=0.02, give_up_s=30)) for _ in range(50)]
             outcomes += await asyncio.gather(*tasks)
         stop.set()

@@ -24,8 +24,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 import service.auth
-from service.testing import ADMIN_TOKEN, API_KEY
 from service.app import create_app
+from service.testing import ADMIN_TOKEN, API_KEY
 from softknn.bundle import DATA_FILES, MANIFEST, load_bundle, sha256_file, verify_bundle, version_id
 from softknn.errors import BundleError
 from tests.reliability.conftest import bearer, settings_for

@@ -66,9 +66,9 @@ def test_serve_ray_on_two_nodes(two_nodes, sharded_bundle_path, sample_bundle, e
                 assert [e["chunk_id"] for e in a["evidence"]] == [e["chunk_id"] for e in b["evidence"]]
         # one shard actor on each node: each node has one `shard` slot, each actor takes one, none is left
         out = subprocess.run([sys.executable, "-c", (
-            "import json, ray; ray.init(address=%r);"
+            f"import json, ray; ray.init(address={address!r});"
             "print(json.dumps([sum(n['Alive'] for n in ray.nodes()), ray.cluster_resources().get('shard'),"
-            " ray.available_resources().get('shard', 0)]))" % address)], capture_output=True, text=True, env=env,
+            " ray.available_resources().get('shard', 0)]))")], capture_output=True, text=True, env=env,
             timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         assert json.loads(out.stdout.strip().splitlines()[-1]) == [2, 2.0, 0], out.stdout
