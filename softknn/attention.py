@@ -75,7 +75,7 @@ def _kernel(scores: torch.Tensor, temperature: float, kernel: str) -> torch.Tens
 def _kernel_row(scores: np.ndarray | float, temperature: float, kernel: str) -> np.ndarray:
     """`_kernel` in numpy (float64), for the one-row path."""
     u2 = (2.0 - 2.0 * scores) / temperature
-    return np.clip(1.0 - u2, 0.0, None) if kernel == "epanechnikov" else (u2 <= 1.0).astype(np.float64)
+    return np.clip(1.0 - u2, 0.0, None) if kernel == "epanechnikov" else np.asarray(u2 <= 1.0).astype(np.float64)
 
 
 def knn_weights(scores: torch.Tensor, valid: torch.Tensor, temperature: float, kernel: str = "softmax") -> torch.Tensor:

@@ -293,7 +293,7 @@ def load_bundle(
     if manifest.sharded:
         from softknn.shards import load_sharded
 
-        return load_sharded(path, manifest, backend_factory=shard_backend, use_gpu=use_gpu)
+        return load_sharded(path, manifest, backend_factory=shard_backend, use_gpu=use_gpu)  # type: ignore[return-value]  # ShardedBundle stands in for Bundle (duck-typed)
     load = lambda name: load_npy(path / name)  # noqa: E731
     xb = load("embeddings.npy")
     try:

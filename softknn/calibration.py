@@ -52,7 +52,7 @@ RULES = {"score": "abstain when the top label score < t (the engine)",
          "gated": "abstain when the nearest chunk's similarity < s_min or the top label score < t (proposed)"}
 
 
-def abstain_point(scores: Sequence[float], correct: Sequence[bool], t: float) -> dict:
+def abstain_point(scores: Sequence[float] | np.ndarray, correct: Sequence[bool], t: float) -> dict:
     """The trade-off at threshold t: rejection rate, answered accuracy, in-scope accuracy loss."""
     s, c = np.asarray(scores, dtype=np.float64), np.asarray(correct, dtype=bool)
     keep = s >= t
@@ -64,7 +64,7 @@ def abstain_point(scores: Sequence[float], correct: Sequence[bool], t: float) ->
     }
 
 
-def choose_threshold(scores: Sequence[float], correct: Sequence[bool], target_loss: float) -> float:
+def choose_threshold(scores: Sequence[float] | np.ndarray, correct: Sequence[bool], target_loss: float) -> float:
     """The largest t (0 or an observed score) with loss(t) ≤ target_loss: most rejection for that cost."""
     s = np.asarray(scores, dtype=np.float64)
     c = np.asarray(correct, dtype=bool)

@@ -4,6 +4,7 @@ encoder, the error exit. Its own module so the command modules import it, never 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -31,7 +32,7 @@ def encoder_for(settings):
     return Encoder(settings.model.name, device=settings.device(), **encoder_options(settings, apply_threads(settings)))
 
 
-def fail(e: Exception) -> None:
+def fail(e: Exception | str) -> NoReturn:
     """Print the error in red on stderr and exit with status 2."""
     typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -185,14 +186,14 @@ class Encoder:
         self.device = torch.device(device)
         self.st = SentenceTransformer(self.path, device=str(self.device), local_files_only=True)
         self.st.eval()
-        self.model = self.st[0].auto_model
+        self.model: Any = cast(Any, self.st[0].auto_model)  # a transformers PreTrainedModel: config, layers dynamic
         try:
             self.model.set_attn_implementation(ATTN_IMPLEMENTATION)
         except Exception as e:  # an architecture without AttentionInterface dispatch
             raise UnsupportedModel(f"{self.path}: cannot route attention through softknn: {e}") from e
         self.tokenizer = self.st.tokenizer
         self._tokenizer_lock = threading.Lock()
-        self.max_seq_length = int(self.st.max_seq_length)
+        self.max_seq_length = int(self.st.max_seq_length)  # type: ignore[arg-type]  # sentence-transformers types it int | None
         self.attention_modules = self._attention_modules()
         cfg = self.model.config
         self.model_type = cfg.model_type
@@ -205,7 +206,7 @@ class Encoder:
             head_dim=cfg.hidden_size // cfg.num_attention_heads,
             dim=self.st.get_embedding_dimension()
             if hasattr(self.st, "get_embedding_dimension")
-            else self.st.get_sentence_embedding_dimension(),
+            else self.st.get_sentence_embedding_dimension(),  # type: ignore[arg-type]  # int | None in s-t's stubs
             max_seq_length=self.max_seq_length,
             runtime=runtime,
             precision=precision,
@@ -223,7 +224,7 @@ class Encoder:
             raise ModelRuntimeError(f"runtime {runtime!r} with precision {precision!r}: expected torch (fp32) or "
                                     "onnx (fp32 | int8)", field="model.runtime")
 
-    def _attention_modules(self) -> list[torch.nn.Module]:
+    def _attention_modules(self) -> list[Any]:  # transformers attention modules: their projections are dynamic
         mods = [m for m in self.model.modules() if isinstance(getattr(m, "layer_idx", None), int)]
         mods = [m for m in mods if hasattr(m, "num_attention_heads") or hasattr(m, "attention_head_size")]
         mods.sort(key=lambda m: m.layer_idx)
@@ -332,7 +333,8 @@ class Encoder:
             hook = CaptureKV(self.attention_modules[i])
             with bind_hook(hook):
                 res = self.model(**batch.features, output_hidden_states=True, return_dict=True)
-            out |= {f"query_{i}": hook.query, f"key_{i}": hook.key, f"value_{i}": hook.value}
+            out |= {f"query_{i}": cast(torch.Tensor, hook.query), f"key_{i}": cast(torch.Tensor, hook.key),
+                    f"value_{i}": cast(torch.Tensor, hook.value)}  # the pass ran the hook: all three are set
         return out | {f"hidden_{i}": h for i, h in enumerate(res.hidden_states)}
 
     @torch.inference_mode()
@@ -346,9 +348,8 @@ class Encoder:
         model runs again with the hook bound. Both give the same result (tests compare them).
         """
         hook = _Fuse(self.attention_modules[layer], fuse)
-        can_resume = resume and plain is not None and plain.hidden_states is not None
         with bind_hook(hook):
-            if can_resume and self.model_type in RESUMABLE_TYPES:
+            if resume and plain is not None and plain.hidden_states is not None and self.model_type in RESUMABLE_TYPES:
                 qkv = None
                 if plain.capture_layer == layer and plain.query is not None:  # the plain pass kept them
                     qkv = (plain.query, plain.key, plain.value)
@@ -402,7 +403,7 @@ class Encoder:
                 self.model(**batch.features, return_dict=True)
         except _Captured:
             pass
-        assert hook.key is not None, "the capture layer never ran"
+        assert hook.key is not None and hook.value is not None, "the capture layer never ran"  # set together
         return hook.key, hook.value
 
 

@@ -12,7 +12,7 @@ fused pass with its evidence and prediction after.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -187,7 +187,7 @@ class Engine:
         if self.bundle.labels:
             scores = label_scores([self.bundle.chunks[r].get("label") for r in rows], w)
             verdict = self._predict(scores, p, retr.nearest[b])
-        extra = {}
+        extra: dict[str, Any] = {}
         if p.return_tokens:
             n = int(batch.n_tokens[b])
             extra["tokens"] = [

@@ -216,7 +216,7 @@ class GenEngine:
         evidence: list[GenEvidence] = []
         tokens: list[GenToken] = []
         mass = torch.stack(trace.mass[:n]) if trace is not None and n and trace.mass else None  # (n, S)
-        share = torch.stack(trace.share[:n]) if mass is not None else None
+        share = torch.stack(trace.share[:n]) if mass is not None and trace is not None else None  # mass implies trace
         for t in range(n):
             top = None if mass is None else chunks[rows[int(mass[t].argmax())]]["chunk_id"] if p.mixing == "joint" \
                 else chunks[rows[int(share[t].argmax())]]["chunk_id"]  # type: ignore[index]

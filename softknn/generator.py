@@ -245,6 +245,7 @@ class Generator:
             rest = self._ids(prompt)
             prefix = self._ids("".join(c + CHUNK_SEPARATOR for c in context)) if context else []
             return prefix, rest
+        assert messages is not None  # exactly one of prompt and messages (checked above)
         if not self.tokenizer.chat_template:
             raise InvalidInput(f"{self.info.name} has no chat template: send a raw prompt", field="messages")
         last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
@@ -291,8 +292,9 @@ class Generator:
                 for j, i in enumerate(idx):
                     pos[j, P:] = starts[i] + torch.arange(T - P)
             self.model.model(input_ids=x, attention_mask=mask, position_ids=pos, **{self.cache_kw: cache}, use_cache=True)
-            k = torch.stack([cache.layers[layer].keys for layer in layers], 1)  # (b, L, nkv, T, hs)
-            v = torch.stack([cache.layers[layer].values for layer in layers], 1)
+            # a DynamicCache of full-attention layers: transformers types its layers as the union of every kind
+            k = torch.stack([cache.layers[layer].keys for layer in layers], 1)  # type: ignore[union-attr, misc]
+            v = torch.stack([cache.layers[layer].values for layer in layers], 1)  # type: ignore[union-attr, misc]
             kv = torch.stack([k, v], 2).permute(0, 4, 1, 2, 3, 5)  # (b, T, L, 2, nkv, hs)
             for j, i in enumerate(idx):
                 out[i] = kv[j, P : P + len(ids[i])].float().numpy().copy()

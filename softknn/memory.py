@@ -10,6 +10,7 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import faiss
 import numpy as np
@@ -82,7 +83,7 @@ def build_index(xb: np.ndarray, spec: IndexSpec, *, seed: int = 1234) -> faiss.I
     faiss.omp_set_num_threads(1)
     try:
         if spec.kind == "flat":
-            index = faiss.IndexFlatIP(d)
+            index: Any = faiss.IndexFlatIP(d)  # the faiss stubs name no attribute of the subclasses
         elif spec.kind == "hnsw":
             index = faiss.IndexHNSWFlat(d, int(p["M"]), faiss.METRIC_INNER_PRODUCT)
             index.hnsw.efConstruction = int(p["efConstruction"])
@@ -146,9 +147,9 @@ class ChunkIndex:
         self._xb_t = torch.from_numpy(np.array(xb, dtype=np.float32))  # one in-memory copy, for exact search
         self.on_gpu = False
         if spec.kind == "hnsw":
-            index.hnsw.efSearch = int(spec.params.get("efSearch", 128))
+            index.hnsw.efSearch = int(spec.params.get("efSearch", 128))  # type: ignore[attr-defined]  # faiss stubs
         if spec.kind in ("ivf", "ivfpq"):
-            index.nprobe = int(spec.params.get("nprobe", 32))
+            index.nprobe = int(spec.params.get("nprobe", 32))  # type: ignore[attr-defined]  # faiss stubs
         if use_gpu and spec.kind != "hnsw" and gpu_available():
             self._res = faiss.StandardGpuResources()
             index = faiss.index_cpu_to_gpu(self._res, 0, index)
@@ -234,8 +235,8 @@ class ChunkIndex:
     def search_exact(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Brute force: scores = xq @ xbᵀ, top-k; ties broken by the lower id."""
         scores = self.similarities(xq)  # (B, N)
-        D, I = torch.topk(scores, k, dim=1, sorted=True)
-        D, I = D.numpy(), I.numpy().astype(np.int64)
+        Dt, It = torch.topk(scores, k, dim=1, sorted=True)
+        D, I = Dt.numpy(), It.numpy().astype(np.int64)
         # torch.topk picks among equal scores in no promised order: wherever the k-th score is
         # shared by a chunk left out, or ties sit inside the top k, re-select that row by (score desc, id asc)
         kth = D[:, k - 1 : k]

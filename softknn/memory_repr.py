@@ -89,6 +89,8 @@ class _Attached:
 
     encoder = None
     layer: int | None = None
+    num_heads: int  # declared by the memory classes this mixes into
+    head_dim: int
 
     def attach(self, encoder, layer: int) -> None:
         info = encoder.info

@@ -24,6 +24,7 @@ def similarity_reference(bundle: Bundle, e_q: np.ndarray, text: str, retrieval: 
     d = np.asarray(bundle.index.xb, dtype=np.float64) @ np.asarray(e_q, dtype=np.float64)
     if retrieval == "dense":
         return d
+    assert bundle.manifest.lexical is not None, "lexical and hybrid retrieval need the bundle's lexical index"
     spec = LexicalSpec.from_manifest(bundle.manifest.lexical.settings)
     an = Analyzer(spec)
     b = bm25_reference(an.terms(text), [an.terms(c["text"]) for c in bundle.chunks], spec)
@@ -44,7 +45,7 @@ def reference_embedding(encoder: Encoder, bundle: Bundle, text: str, *, alpha: f
     rows = [c for c, wc in zip(order, w, strict=True) if wc > 0]
     w = [wc for wc in w if wc > 0]
     bundle.kv.attach(encoder, encoder.check_layer(bundle.memory_layer))
-    chunks = [bundle.kv.chunk(c) for c in rows]
+    chunks = [bundle.kv.chunk(c) for c in rows]  # type: ignore[attr-defined]  # every single-bundle store has chunk; the MemoryStore protocol does not name it
     batch = encoder.tokenize([text])
 
     def fuse(q, kk, v, scaling):

@@ -169,7 +169,7 @@ class Retriever:
         if dense_top is not None:
             found = topk_fast(dense_top[0], dense_top[1], lambda ids: index.rows_dot(ids, q), b, size,
                               p.retrieval, p.lexical_weight, p.candidates)
-        if found is None:
+        if found is None or dense_top is None:  # found implies dense_top: the second test is for the type checker
             d = d_all if d_all is not None else index.similarities(q[None])[0].numpy()
             S, ids = topk_reference(d, b, size, p.retrieval, p.lexical_weight, p.candidates)
             dense, nearest = d[ids], float(d.max())

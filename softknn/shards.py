@@ -37,6 +37,7 @@ import bisect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
@@ -45,6 +46,9 @@ from softknn.attention import MemoryBatch
 from softknn.backends import ShardBackend
 from softknn.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
 from softknn.manifest import Manifest
+
+if TYPE_CHECKING:
+    from softknn.lexical import LexicalIndex
 
 SHARD_DIR = "shard-{:04d}"
 
@@ -55,9 +59,11 @@ def shard_files(dirs: Manifest | list[str], memory: str = "kv", lexical: bool = 
     from softknn.bundle import MANIFEST, data_files
 
     if isinstance(dirs, Manifest):
-        dirs, memory, lexical = [sh.dir for sh in dirs.shards or ()], dirs.memory, dirs.lexical is not None
+        names, memory, lexical = [sh.dir for sh in dirs.shards or ()], dirs.memory, dirs.lexical is not None
+    else:
+        names = dirs
     out = []
-    for d in dirs:
+    for d in names:
         out.append(f"{d}/{MANIFEST}")
         out += [f"{d}/{name}" for name in data_files(memory, lexical)]
     return out
@@ -91,7 +97,7 @@ class Shard:
 
     def bm25(self, terms: list[str]) -> np.ndarray:
         """(n,) float32 BM25 of every chunk of this shard, with the whole KB's statistics."""
-        return self.bundle.lexical.scores(terms)
+        return cast("LexicalIndex", self.bundle.lexical).scores(terms)  # bm25 is called on lexical bundles only
 
     def gather(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The memory of the requested rows (global ids, this shard's): key, value (nh, S, Lm, hs)
@@ -292,6 +298,8 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
     from softknn.bundle import load_npy, read_manifest
     from softknn.lexical import LexicalIndex, LexicalSpec
     from softknn.memory import IndexSpec
+
+    assert manifest.shards is not None, f"{path}: a sharded manifest lists its shards"  # load time, not a hot path
 
     path = Path(path)
     chunks: list[dict] = []
