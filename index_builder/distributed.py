@@ -61,7 +61,7 @@ class _EncodeWorker:
         for payload in payloads:
             item = json.loads(payload)
             buf = io.BytesIO()
-            np.savez(buf, **encode_batch(self.encoder, item["texts"], item["starts"], self.layer, self.cfg))
+            np.savez(buf, **encode_batch(self.encoder, item["texts"], item["starts"], self.layer, self.cfg))  # type: ignore[arg-type]  # numpy stubs: savez(**arrays)
             arrays.append(buf.getvalue())
         return {"batch": np.asarray(numbers, dtype=np.int64), "node": np.asarray([self.node] * len(numbers), dtype=object),
                 "arrays": np.asarray(arrays, dtype=object)}

@@ -234,7 +234,7 @@ def threaded_server(app, *, headers: dict[str, str] | None = None, ready_timeout
     client = httpx.Client(base_url=f"http://{HOST}:{port}", timeout=timeout, headers=headers)
     try:
         wait_ready(client, ready_timeout, interval=0.05)
-        client.app = app
+        client.app = app  # type: ignore[attr-defined]  # the running app, for tests that reach into it
         yield client
     finally:
         client.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter
 
@@ -12,7 +13,7 @@ from service.schemas import ErrorResponse, ReloadRequest, ReloadResponse, served
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 # 400 malformed JSON and 413 body over the limit reach this route like any other with a body (found by
 # tests/reliability/test_fuzz.py: they were answered but not documented)
-ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 403, 409, 413, 422, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 403, 409, 413, 422, 503)}
 
 
 @router.post("/reload", response_model=ReloadResponse, responses=ERRORS, summary="Swap to another bundle")

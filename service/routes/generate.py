@@ -4,6 +4,7 @@ server-sent events. The body model carries this app's limits, so the router is b
 # No `from __future__ import annotations`: FastAPI must see the body model class itself.
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 from fastapi import APIRouter
@@ -21,7 +22,7 @@ from service.schemas import (
 from softknn.errors import SoftKNNError
 from softknn.generation import GenAnswer
 
-ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 409, 413, 422, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 409, 413, 422, 429, 503)}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the events
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter
 
 from service.deps import EngineDep, RequestIdDep
@@ -9,7 +11,7 @@ from service.errors import NotFound
 from service.schemas import EntryResponse, ErrorResponse, IndexResponse, entry_payload, runtime_payload, served
 
 router = APIRouter(prefix="/v1", tags=["index"])
-ERRORS = {s: {"model": ErrorResponse} for s in (401, 404, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 404, 503)}
 
 
 @router.get("/index", response_model=IndexResponse, responses=ERRORS, summary="The served bundle's summary")

@@ -3,6 +3,8 @@
 # No `from __future__ import annotations`: FastAPI must see the body model class itself, and the
 # class is local to build_router.
 
+from typing import Any
+
 import orjson
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
@@ -10,7 +12,7 @@ from fastapi.responses import JSONResponse
 from service.deps import RequestIdDep, RuntimeDep, SettingsDep
 from service.schemas import ErrorResponse, InferRequestBase, InferResponse, served
 
-ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 413, 422, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 413, 422, 429, 503)}
 
 
 class FastJSONResponse(JSONResponse):

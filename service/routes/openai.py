@@ -7,6 +7,7 @@ Errors carry OpenAI's `param` and `code` next to the service's `type`, `message`
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter
 
@@ -18,7 +19,7 @@ from service.schemas import ChatCompletion, ChatRequestBase, ErrorResponse, Mode
 from softknn.errors import SoftKNNError
 from softknn.generation import GenAnswer
 
-ERRORS = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422, 429, 503)}
 DEFAULT_MAX_TOKENS = 64
 
 
