@@ -43,11 +43,9 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 from bench.common import RESULTS, write
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CACHE = Path("/tmp/softknn-bench")
 QA = ROOT / "softknn" / "sample_kb" / "qa.jsonl"
@@ -56,7 +54,7 @@ ALPHAS = (0.5, 0.7, 0.8, 0.9)
 LLAMA_CPP_NOTE = ("not run: llama-cpp-python is not installed and has no binary wheel for this platform "
                   "(`pip download llama-cpp-python --only-binary :all:` finds none); installing it compiles llama.cpp "
                   "from source, many minutes on the 2 shared cores, so it was not attempted")
-COMMAND = "python " + " ".join(shlex.quote(a) for a in sys.argv)
+COMMAND = "python " + " ".join(shlex.quote(a) for a in sys.argv)  # replaced by the runner's args.command in run()
 
 
 # --- scoring ---------------------------------------------------------------------------------------
@@ -225,6 +223,7 @@ def answers(args) -> None:
     plot_grouped(name, ["no_kb", "prompt", "joint", "fixed"], {"validation": vsum | {"fixed": vsum[f"fixed_{alpha}"]}, "test": tsum},
                  "accuracy", f"sample KB QA accuracy (k=4, fixed α={alpha})")
     print(out, json.dumps({"validation": vsum, "test": tsum, "alpha": alpha}, indent=1))
+    return payload
 
 
 def plot_grouped(name: str, labels: list[str], groups: dict, key: str, title: str, ylabel: str | None = None) -> None:
@@ -490,27 +489,34 @@ def memory(args) -> None:
     print(out, json.dumps({n: {k: v for k, v in r.items() if k != "per_question"} for n, r in results.items()}, indent=1))
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
     sub = ap.add_subparsers(dest="part", required=True)
-    a = sub.add_parser("answers")
+    a = sub.add_parser("answers", help="answer accuracy on the sample-KB QA set, per mode")
     a.add_argument("--limit", type=int, default=0, help="questions per split (0: all)")
     a.add_argument("--reordered-margin", type=float, default=0.05)
     a.add_argument("--name", default="")
-    o = sub.add_parser("obliqa")
+    o = sub.add_parser("obliqa", help="gold-passage NLL per token on ObliQA, per mode")
     o.add_argument("--questions", type=int, default=100)
     o.add_argument("--passages", type=int, default=1000)
     o.add_argument("--alpha", type=float, default=None, help="default: generation_answers.json's alpha_chosen")
-    s = sub.add_parser("speed")
+    s = sub.add_parser("speed", help="time to first token and decoding tokens/s vs prompt-stuffed RAG")
     s.add_argument("--questions", type=int, default=10)
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--ks", default="4,8,16")
     s.add_argument("--llama-cpp-note", default=LLAMA_CPP_NOTE)
-    sub.add_parser("memory")
-    args = ap.parse_args()
+    sub.add_parser("memory", help="bytes per chunk per layer set and representation, and the accuracy each keeps")
+
+
+def run(args: argparse.Namespace) -> dict:
+    global COMMAND
+    COMMAND = getattr(args, "command", COMMAND)
     setup_threads()
-    {"answers": answers, "obliqa": obliqa, "speed": speed, "memory": memory}[args.part](args)
+    part = {"answers": answers, "obliqa": obliqa, "speed": speed, "memory": memory}[args.part]
+    out = part(args)
+    return out if isinstance(out, dict) else json.loads((RESULTS / f"generation_{args.part}.json").read_text())
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # python -m bench.generation PART: the same as python -m bench generation PART
+    from bench.__main__ import main
+
+    main(["generation", *sys.argv[1:]])
