@@ -1,4 +1,4 @@
-"""Hostile inputs against a live server, and what they cost its well-formed clients (issue 7).
+"""Hostile inputs against a live server, and what they cost its well-formed clients.
 
     python -m bench attack                                   # sample bundle, 15 s per phase
     python -m bench attack --duration 30 --out bench/results/attack.json

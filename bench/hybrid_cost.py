@@ -1,4 +1,4 @@
-"""Cost of hybrid retrieval (issue 13): retrieval-stage latency, dense vs hybrid vs lexical, and bytes per chunk.
+"""Cost of hybrid retrieval: retrieval-stage latency, dense vs hybrid vs lexical, and bytes per chunk.
 
 KBs of 10k and 100k chunks, optionally 1M.
 
@@ -47,10 +47,9 @@ TARGET_MS = 2.0
 KV_BYTES_PER_CHUNK_FORMULA = 25 * 12 * 32 * 2 * 4
 KV_BYTES_PER_CHUNK_QUOTED = 76_409
 SPLIT = re.compile(r"(?<=[.!?;])\s+|\n+")
-# The library path before commit 047e935 (topk_fast: np.partition(b, N − m) for b_(m) + b.max() over N
-# besides the top-m argpartition; lexical retrieval searched the dense top m), from this bench's last
-# run of it (bench/results/hybrid_cost.json, 2026-12-01T05:21:50Z, `--sizes 10000,100000,1000000`,
-# loadavg 6.0–6.7), with the bench-local one-partition topk_fast ("fix") timed in the same loop.
+# Written into the results JSON as "history": the figures of the earlier library path (topk_fast took
+# b_(m) with a second np.partition over N; lexical retrieval searched the dense top m) beside the
+# one-partition topk_fast the library now implements; docs/benchmarks.md, "Methods", `hybrid_cost`.
 HISTORY = {
     "what": "hybrid − dense p50 (ms, wall and process CPU) and paired medians of the library path before commit "
             "047e935 (topk_fast took b_(m) with np.partition(b, N − m) and b_(1) with b.max(), over N, besides the "

@@ -1,7 +1,7 @@
 """Rendering a /v1/infer answer: stdlib json vs orjson, and orjson over typed results vs over dicts.
 
 The standard library's json is what Starlette's JSONResponse does; the typed results
-(softknn.results dataclasses) are what the route renders since issue 15, the dicts what it rendered before.
+(softknn.results dataclasses) are what the route renders now, the dicts what it rendered before them.
 
     python -m bench json_encode [--calls 2000] [--threads 1]
 

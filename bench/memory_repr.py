@@ -1,4 +1,4 @@
-"""Compact memory (issue 14): every memory representation side by side, in one run.
+"""Compact memory: every memory representation side by side, in one run.
 
 For one Banking77 KB and one ObliQA KB (fixed, seeded subsets: see SUBSETS), the same chunks are
 built once per representation (kv = stored float32 K/V, the reference; hidden; hidden-fp16;
@@ -15,7 +15,7 @@ hidden-int8; recompute) and measured:
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench memory_repr        # writes bench/results/memory_repr.{json,png}
 
-Targets (issue 14): hidden ≥ 2× fewer bytes than kv with |Δ| ≤ 1e-5; the best lossy ≥ 8× fewer
+Targets: hidden ≥ 2× fewer bytes than kv with |Δ| ≤ 1e-5; the best lossy ≥ 8× fewer
 with |Δ| ≤ 1e-3 and quality within 0.1 point of kv.
 """
 

@@ -1,4 +1,4 @@
-"""The model runtime side by side (issue 16): torch eager vs ONNX Runtime, same run, one thread.
+"""The model runtime side by side: torch eager vs ONNX Runtime, same run, one thread.
 
     python -m bench runtime [--texts 256] [--repeats 5] [--build-limit 2000] [--quality] [--name runtime]
                             [--baseline REV] [--variants onnx,onnx-extended,onnx-int8]

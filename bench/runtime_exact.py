@@ -1,4 +1,4 @@
-"""Model runtime (issue 16): how far ONNX Runtime fp32 `exact: true` answers are from torch's, to the last bit.
+"""Model runtime: how far ONNX Runtime fp32 `exact: true` answers are from torch's, to the last bit.
 
 On the sample KB (`softknn sample-kb`), built once with torch and once with onnx fp32 (the production
 builder's defaults), `Engine.infer` answers with exact=True for TEXTS (sample queries, out-of-domain

@@ -1,4 +1,4 @@
-"""Model runtime, full pipeline (issue 16): torch fp32 vs ONNX Runtime fp32 vs ONNX Runtime int8, in one run.
+"""Model runtime, full pipeline: torch fp32 vs ONNX Runtime fp32 vs ONNX Runtime int8, in one run.
 
 For one Banking77 KB and one ObliQA dev KB (fixed, seeded subsets: see SUBSETS, the same for every
 variant; bench/memory_repr.py's banking77 / obliqa helpers), every variant builds its own bundle with

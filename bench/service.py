@@ -66,7 +66,7 @@ def start_servers(bundle: Path, peers: Path, model_dir: str, kb_texts: list[str]
     if softknn_workers:  # N inference worker threads (each with the torch threads every server gets)
         servers[f"softknn-w{softknn_workers}"] = softknn(f"softknn-w{softknn_workers}",
                                                          {"SOFTKNN_BATCHING__WORKERS": str(softknn_workers)})
-    if runtime != "torch":  # the same servers with model.runtime=onnx (issue 16), beside the torch ones
+    if runtime != "torch":  # the same servers with model.runtime=onnx, beside the torch ones
         env = {"SOFTKNN_MODEL__RUNTIME": runtime}
         if want(f"softknn-{runtime}"):
             servers[f"softknn-{runtime}"] = softknn(f"softknn-{runtime}", env)

@@ -146,8 +146,8 @@ def min_validation(target_loss: float) -> int:
 
     The threshold is the largest t whose in-scope loss stays within target_loss, and each right
     answer it rejects costs 1/n; below 1/target_loss it can reject none, so it lands on the lowest
-    right answer's score, an extreme of a tiny sample (issue 17: 5 rows gave 0.935, and in-scope
-    questions were then refused). A zero budget is treated as 1% here."""
+    right answer's score, an extreme of a tiny sample (with a handful of
+    rows it sat so high that in-scope questions were refused). A zero budget is treated as 1% here."""
     return math.ceil(1 / max(target_loss, 0.01) - 1e-9)
 
 

@@ -1,4 +1,4 @@
-"""A bundle on a query set, beside the plain sentence-embedding k-NN baseline (issue 4): the run and the report.
+"""A bundle on a query set, beside the plain sentence-embedding k-NN baseline: the run and the report.
 
 One pass per batch of queries feeds both systems: the plain forward gives e_q, whose FAISS top-K
 is the baseline (1-NN, weighted k-NN labels; ranking by similarity s = e_q·e_c) and the engine's

@@ -389,7 +389,7 @@ def _manifest(kb, cfg, encoder, layer, spec, docs, chunks, ntok, plan) -> dict:
             "head_dim": info.head_dim,
             "dim": info.dim,
             "max_seq_length": info.max_seq_length,
-            "runtime": info.runtime,  # what computed the K/V and embeddings (issue 16)
+            "runtime": info.runtime,  # what computed the K/V and embeddings
             "precision": info.precision,  # served only with the same numerics (Engine)
         },
         "memory_layer": layer,

@@ -113,7 +113,7 @@ def _files(root: Path) -> list[Path]:
     return found
 
 
-# --- field names: checked (and the text column inferred) before anything heavy loads (issue 17) ---
+# --- field names: checked (and the text column inferred) before anything heavy loads ---------
 PEEK_RECORDS = 20  # records per file looked at to tell a text column from a short label-like one
 
 

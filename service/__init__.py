@@ -9,7 +9,7 @@ __all__ = ["create_app"]
 
 def __getattr__(name: str):
     # lazy (PEP 562): `softknn --help` and the CLI's argument checks import service.cli, which must
-    # not pull FastAPI, torch and the model code in before there is anything to serve (issue 17)
+    # not pull FastAPI, torch and the model code in before there is anything to serve
     if name == "create_app":
         from service.app import create_app
 

@@ -91,7 +91,7 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
     `shard_backend` opens a sharded bundle's shards elsewhere (service.ray_serving.RayShards.factory)."""
     check_settings(settings)
     # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's packaged copy
-    # (/static-offline-docs), not a CDN: the API docs work without internet (issue 17)
+    # (/static-offline-docs), not a CDN: the API docs work without internet
     app: FastAPI = FastAPIOffline(title="softknn", version=softknn.__version__, description=DESCRIPTION,
                                   lifespan=lifespan, generate_unique_id_function=operation_id)
     app.state.settings = settings

@@ -2,8 +2,8 @@
 
 Why one thread by default: the model already uses the cores through torch's intra-op pool; a
 second concurrent forward only fights it for them. Oversubscription is the failure mode on a
-shared box: on the 2-core dev machine under its usual load, bench/service.py --quick measured 22
-req/s with one torch thread and 2.2 req/s with two (settings.model.threads). So inference happens
+shared box: a second torch thread per forward cuts throughput by an order of magnitude there
+(settings.model.threads; docs/benchmarks.md has the figures). So inference happens
 only on the worker threads — warm-up passes included — and the event loop only admits, waits and
 answers. `batching.workers` > 1 runs that many workers, each taking the next micro-batch when it
 is free: for model.threads = 1 (one core per forward), so that a machine's other cores are used

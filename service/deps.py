@@ -2,8 +2,8 @@
 the app (built by create_app), never from module globals.
 
 All are `async def`: FastAPI runs a plain `def` dependency in its thread pool, and these do no
-blocking work. With plain `def`, 13.6% of the event loop's py-spy samples at 1 client were those
-thread-pool hops (`python -m bench profile_service --clients 1`; docs/benchmarks.md, round 2)."""
+blocking work: with plain `def`, every request pays one thread-pool hop per dependency, a visible
+share of the event loop's time (`python -m bench profile_service --clients 1`; docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The one server harness of the tests and the benchmarks: start a real softknn server, wait for it,
-measure it, stop it; and the hostile requests a server must refuse (issue 7, issue 15).
+measure it, stop it; and the hostile requests a server must refuse.
 
     srv = LiveServer.spawn(cmd, log_path, port=p, ready_path="/healthz")   # any HTTP server (bench/service.py's peers)
     srv.wait_ready(600); ...; srv.close()

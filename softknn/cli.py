@@ -20,7 +20,7 @@ from softknn.errors import SoftKNNError
 
 class Command(TyperCommand):
     """Usage lines in click's convention, `softknn query [OPTIONS] BUNDLE TEXTS...`, where typer ≥ 0.24
-    prints a required argument as `{bundle}` (issue 17)."""
+    prints a required argument as `{bundle}`."""
 
     def collect_usage_pieces(self, ctx) -> list[str]:
         rv = [self.options_metavar] if self.options_metavar else []
@@ -166,7 +166,7 @@ def build(
 
 def _report_loo(cal: dict) -> None:
     """Say how many labelled chunks the build's abstain thresholds come from, and warn below the
-    number at which the loss budget could pay for one refused right answer (issue 17)."""
+    number at which the loss budget could pay for one refused right answer."""
     loo = cal.get("leave_one_out")
     if not loo:
         return

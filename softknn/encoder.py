@@ -146,7 +146,7 @@ class ModelInfo:
     dim: int
     max_seq_length: int
     extra: dict = field(default_factory=dict)
-    runtime: str = "torch"  # what runs the plain forward: torch | onnx (issue 16)
+    runtime: str = "torch"  # what runs the plain forward: torch | onnx
     precision: str = "fp32"  # its numerics: fp32 | int8 (onnx only); a bundle's K/V must share them
 
 
@@ -376,7 +376,7 @@ class Encoder:
             hidden = hidden[0] if isinstance(hidden, tuple) else hidden
         return hidden  # (B, T, C)
 
-    # --- compact memory (issue 14): K/V from the memory layer's input, or recomputed ------------
+    # --- compact memory: K/V from the memory layer's input, or recomputed -----------------------
     def project_kv(self, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v (n, nh, hs) = the layer's own key/value Linear on its input hidden states (n, C).
 

@@ -39,7 +39,7 @@ def check_numerics(manifest: Manifest, info, path) -> None:
 
     fp32 torch and fp32 onnx count as the same: the onnx runtime is verified against torch within
     1e-4 whenever it opens (softknn.onnx_forward). int8 differs by far more, so it never mixes.
-    Bundles from before issue 16 carry no precision: they were built by torch in fp32.
+    Older bundles carry no precision: they were built by torch in fp32.
     """
     built, runtime = manifest.model.precision, manifest.model.runtime
     if built != info.precision:

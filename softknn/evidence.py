@@ -75,7 +75,7 @@ def evidence_items(
     """Evidence for input b, ranked by memory-mass share, each with its spans and influence.
     `why(s)`: why the chunk in slot s of R was retrieved: its dense_similarity, bm25 and
     matched_terms (Engine._why)."""
-    if not rows or n_items <= 0:  # nothing asked for: skip the per-token work (~1.5 ms, bench/fused_forward.py)
+    if not rows or n_items <= 0:  # nothing asked for: skip the per-token work (bench/fused_forward.py)
         return []
     valid = batch.mask[b].cpu()  # (T,)
     g = fr.gate_mem[b][:, valid].cpu()  # (nh, n, S)

@@ -32,7 +32,7 @@ class ModelRecord(_Section):
     head_dim: int
     num_layers: int
     max_seq_length: int | None = None
-    runtime: str = "torch"  # bundles from before issue 16 carry neither: torch fp32 built them
+    runtime: str = "torch"  # older bundles carry neither: torch fp32 built them
     precision: str = "fp32"
 
 
@@ -101,7 +101,7 @@ class Manifest(_Section):
     memory_layer: int
     index: IndexRecord
     kv_dtype: str = "float32"
-    memory: str = "kv"  # bundles from before issue 14 carry no field: stored K/V
+    memory: str = "kv"  # older bundles carry no memory field: stored K/V
     counts: Counts
     files: dict[str, FileRecord]
     labels: list[str] = Field(default_factory=list)

@@ -38,11 +38,11 @@ def choose_index(n: int, d: int, requested: str = "auto", params: dict | None = 
         raise ValueError(f"index type must be one of {INDEX_TYPES}, not {requested!r}")
     params = dict(params or {})
     kind, reason = requested, "requested"
-    # Thresholds from bench/ann.py and bench/fused_forward.py (docs/benchmarks.md, ANN section):
-    # one exact scan costs ~0.11 ms CPU per 1,000 chunks (3.4 ms at 30k, 11 ms at 100k) against
-    # ~13 ms for the plain forward of a short input, while HNSW answers in 0.2–0.5 ms at recall@8
-    # ≥ 0.98; IVF-PQ (rerank 4) stayed at recall@8 ≤ 0.84 at 1M and saves no memory here, since
-    # ChunkIndex keeps the embeddings for exact search and re-ranking anyway.
+    # Thresholds from bench/ann.py and bench/fused_forward.py (figures in docs/benchmarks.md, ANN
+    # section): an exact scan grows linearly with the chunks and becomes a sizeable share of the
+    # plain forward past the flat limit, while HNSW answers in a fraction of a millisecond at high
+    # recall; IVF-PQ's recall plateaus too low at 1M and saves no memory here, since ChunkIndex
+    # keeps the embeddings for exact search and re-ranking anyway.
     if requested == "auto":
         if n <= 20_000:
             kind, reason = "flat", f"{n} chunks ≤ 20,000: an exact scan costs less than a sixth of the forward pass"

@@ -1,4 +1,4 @@
-"""Memory representations (issue 14): what a bundle stores to give the memory layer its K/V.
+"""Memory representations: what a bundle stores to give the memory layer its K/V.
 
 The fused attention needs, for every retrieved chunk, its memory tokens' layer-L keys and values
 (nh, n_c, hs). A bundle can store them in one of these forms, chosen at build time and named in

@@ -1,4 +1,4 @@
-"""The plain forward in ONNX Runtime (issue 16): exported once per model fingerprint and precision,
+"""The plain forward in ONNX Runtime: exported once per model fingerprint and precision,
 cached, and verified against torch on fixed inputs every time it is opened.
 
 The graph maps the tokenizer's features to every layer's input `hidden_i` (B, T, C) (hidden_0 the
@@ -39,7 +39,7 @@ from softknn.encoder import RESUMABLE_TYPES, CaptureKV, PlainPass, TokenBatch, b
 from softknn.errors import ModelRuntimeError, UnsupportedModel
 
 EXPORT_VERSION = 2  # bump when the graph's inputs/outputs or the export recipe change
-TOLERANCE = 1e-4  # fp32: max |onnx − torch| over every output (issue 16)
+TOLERANCE = 1e-4  # fp32: max |onnx − torch| over every output
 INT8_MIN_COSINE = 0.95  # int8: min cosine of the pooled embeddings to torch's on VERIFY_TEXTS: a gate
 # against a broken export, not a quality claim (measured: 0.979 worst with per-channel weights, 0.93
 # per-tensor; quality cost on Banking77/ObliQA in docs/benchmarks.md)

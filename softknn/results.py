@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 # frozen, not slotted: orjson reads a dataclass's __dict__ directly; with slots=True it goes field
-# by field and rendered a whole answer 3.7× slower (bench/json_encode.py)
+# by field and renders a whole answer several times slower (bench/json_encode.py; docs/benchmarks.md)
 _FROZEN = {"frozen": True}
 
 

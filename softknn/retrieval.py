@@ -38,8 +38,8 @@ CANDIDATES = 200
 def kth_largest(x: np.ndarray, m: int) -> float:
     """x_(m), the m-th largest value of x (m clipped to len(x)).
 
-    Partitioned from the top (−x): np.partition(x, N − m) was 5× slower on BM25 vectors whose
-    scores are mostly 0 (100k chunks: p90 3.3–4 ms against 0.19 ms; bench/hybrid_cost.py)."""
+    Partitioned from the top (−x): np.partition(x, N − m) is far slower on BM25 vectors whose
+    scores are mostly 0 (bench/hybrid_cost.py; figures in docs/benchmarks.md)."""
     m = max(1, min(int(m), len(x)))
     return float(-np.partition(-np.asarray(x), m - 1)[m - 1])
 

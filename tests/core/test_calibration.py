@@ -1,4 +1,4 @@
-"""Build-time calibration by leave-one-out (issue 13): the grid against a plain loop, the record in
+"""Build-time calibration by leave-one-out: the grid against a plain loop, the record in
 the manifest, and a labelled bundle that abstains out of the box."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A newcomer's first hour with the CLI (issue 17): answers before the model loads, field names
+"""A newcomer's first hour with the CLI: answers before the model loads, field names
 named or inferred, the stored ones reused, and no abstain threshold from too few validation rows."""
 
 from __future__ import annotations

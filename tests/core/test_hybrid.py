@@ -1,4 +1,4 @@
-"""Hybrid and lexical retrieval (issue 13): the lexical index, the fast path against the brute force,
+"""Hybrid and lexical retrieval: the lexical index, the fast path against the brute force,
 `retrieval: "dense"` unchanged, bundles without a lexical index, and the evidence's why-fields."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Memory representations (issue 14): every kind gives the memory layer the K/V of stored `kv`,
+"""Memory representations: every kind gives the memory layer the K/V of stored `kv`,
 its fast gather equals its plain reference, and the manifest, verify, info and old bundles agree."""
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def test_bundle_without_memory_field_loads_as_kv(bundles, engines, tmp_path):
     for f in (bundles["kv"] / "lexical").iterdir():
         (old / "lexical" / f.name).write_bytes(f.read_bytes())
     m = json.loads((old / "manifest.json").read_text())
-    del m["memory"]  # as every bundle built before issue 14
+    del m["memory"]  # as an older bundle, built before the field existed
     m["version_id"] = version_id(m)
     (old / "manifest.json").write_text(json.dumps(m))
     b = load_bundle(old)

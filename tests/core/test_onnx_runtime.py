@@ -1,4 +1,4 @@
-"""model.runtime=onnx (issue 16): the export is verified before use, equals torch on real inputs
+"""model.runtime=onnx: the export is verified before use, equals torch on real inputs
 (plain forward and `exact: true` answers), and a bundle of other numerics is refused."""
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def test_bundles_of_other_numerics_are_refused(encoder, sample_bundle):
     foreign.manifest = sample_bundle.manifest.replaced(model=model | {"runtime": "onnx", "precision": "int8"})
     with pytest.raises(BundleError, match="built with onnx int8 numerics, but the model runs torch fp32"):
         Engine(encoder, foreign)
-    # before issue 16: no runtime recorded = torch fp32
+    # an older bundle: no runtime recorded = torch fp32
     legacy = sample_bundle.manifest.replaced(model={k: v for k, v in model.items() if k not in ("runtime", "precision")})
     assert (legacy.model.runtime, legacy.model.precision) == ("torch", "fp32")
     check_numerics(legacy, encoder.info, sample_bundle.path)

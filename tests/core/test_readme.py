@@ -31,7 +31,7 @@ def test_readme_first_commands_set_up_serve_and_test():
     assert "python -m pytest" in (ROOT / ".ci" / "run").read_text()
 
 
-# --- the samples print what the commands print (issue 17) -------------------------------------
+# --- the samples print what the commands print -----------------------------------------------
 NUM = re.compile(r"-?\d+\.\d+")
 
 

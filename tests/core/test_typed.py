@@ -1,4 +1,4 @@
-"""Typed results and manifests (issue 15): what the engine returns and how a bundle's manifest is read."""
+"""Typed results and manifests: what the engine returns and how a bundle's manifest is read."""
 
 from __future__ import annotations
 

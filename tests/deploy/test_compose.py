@@ -103,14 +103,14 @@ def test_every_softknn_command_in_the_compose_file_parses():
 
 
 def test_the_ray_heads_serve_command_parses():
-    """`softknn serve --ray --address` is issue 14's serving flag (its own branch); until it is
-    merged this check says so instead of passing."""
+    """`softknn serve --ray --address` is the Ray serving flag, developed on its own branch;
+    until it is merged this check says so instead of passing."""
     from softknn.cli import app
 
     group = typer.main.get_command(app)
     serve = group.get_command(group.context_class(group), "serve")
     if "--ray" not in {o for p in serve.params for o in p.opts}:
-        pytest.skip("softknn serve has no --ray option in this tree yet (issue 14's serve --ray)")
+        pytest.skip("softknn serve has no --ray option in this tree yet")
     _parses(_exec_argv("ray-head")[1:])
 
 

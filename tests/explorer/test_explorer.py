@@ -1,4 +1,4 @@
-"""The evidence explorer (GET /, service/static/) in a real browser (issue 8).
+"""The evidence explorer (GET /, service/static/) in a real browser.
 
 Debian's headless Chromium (`apt-get install chromium chromium-driver`), driven by Playwright's
 Python package through `executable_path` (never `playwright install`), against a real uvicorn
@@ -182,7 +182,7 @@ def test_query_shows_the_evidence_tokens_and_labels_the_api_returned(page, api):
 
 
 def test_default_view_shows_what_the_kb_changed_against_the_plain_model(page, api):
-    """The page as it opens (issue 17): joint mixing, side by side with the plain model (α = 1), and
+    """The page as it opens: joint mixing, side by side with the plain model (α = 1), and
     the KB's effect on the model's own output: e against e', their nearest KB entries, the heat map."""
     with page.expect_request(lambda q: "/v1/infer" in q.url and q.post_data_json["alpha"] == 1) as base_req:
         body = run(page)
@@ -372,7 +372,7 @@ def test_phone_width_has_no_horizontal_scroll(browser, server, api):
 
 def test_api_docs_render_with_no_network(browser, server):
     """/docs is Swagger UI from the packaged copy (fastapi-offline), not a CDN: with every request
-    that leaves the server refused, the page still lists the operations (issue 17)."""
+    that leaves the server refused, the page still lists the operations."""
     page = browser.new_page(viewport={"width": 1024, "height": 900})
     outside: list[str] = []
 

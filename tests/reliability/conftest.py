@@ -1,4 +1,4 @@
-"""Fixtures of the reliability tests (issue 7): real servers, a second bundle, figures.
+"""Fixtures of the reliability tests: real servers, a second bundle, figures.
 
 Two kinds of live server, both real uvicorn over real sockets on 127.0.0.1:
   * `threaded_server(settings)`: uvicorn in a thread of this process, sharing the session's model

@@ -1,4 +1,4 @@
-"""Crash-safe builds (issue 7): `softknn build` killed with SIGKILL at seeded random points, resumed,
+"""Crash-safe builds: `softknn build` killed with SIGKILL at seeded random points, resumed,
 ends byte-identical (sha256 of every file) to an uninterrupted build; nothing half-written is ever
 loadable; a full disk and an unwritable output folder give a clear error, never a crash.
 

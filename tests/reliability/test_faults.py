@@ -1,4 +1,4 @@
-"""Load with faults, and graceful shutdown, against real server processes (issue 7).
+"""Load with faults, and graceful shutdown, against real server processes.
 
 Load with faults: 4 async clients send well-formed requests back to back while the bundle is
 swapped 10 times between two valid bundles (POST /v1/admin/reload), a corrupt bundle is offered
@@ -13,7 +13,7 @@ be answered 503), the lifespan shutdown runs, and uvicorn re-raises the signal (
 Work still running 10 s after the signal (uvicorn's timeout_graceful_shutdown in service/cli.py)
 would be cut off.
 
-No fixed sleep decides an outcome here (issue 12: CI runs on a loaded 2-core box). The swaps wait
+No fixed sleep decides an outcome here (CI runs on a loaded 2-core box). The swaps wait
 for an answer to a request sent after each swap (so every bundle really served, and the answers are
 checked against the version each swap installed); the shutdown test sends SIGTERM at the moment it
 sees the queue full, and checks the listener closed, by polling connections, while in-flight work

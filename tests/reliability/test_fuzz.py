@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the live API with schemathesis (issue 7): ≥ 1,000 generated requests,
+"""Property-based fuzzing of the live API with schemathesis: ≥ 1,000 generated requests,
 zero 5xx, zero schema-breaking responses, the server still ready afterwards.
 
 The server is a real `python -m service.cli` process with an API key and an admin token (so the

@@ -1,4 +1,4 @@
-"""Hostile inputs get the right 4xx, fast, over real HTTP; well-formed clients barely notice (issue 7).
+"""Hostile inputs get the right 4xx, fast, over real HTTP; well-formed clients barely notice.
 
 The catalogue (service/testing.py HOSTILE): 10 MB bodies declared and streamed, 10,000 inputs, 1 MB
 strings, deep nesting, invalid UTF-8, NUL bytes, lone surrogates, k / alpha / temperature at and
@@ -82,7 +82,7 @@ def test_slow_bodies_do_not_hold_up_well_formed_requests(hostile_server):
 def test_200_slow_clients_still_sending_all_read_their_408_under_load(hostile_server):
     """The server answers 408 while each client is still sending (a byte every 20 ms): every one
     must read the status and its JSON error, then the server's close, never a connection reset
-    (issue 12: closing with unread bytes in the socket made the kernel answer them with a RST,
+    (closing with unread bytes in the socket made the kernel answer them with a RST,
     which could destroy the 408 before the client read it; service/server.py closes lingering)."""
 
     async def scenario():

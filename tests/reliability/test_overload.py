@@ -1,4 +1,4 @@
-"""Overload (issue 7): with the queue full, new requests get 429 + Retry-After within milliseconds;
+"""Overload: with the queue full, new requests get 429 + Retry-After within milliseconds;
 once the load drops, latency returns to what it was before (no stuck state).
 
 A real server process with a 4-text queue and one text per micro-batch. Eight "filler" clients keep
@@ -7,8 +7,8 @@ request every 10 ms or so (alternating with a control, below) and times the refu
 REFUSALS of them. Before and after, 20 light requests one at a time give the unloaded latency.
 
 What "within milliseconds" and "returns to what it was" mean is measured in the same run, under
-whatever else the machine is doing (issue 12: on the loaded 2-core CI box the refusals' p50 was
-58 ms, so a fixed "p50 < 25 ms" failed while the service behaved exactly as designed):
+whatever else the machine is doing (on a loaded 2-core CI box a fixed bound on the refusals' p50
+fails while the service behaves exactly as designed; docs/reliability.md):
   * a refusal costs what a request refused by validation costs: a control request (the same body
     with k = 0, 422) alternates with the probes, on the same connection and route; the 429 path adds
     only tokenising the text and one comparison under the queue lock to it;

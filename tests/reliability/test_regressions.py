@@ -1,4 +1,4 @@
-"""Regression tests for the bugs the reliability work found (issue 7), each named for what it broke.
+"""Regression tests for the bugs the reliability work found, each named for what it broke.
 
 Found by the schemathesis run (tests/reliability/test_fuzz.py):
   * a blank text was schema-valid but refused (422): the schema now says `pattern: \\S`

@@ -1,4 +1,4 @@
-"""Security properties of the service and the bundle loader (issue 7; threat model in docs/security.md).
+"""Security properties of the service and the bundle loader (threat model in docs/security.md).
 
   * bearer keys are compared with hmac.compare_digest (constant time), for every route that checks one
   * neither key reaches a log record, at DEBUG, through successes and every kind of failure

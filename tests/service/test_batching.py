@@ -1,6 +1,6 @@
 """The micro-batcher with a fake runner: batch formation, backpressure, deadlines, isolation.
 
-No assertion here depends on how fast the machine is (issue 12: CI runs on a loaded 2-core box).
+No assertion here depends on how fast the machine is (CI runs on a loaded 2-core box).
 Which texts share a micro-batch is made deterministic: a batch fills to exactly max_batch_size
 (with a max_wait far longer than any test), or the worker is held in the runner (`gate`) until the
 texts under test are all queued (`until(depth)`), so a preempted event loop can no longer let the

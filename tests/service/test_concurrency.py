@@ -87,7 +87,7 @@ def test_two_workers_share_the_queue_and_answer_like_one(running_app, make_setti
     """batching.workers = 2: both worker threads run micro-batches, concurrently, and every answer
     still equals the engine's solo answer (the hook is per thread, the tokenizer locked).
 
-    "Concurrently" is not left to the scheduler (issue 12: on a loaded 2-core box one worker could
+    "Concurrently" is not left to the scheduler (on a loaded 2-core box one worker could
     finish every batch before the other one woke): the first micro-batch waits, before it runs, until
     a second one has entered the runner. Only the other worker can bring it there (this one is held),
     so the rendezvous happens if and only if the two workers really take micro-batches at the same

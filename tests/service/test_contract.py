@@ -164,7 +164,7 @@ def test_request_ids_are_echoed_sanitised_and_logged_as_json(inproc, caplog):
         "route": "/v1/index", "status": 200}
 
 
-# --- retrieval: hybrid by default, dense as before, old bundles dense-only (issue 13) ----------------
+# --- retrieval: hybrid by default, dense as before, old bundles dense-only -------------------------
 def test_exact_dense_request_equals_the_brute_force_reference(api, encoder, engine):
     """What the independent check of the core contract sends: retrieval "dense" with exact."""
     from softknn.reference import reference_embedding

@@ -1,4 +1,4 @@
-"""The service on a compact-memory bundle (issue 14): `exact: true` answers equal those of the same
+"""The service on a compact-memory bundle: `exact: true` answers equal those of the same
 KB built with stored float32 K/V, and /v1/index names the memory and its bytes per chunk."""
 
 from __future__ import annotations

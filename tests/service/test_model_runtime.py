@@ -1,4 +1,4 @@
-"""model.runtime in the service (issue 16): /v1/index and /metrics name it; onnx serves `exact: true`
+"""model.runtime in the service: /v1/index and /metrics name it; onnx serves `exact: true`
 answers equal to torch's; an export that fails verification keeps the service from starting."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """POST /v1/admin/reload: atomic swap under load; corrupt and foreign bundles refused, old one serving.
 
-Nothing here waits a fixed time for something to happen (issue 12: CI runs on a loaded 2-core
+Nothing here waits a fixed time for something to happen (CI runs on a loaded 2-core
 box): the tests wait for the event itself (an answer sent after a swap, a request queued) with a
 generous deadline, and a queued request is held in the queue by the batcher's own rule (a micro-batch
 is taken when full), not by a timer that a slow reload could outlast.
