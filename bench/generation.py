@@ -226,6 +226,42 @@ def answers(args) -> None:
     return payload
 
 
+def answers_k(args) -> dict:
+    """k chosen on validation for each way of giving the model the KB (prompt-stuffed, joint), then test."""
+    from softknn.generation import GenParams
+
+    enc, gen = models()
+    bundle, binfo = get_bundle(ROOT / "softknn" / "sample_kb" / "kb", CACHE / "gen-sample", enc, gen)
+    ge = gen_engine(enc, gen, bundle)
+    qa = load_qa()
+    val = [q for q in qa if q["split"] == "validation"][: args.limit or None]
+    test = [q for q in qa if q["split"] == "test"][: args.limit or None]
+    ks = [int(x) for x in args.ks.split(",")]
+    methods = {"prompt": {"context": "prompt"}, "joint": {"mixing": "joint"}}
+    t0 = time.perf_counter()
+    sweep: dict = {}
+    for k in ks:
+        rows = run_modes(ge, val, methods, GenParams(max_tokens=32, temperature=0.0, k=k))
+        for m, r in rows.items():
+            sweep.setdefault(m, {})[str(k)] = summarise(r)
+    # best validation accuracy, then F1; a tie goes to the larger k (more of R in the evidence)
+    chosen = {m: max(ks, key=lambda k, m=m: (sweep[m][str(k)]["accuracy"], sweep[m][str(k)]["f1"], k)) for m in methods}
+    trows = {}
+    for m, p in methods.items():
+        trows[m] = run_modes(ge, test, {m: p}, GenParams(max_tokens=32, temperature=0.0, k=chosen[m]))[m]
+    tsum = {m: summarise(r) for m, r in trows.items()}
+    payload = {"command": COMMAND, "bundle": binfo, "generator": gen.info.name, "ks": ks,
+               "validation_sweep": sweep, "k_chosen": chosen, "test": tsum,
+               "params": {"max_tokens": 32, "greedy": True, "retrieval": "bundle default (hybrid)", "positions": "composite"},
+               "wall_s": round(time.perf_counter() - t0, 1), "per_question": {"test": trows}}
+    out = write("generation_answers_k", payload)
+    plot_grouped("generation_answers_k", [str(k) for k in ks],
+                 {m: {str(k): sweep[m][str(k)] for k in ks} for m in methods}, "accuracy",
+                 "validation accuracy by k (prompt-stuffed vs softknn joint)", "accuracy")
+    print(out, json.dumps({"validation": sweep, "chosen": chosen, "test": tsum}, indent=1))
+    return payload
+
+
 def plot_grouped(name: str, labels: list[str], groups: dict, key: str, title: str, ylabel: str | None = None) -> None:
     import matplotlib
 
@@ -504,6 +540,9 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     s.add_argument("--repeats", type=int, default=3)
     s.add_argument("--ks", default="4,8,16")
     s.add_argument("--llama-cpp-note", default=LLAMA_CPP_NOTE)
+    ak = sub.add_parser("answers_k", help="k chosen on validation per method (prompt-stuffed, joint), then test")
+    ak.add_argument("--ks", default="1,2,4")
+    ak.add_argument("--limit", type=int, default=0, help="questions per split (0: all)")
     sub.add_parser("memory", help="bytes per chunk per layer set and representation, and the accuracy each keeps")
 
 
@@ -511,7 +550,7 @@ def run(args: argparse.Namespace) -> dict:
     global COMMAND
     COMMAND = getattr(args, "command", COMMAND)
     setup_threads()
-    part = {"answers": answers, "obliqa": obliqa, "speed": speed, "memory": memory}[args.part]
+    part = {"answers": answers, "answers_k": answers_k, "obliqa": obliqa, "speed": speed, "memory": memory}[args.part]
     out = part(args)
     return out if isinstance(out, dict) else json.loads((RESULTS / f"generation_{args.part}.json").read_text())
 
