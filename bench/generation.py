@@ -457,6 +457,64 @@ LAYER_SETS = {"all": "all", "last15": ",".join(str(i) for i in range(15, 30)), "
 BYTES = {"fp32": 4, "fp16": 2, "int8": 1}
 
 
+def llama_cpp(args) -> dict:
+    """Prompt-stuffed RAG in llama.cpp on the same prompts as `speed` (the same R's text, the same
+    template), beside softknn's figures from generation_speed.json: TTFT and decode tokens/s."""
+    import subprocess
+
+    from softknn.generation import GenParams
+    from softknn.generator import PACKAGED_GGUF, resolve_generator
+
+    enc, gen = models()
+    bundle, binfo = get_bundle(ROOT / "softknn" / "sample_kb" / "kb", CACHE / "gen-sample", enc, gen)
+    ge = gen_engine(enc, gen, bundle)
+    qs = [q for q in load_qa() if q["split"] == "test"][: args.questions]
+    ks = [int(x) for x in args.ks.split(",")]
+    prompts = []
+    for k in ks:
+        for q in qs:
+            prep = ge.prepare(GenParams(max_tokens=16, k=k, context="prompt"), None, msgs(q["question"]))
+            prompts.append({"k": k, "q": q["id"], "prompt": gen.tokenizer.decode(prep.prefix + prep.rest),
+                            "hf_tokens": len(prep.prefix) + len(prep.rest)})
+    CACHE.mkdir(parents=True, exist_ok=True)
+    pin, pout = CACHE / "llama_prompts.json", CACHE / "llama_out.json"
+    pin.write_text(json.dumps(prompts))
+    folder, gguf = resolve_generator("smollm2-135m-instruct")
+    assert gguf == PACKAGED_GGUF[1]
+    t0 = time.perf_counter()
+    subprocess.run([args.python, str(ROOT / "bench" / "llama_cpp_worker.py"), str(folder / gguf), str(pin), str(pout),
+                    "16", str(args.repeats)], check=True)
+    rows = json.loads(pout.read_text())
+    speed_json = json.loads((RESULTS / "generation_speed.json").read_text())["summary"]
+    summ = {}
+    for k in ks:
+        r = [x for x in rows if x["k"] == k]
+        dec = [(x["tokens"] - 1) / x["decode_s"] for x in r if x["tokens"] > 1 and x["decode_s"] > 0]
+        mine = speed_json.get(str(k), {})
+        s = {"ttft_median_s": round(statistics.median(x["ttft_s"] for x in r), 4),
+             "decode_tok_s_median": round(statistics.median(dec), 2) if dec else None,
+             "prompt_tokens_median": statistics.median(x["prompt_tokens"] for x in r),
+             "hf_prompt_tokens_median": statistics.median(p["hf_tokens"] for p in prompts if p["k"] == k)}
+        if mine:
+            s["softknn_memory_ttft_median_s"] = mine["memory"]["ttft_median_s"]
+            s["ttft_ratio_softknn_over_llama_cpp"] = round(mine["memory"]["ttft_median_s"] / s["ttft_median_s"], 3)
+            s["softknn_memory_decode_tok_s"] = mine["memory"]["decode_tok_s_median"]
+        summ[str(k)] = s
+    import importlib.metadata as md
+
+    version = subprocess.run([args.python, "-c", "import llama_cpp; print(llama_cpp.__version__)"], capture_output=True,
+                             text=True).stdout.strip()
+    payload = {"command": COMMAND, "bundle": binfo, "llama_cpp_python": version, "gguf": gguf, "threads": 1,
+               "questions": len(qs), "repeats": args.repeats, "max_tokens": 16,
+               "timing": "wall inside the llama.cpp process: tokenised prompt → first token (cold KV cache: reset per "
+                         "prompt), then the rest; softknn's figures from generation_speed.json (same questions, k, template)",
+               "softknn_version": md.version("softknn"), "summary": summ, "wall_s": round(time.perf_counter() - t0, 1),
+               "runs": rows}
+    out = write("generation_llama_cpp", payload)
+    print(out, json.dumps(summ, indent=1))
+    return payload
+
+
 def formula_bytes(tokens_per_chunk: float, layers: int, kind: str, nkv: int = 3, hs: int = 64) -> float:
     b = tokens_per_chunk * layers * 2 * nkv * hs * BYTES[kind]
     if kind == "int8":
@@ -543,6 +601,11 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ak = sub.add_parser("answers_k", help="k chosen on validation per method (prompt-stuffed, joint), then test")
     ak.add_argument("--ks", default="1,2,4")
     ak.add_argument("--limit", type=int, default=0, help="questions per split (0: all)")
+    lc = sub.add_parser("llama_cpp", help="prompt-stuffed RAG in llama.cpp on the speed part's prompts")
+    lc.add_argument("--python", required=True, help="the python of an environment with llama-cpp-python")
+    lc.add_argument("--questions", type=int, default=10)
+    lc.add_argument("--repeats", type=int, default=3)
+    lc.add_argument("--ks", default="4,8,16")
     sub.add_parser("memory", help="bytes per chunk per layer set and representation, and the accuracy each keeps")
 
 
@@ -550,7 +613,7 @@ def run(args: argparse.Namespace) -> dict:
     global COMMAND
     COMMAND = getattr(args, "command", COMMAND)
     setup_threads()
-    part = {"answers": answers, "answers_k": answers_k, "obliqa": obliqa, "speed": speed, "memory": memory}[args.part]
+    part = {"answers": answers, "answers_k": answers_k, "llama_cpp": llama_cpp, "obliqa": obliqa, "speed": speed, "memory": memory}[args.part]
     out = part(args)
     return out if isinstance(out, dict) else json.loads((RESULTS / f"generation_{args.part}.json").read_text())
 

@@ -3,7 +3,7 @@
 The catalogue (service/testing.py HOSTILE): 10 MB bodies declared and streamed, 10,000 inputs, 1 MB
 strings, deep nesting, invalid UTF-8, NUL bytes, lone surrogates, k / alpha / temperature at and
 past their bounds, NaN and ±inf, a 5,000-digit integer; plus slow-loris bodies. The unmarked tests
-run it against a real uvicorn server in a thread (shared model); the slow one runs bench/attack.py
+run it against a real uvicorn server in a thread (shared model); the slow one runs `python -m bench attack`
 (as a command) against a server process and compares latency and RSS of well-formed clients with and without it.
 """
 
@@ -143,7 +143,7 @@ def test_hostile_requests_in_parallel_with_good_ones_cost_them_nothing_but_time(
 @pytest.mark.slow
 def test_attack_leaves_well_formed_latency_and_memory_bounded(sample_bundle_path, tmp_path, write_figure):
     out = tmp_path / "attack.json"
-    subprocess.run([sys.executable, str(REPO / "bench" / "attack.py"), "--bundle", str(sample_bundle_path),
+    subprocess.run([sys.executable, "-m", "bench", "attack", "--bundle", str(sample_bundle_path),
                     "--duration", "10", "--clients", "4", "--attackers", "2", "--loris", "8", "--rate", "20",
                     "--out", str(out)], cwd=REPO, check=True, timeout=600)
     fig = json.loads(out.read_text())
