@@ -522,14 +522,16 @@ def chat_request_model(settings: Settings) -> type[ChatRequestBase]:
     """The POST /v1/chat/completions body: OpenAI's fields, and softknn's as extra top-level fields
     (what the openai client's `extra_body` sends)."""
     g = settings.generator
-    tokens = Field(None, ge=1, le=g.max_tokens, description=f"tokens generated at most (default {min(64, g.max_tokens)})")
+    # the bounds before the validator, so that the union's integer member carries minimum/maximum
+    limited = Annotated[int, Field(ge=1, le=g.max_tokens), BeforeValidator(_integral)]
+    tokens = Field(None, description=f"tokens generated at most (default {min(64, g.max_tokens)})")
     return _with_fields(
         ChatRequestBase, settings, "ChatCompletionRequest",
         "OpenAI-compatible chat completion with the KB in the generator's attention.",
         model=(str | None, Field(None, description="the served generator's id (GET /v1/models); empty = it")),
         messages=(list[ChatCompletionMessage], Field(min_length=1, max_length=256)),
-        max_tokens=(Int | None, tokens),
-        max_completion_tokens=(Int | None, Field(None, ge=1, le=g.max_tokens, description="as max_tokens (wins)")),
+        max_tokens=(limited | None, tokens),
+        max_completion_tokens=(limited | None, Field(None, description="as max_tokens (wins)")),
         n=(Int, Field(1, ge=1, le=1, description="choices per request: 1 only")),
         stream_options=(StreamOptions | None, Field(None, description="streaming: include_usage")),
         user=(str | None, Field(None, max_length=256, description="accepted, not used")),
