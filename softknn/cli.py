@@ -288,7 +288,7 @@ def generate(
     temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = 0.0,
     mixing: Annotated[str, typer.Option(help="joint | fixed")] = "joint",
     alpha: Annotated[float, typer.Option(help="fixed mixing: weight of the model's own context")] = 0.7,
-    k: Annotated[int, typer.Option(help="chunks retrieved")] = 4,
+    k: Annotated[int, typer.Option(help="chunks retrieved")] = 2,
     retrieval: Annotated[str | None, typer.Option(help="hybrid | dense | lexical")] = None,
     context: Annotated[str, typer.Option(help="memory (the KB in attention) | prompt (the chunks' text in the prompt)")] = "memory",
     no_kb: Annotated[bool, typer.Option("--no-kb", help="the plain model, no KB")] = False,

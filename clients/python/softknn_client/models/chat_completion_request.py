@@ -37,7 +37,7 @@ class ChatCompletionRequest:
         evidence (int | Unset): evidence items returned Default: 5.
         exact (bool | Unset): exact search, and the chunks' keys/values recomputed in float32 after this prompt's own
             prefix (the masked-concatenation contract) Default: False.
-        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
+        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 2.
         knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
         lexical_weight (float | None | Unset): λ of the hybrid similarity
         max_completion_tokens (int | None | Unset): as max_tokens (wins)
@@ -68,7 +68,7 @@ class ChatCompletionRequest:
     context: ChatCompletionRequestContext | Unset = "memory"
     evidence: int | Unset = 5
     exact: bool | Unset = False
-    k: int | Unset = 4
+    k: int | Unset = 2
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     max_completion_tokens: int | None | Unset = UNSET

@@ -32,7 +32,7 @@ class GenerateRequest:
         evidence (int | Unset): evidence items returned Default: 5.
         exact (bool | Unset): exact search, and the chunks' keys/values recomputed in float32 after this prompt's own
             prefix (the masked-concatenation contract) Default: False.
-        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
+        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 2.
         knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
         lexical_weight (float | None | Unset): λ of the hybrid similarity
         max_tokens (int | Unset): tokens generated at most Default: 64.
@@ -60,7 +60,7 @@ class GenerateRequest:
     context: GenerateRequestContext | Unset = "memory"
     evidence: int | Unset = 5
     exact: bool | Unset = False
-    k: int | Unset = 4
+    k: int | Unset = 2
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     max_tokens: int | Unset = 64
