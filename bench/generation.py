@@ -155,6 +155,17 @@ def gold_hit(q: dict, evidence) -> bool:
 
 
 # --- 1. answers ------------------------------------------------------------------------------------
+def sample_setup(limit: int = 0):
+    """The models, the sample bundle with the generator (built once), its GenEngine, and the QA
+    set's validation and test questions (the first `limit` of each; 0: all)."""
+    enc, gen = models()
+    bundle, binfo = get_bundle(ROOT / "softknn" / "sample_kb" / "kb", CACHE / "gen-sample", enc, gen)
+    qa = load_qa()
+    val = [q for q in qa if q["split"] == "validation"][: limit or None]
+    test = [q for q in qa if q["split"] == "test"][: limit or None]
+    return enc, gen, gen_engine(enc, gen, bundle), binfo, val, test
+
+
 def run_modes(ge, qs: list[dict], modes: dict, base) -> dict:
     out = {name: [] for name in modes}
     for q in qs:
@@ -184,12 +195,7 @@ def summarise(rows: list[dict]) -> dict:
 def answers(args) -> None:
     from softknn.generation import GenParams
 
-    enc, gen = models()
-    bundle, binfo = get_bundle(ROOT / "softknn" / "sample_kb" / "kb", CACHE / "gen-sample", enc, gen)
-    ge = gen_engine(enc, gen, bundle)
-    qa = load_qa()
-    val = [q for q in qa if q["split"] == "validation"][: args.limit or None]
-    test = [q for q in qa if q["split"] == "test"][: args.limit or None]
+    enc, gen, ge, binfo, val, test = sample_setup(args.limit)
     base = GenParams(max_tokens=32, temperature=0.0, k=4)
     t0 = time.perf_counter()
     vmodes = {"no_kb": {"use_kb": False}, "prompt": {"context": "prompt"}, "joint": {"mixing": "joint"},
@@ -230,12 +236,7 @@ def answers_k(args) -> dict:
     """k chosen on validation for each way of giving the model the KB (prompt-stuffed, joint), then test."""
     from softknn.generation import GenParams
 
-    enc, gen = models()
-    bundle, binfo = get_bundle(ROOT / "softknn" / "sample_kb" / "kb", CACHE / "gen-sample", enc, gen)
-    ge = gen_engine(enc, gen, bundle)
-    qa = load_qa()
-    val = [q for q in qa if q["split"] == "validation"][: args.limit or None]
-    test = [q for q in qa if q["split"] == "test"][: args.limit or None]
+    enc, gen, ge, binfo, val, test = sample_setup(args.limit)
     ks = [int(x) for x in args.ks.split(",")]
     methods = {"prompt": {"context": "prompt"}, "joint": {"mixing": "joint"}}
     t0 = time.perf_counter()
