@@ -263,6 +263,37 @@ def answers_k(args) -> dict:
     return payload
 
 
+def answers_prior(args) -> dict:
+    """softknn joint with the w_db prior β (softknn.gen_attention): (k, β) chosen on validation, then test."""
+    from softknn.generation import GenParams
+
+    enc, gen, ge, binfo, val, test = sample_setup(args.limit)
+    ks = [int(x) for x in args.ks.split(",")]
+    betas = [float(x) for x in args.priors.split(",")]
+    t0 = time.perf_counter()
+    sweep: dict = {}
+    for k in ks:
+        for beta in betas:
+            rows = run_modes(ge, val, {"joint": {"mixing": "joint", "prior": beta}},
+                             GenParams(max_tokens=32, temperature=0.0, k=k))["joint"]
+            sweep[f"k={k},prior={beta:g}"] = summarise(rows) | {"k": k, "prior": beta}
+    # best validation accuracy, then F1; a tie to the smaller β (closer to the plain joint softmax), then larger k
+    best = max(sweep.values(), key=lambda s: (s["accuracy"], s["f1"], -s["prior"], s["k"]))
+    trows = run_modes(ge, test, {"joint": {"mixing": "joint", "prior": best["prior"]}},
+                      GenParams(max_tokens=32, temperature=0.0, k=best["k"]))["joint"]
+    payload = {"command": COMMAND, "bundle": binfo, "generator": gen.info.name, "ks": ks, "priors": betas,
+               "validation_sweep": sweep, "chosen": {"k": best["k"], "prior": best["prior"]},
+               "test": {"joint_prior": summarise(trows)},
+               "params": {"max_tokens": 32, "greedy": True, "retrieval": "bundle default (hybrid)", "positions": "composite"},
+               "wall_s": round(time.perf_counter() - t0, 1), "per_question": {"test": trows}}
+    out = write("generation_answers_prior", payload)
+    plot_grouped("generation_answers_prior", [f"{b:g}" for b in betas],
+                 {f"k={k}": {f"{b:g}": sweep[f"k={k},prior={b:g}"] for b in betas} for k in ks}, "accuracy",
+                 "softknn joint, validation accuracy by the w_db prior β", "accuracy")
+    print(out, json.dumps({"validation": sweep, "chosen": payload["chosen"], "test": payload["test"]}, indent=1))
+    return payload
+
+
 def plot_grouped(name: str, labels: list[str], groups: dict, key: str, title: str, ylabel: str | None = None) -> None:
     import matplotlib
 
@@ -602,6 +633,10 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ak = sub.add_parser("answers_k", help="k chosen on validation per method (prompt-stuffed, joint), then test")
     ak.add_argument("--ks", default="1,2,4")
     ak.add_argument("--limit", type=int, default=0, help="questions per split (0: all)")
+    ap_ = sub.add_parser("answers_prior", help="softknn joint with the w_db prior: (k, β) chosen on validation, then test")
+    ap_.add_argument("--ks", default="2,4")
+    ap_.add_argument("--priors", default="0,1,2,4")
+    ap_.add_argument("--limit", type=int, default=0, help="questions per split (0: all)")
     lc = sub.add_parser("llama_cpp", help="prompt-stuffed RAG in llama.cpp on the speed part's prompts")
     lc.add_argument("--python", required=True, help="the python of an environment with llama-cpp-python")
     lc.add_argument("--questions", type=int, default=10)
@@ -614,7 +649,7 @@ def run(args: argparse.Namespace) -> dict:
     global COMMAND
     COMMAND = getattr(args, "command", COMMAND)
     setup_threads()
-    part = {"answers": answers, "answers_k": answers_k, "llama_cpp": llama_cpp, "obliqa": obliqa, "speed": speed, "memory": memory}[args.part]
+    part = {"answers": answers, "answers_k": answers_k, "answers_prior": answers_prior, "llama_cpp": llama_cpp, "obliqa": obliqa, "speed": speed, "memory": memory}[args.part]
     out = part(args)
     return out if isinstance(out, dict) else json.loads((RESULTS / f"generation_{args.part}.json").read_text())
 

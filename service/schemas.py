@@ -419,6 +419,7 @@ class GenerateFields(BaseModel):
     exact: bool
     mixing: Literal["joint", "fixed"]
     alpha: float
+    prior: float
     positions: Literal["composite", "reordered"]
     use_kb: bool
     context: Literal["memory", "prompt"]
@@ -429,7 +430,7 @@ class GenerateFields(BaseModel):
         return GenParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                          stop=tuple(self.stop or ()), seed=self.seed, k=self.k, retrieval=self.retrieval,
                          lexical_weight=self.lexical_weight, knn_temperature=self.knn_temperature, exact=self.exact,
-                         mixing=self.mixing, alpha=self.alpha, positions=self.positions, use_kb=self.use_kb,
+                         mixing=self.mixing, alpha=self.alpha, prior=self.prior, positions=self.positions, use_kb=self.use_kb,
                          context=self.context, evidence=self.evidence, spans=self.spans)
 
 
@@ -457,6 +458,8 @@ def _gen_fields(settings: Settings) -> dict[str, Any]:
         "mixing": (Literal["joint", "fixed"], Field(d.mixing, description="joint: one softmax over the prompt's and "
                                                     "the KB's tokens; fixed: out = α·attn_own + (1−α)·attn_kb")),
         "alpha": (float, Field(d.alpha, ge=0, le=1, description="fixed mixing only: weight of the model's own context")),
+        "prior": (float, Field(d.prior, ge=0, le=16, description="joint mixing only: β of the k-NN prior, each "
+                               "chunk's share of the one softmax times (k·w_db(c))^β; 0 = the plain joint softmax")),
         "positions": (Literal["composite", "reordered"], Field(d.positions, description="rotary placement of the "
                                                                "chunks: side by side (composite) or one after another")),
         "use_kb": (bool, Field(d.use_kb, description="false: the plain model, no retrieval")),

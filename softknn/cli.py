@@ -288,7 +288,9 @@ def generate(
     temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = 0.0,
     mixing: Annotated[str, typer.Option(help="joint | fixed")] = "joint",
     alpha: Annotated[float, typer.Option(help="fixed mixing: weight of the model's own context")] = 0.7,
-    k: Annotated[int, typer.Option(help="chunks retrieved")] = 2,
+    prior: Annotated[float | None, typer.Option(help="joint mixing: β of the w_db prior on each chunk "
+                                                        "(0 = the plain joint softmax; default: GenParams')")] = None,
+    k: Annotated[int, typer.Option(help="chunks retrieved")] = 4,
     retrieval: Annotated[str | None, typer.Option(help="hybrid | dense | lexical")] = None,
     context: Annotated[str, typer.Option(help="memory (the KB in attention) | prompt (the chunks' text in the prompt)")] = "memory",
     no_kb: Annotated[bool, typer.Option("--no-kb", help="the plain model, no KB")] = False,
@@ -306,7 +308,8 @@ def generate(
     try:
         settings = _settings()
         params = GenParams(max_tokens=max_tokens, temperature=temperature, mixing=mixing, alpha=alpha, k=k,
-                           retrieval=retrieval, context=context, use_kb=not no_kb, exact=exact, evidence=evidence).validate()
+                           prior=GenParams.prior if prior is None else prior, retrieval=retrieval, context=context,
+                           use_kb=not no_kb, exact=exact, evidence=evidence).validate()
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         if b.manifest.generator is None:

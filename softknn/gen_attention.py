@@ -7,8 +7,11 @@ Per memory layer, kv head h', query row i (a query head of h''s group at one pos
     attn_intra(i) = softmax_j(q_i·k_j·scale + causal mask) · V_ctx      (the model's own attention)
     attn_c(i)     = softmax_{t∈c}(q_i·k_t·scale) · V_c                   (chunk c's precomputed K/V)
     fixed:  out_i = α·attn_intra(i) + (1−α)·Σ_c w_db(c)·attn_c(i)
-    joint:  out_i = softmax over [tokens of R ; own context](q_i·k·scale) · [V_R ; V_ctx]
-            = g_in·attn_intra(i) + Σ_c g_c·attn_c(i),  g_in = Z_in/Z, g_c = Z_c/Z
+    joint:  out_i = softmax over [tokens of R ; own context](q_i·k·scale + β·log(|R|·w_db(c))) · [V_R ; V_ctx]
+            = g_in·attn_intra(i) + Σ_c g_c·attn_c(i),  g_in = Z_in/Z, g_c = (|R|·w_db(c))^β·Z_c/Z
+
+β (`prior`) lets the outer k-NN's weights into the one softmax as a prior on each chunk's tokens:
+β = 0 is the plain joint softmax (the masked-concatenation contract); with uniform w_db any β is.
 
 Grouped-query attention: the 9 query heads of SmolLM2 share 3 key/value heads, and the memory
 stores the key/value heads (what the model's own cache holds), so a query head reads its group's
@@ -144,13 +147,19 @@ class MemoryHook:
     position of each forward (the one whose output predicts the next token), the gates per chunk.
     """
 
-    def __init__(self, memory: GenMemory, *, mixing: str, alpha: float, trace: Trace | None = None):
+    def __init__(self, memory: GenMemory, *, mixing: str, alpha: float, trace: Trace | None = None,
+                 prior: float = 0.0):
         if mixing not in MIXING:
             raise ValueError(f"mixing must be one of {MIXING}, not {mixing!r}")
+        if prior < 0:
+            raise ValueError(f"prior must be ≥ 0, not {prior}")
         self.memory = memory
         self.mixing = mixing
         self.alpha = float(alpha)
         self.trace = trace
+        # joint only: log of the prior factor (|R|·w_db(c))^β on each chunk's partition function
+        self.log_prior = (prior * torch.log(memory.weight.double().clamp(min=1e-30) * memory.slots)).float() \
+            if prior and mixing == "joint" else None
         # the prompt's first rows that come before the KB (its prefix) attend to their own past only;
         # the generator sets this for the prefill and clears it for the decoding steps
         self.skip_rows = 0
@@ -179,6 +188,8 @@ class MemoryHook:
         s_m = s_m.view(B, nkv, g * T, S, Lm).masked_fill(~self.memory.token_mask, -math.inf)
         lse_c = torch.logsumexp(s_m, -1)  # (B, nkv, gT, S)
         p_c = torch.exp(s_m - lse_c[..., None])  # (B, nkv, gT, S, Lm), 0 on pad tokens
+        if self.log_prior is not None:
+            lse_c = lse_c + self.log_prior  # (S,) broadcast: Z_c·(|R|·w_db(c))^β
         reads = self._reads_memory(T, g, query.device)  # (gT,) or None
         if reads is not None:
             lse_c = lse_c.masked_fill(~reads[:, None], -math.inf)  # prefix rows: no memory mass
@@ -226,7 +237,8 @@ class ReferenceHook(MemoryHook):
                         continue
                     parts_s, parts_v = [s_in], [v_in]
                     for c, n in enumerate(self.memory.lengths):
-                        parts_s.append((mem.key[kv, c, :n].double() @ qi) * scaling)
+                        bias = float(self.log_prior[c]) if self.log_prior is not None else 0.0
+                        parts_s.append((mem.key[kv, c, :n].double() @ qi) * scaling + bias)
                         parts_v.append(mem.value[kv, c, :n].double())
                     if self.mixing == "joint":
                         out[b, h, i] = torch.softmax(torch.cat(parts_s), 0) @ torch.cat(parts_v)

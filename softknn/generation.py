@@ -32,13 +32,14 @@ class GenParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    k: int = 2  # chosen on the sample-KB QA validation split (docs/benchmarks.md, "Generation")
+    k: int = 4  # k and prior chosen together on the sample-KB QA validation split (docs/benchmarks.md, "Generation")
     retrieval: str | None = None  # hybrid | dense | lexical; None: the bundle's default
     lexical_weight: float | None = None
     knn_temperature: float | None = None  # τ of w_db
     exact: bool = False  # exact search, and R's K/V recomputed in float32 after this prompt's own prefix
     mixing: str = "joint"
     alpha: float = 0.7  # fixed mixing only
+    prior: float = 4.0  # joint only: β of the w_db prior on each chunk's share (softknn.gen_attention); 0 = plain joint
     positions: str = "composite"
     use_kb: bool = True  # False: the plain model (the explorer's side-by-side answer)
     context: str = "memory"  # memory: the KB in attention; prompt: the same chunks' text in the prompt (baseline)
@@ -52,6 +53,8 @@ class GenParams:
             raise InvalidInput(f"positions must be one of {POSITIONS}", field="positions")
         if self.context not in ("memory", "prompt"):
             raise InvalidInput("context must be memory or prompt", field="context")
+        if not 0.0 <= self.prior <= 16.0:
+            raise InvalidInput("prior must be in [0, 16]", field="prior")
         if not 0.0 <= self.alpha <= 1.0:
             raise InvalidInput("alpha must be in [0, 1]", field="alpha")
         if self.max_tokens < 1:
@@ -180,7 +183,8 @@ class GenEngine:
                             seed=p.seed)
         result: Generation | None = None
         for item in self.generator.generate(prep.prefix + prep.rest, prep.memory, sampling=sampling, mixing=p.mixing,
-                                            alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled):
+                                            alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled,
+                                            prior=p.prior):
             if isinstance(item, Generation):
                 result = item
             else:
@@ -198,7 +202,8 @@ class GenEngine:
         """Mean NLL per token of `continuation` (tokenised as it is) as the answer, R as `stream` gets it."""
         prep = self.prepare(p, prompt, messages)
         cont = self.generator._ids(continuation)
-        return self.generator.score(prep.prefix + prep.rest, cont, prep.memory, mixing=p.mixing, alpha=p.alpha)
+        return self.generator.score(prep.prefix + prep.rest, cont, prep.memory, mixing=p.mixing, alpha=p.alpha,
+                                    prior=p.prior)
 
     def answer(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, **kw) -> GenAnswer:
         *_, last = self.stream(p, prompt, messages, **kw)
@@ -241,6 +246,7 @@ class GenEngine:
             "memory_share": 0.0 if mass is None else float(mass.sum(-1).mean()),
             "retrieved": len(rows), "k": p.k, "mixing": p.mixing if prep.memory is not None else None,
             "alpha": p.alpha if p.mixing == "fixed" else None, "positions": p.positions,
+            "prior": p.prior if p.mixing == "joint" else None,
             "retrieval": retr.searched[0] and _mode(self.engine, p) if retr is not None else None,
             "memory_layers": len(self.layers) if prep.memory is not None else 0,
             "memory_tokens": sum(prep.memory.lengths) if prep.memory is not None else 0,

@@ -314,7 +314,7 @@ class Generator:
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], memory: GenMemory | None = None, *, sampling: Sampling = Sampling(),
                  mixing: str = "fixed", alpha: float = 0.7, keep_logits: bool = False,
-                 cancelled: Callable[[], bool] = lambda: False) -> Iterator[Step | Generation]:
+                 cancelled: Callable[[], bool] = lambda: False, prior: float = 0.0) -> Iterator[Step | Generation]:
         """Yields a Step per token, then the Generation. Without memory (or with fixed α = 1, where the
         memory has no weight) this is the unmodified model with the prompt at positions 0..T−1."""
         from transformers import DynamicCache
@@ -323,7 +323,7 @@ class Generator:
             raise InvalidInput("the prompt has no tokens", field="prompt")
         use = memory is not None and not (mixing == "fixed" and alpha >= 1.0)
         trace = Trace() if use else None
-        hook = MemoryHook(memory, mixing=mixing, alpha=alpha, trace=trace) if use else None  # type: ignore[arg-type]
+        hook = MemoryHook(memory, mixing=mixing, alpha=alpha, trace=trace, prior=prior) if use else None  # type: ignore[arg-type]
         rng = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else None
         cache = DynamicCache(config=self.model.config)
         gen = Generation(prompt_tokens=len(prompt_ids), trace=trace)
@@ -367,7 +367,7 @@ class Generator:
 
     @torch.inference_mode()
     def score(self, prompt_ids: list[int], continuation: list[int], memory: GenMemory | None = None, *,
-              mixing: str = "joint", alpha: float = 0.7) -> float:
+              mixing: str = "joint", alpha: float = 0.7, prior: float = 0.0) -> float:
         """Mean negative log-likelihood per token (nats) of `continuation` after the prompt, teacher-forced,
         with the memory attended as `generate` attends it."""
         if not continuation:
@@ -376,7 +376,7 @@ class Generator:
         ids = list(prompt_ids) + list(continuation)
         pos = prompt_positions(len(prompt_ids), memory if use else None)
         pos = torch.cat([pos, pos[-1] + 1 + torch.arange(len(continuation))])[None]
-        hook = MemoryHook(memory, mixing=mixing, alpha=alpha) if use else None  # type: ignore[arg-type]
+        hook = MemoryHook(memory, mixing=mixing, alpha=alpha, prior=prior) if use else None  # type: ignore[arg-type]
         if hook is not None:
             hook.skip_rows = memory.prefix_len  # type: ignore[union-attr]
         with bind(hook):

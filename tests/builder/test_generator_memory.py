@@ -128,7 +128,7 @@ def test_exact_answers_equal_the_masked_reference_over_the_retrieved_chunks(tmp_
     ge = GenEngine(Engine(encoder, load_bundle(out)), gen)
     msgs = [{"role": "user", "content": "How much is an adult single on the Amber Line?"}]
     for positions in ("composite", "reordered"):
-        p = GenParams(max_tokens=4, k=3, exact=True, mixing="joint", positions=positions)
+        p = GenParams(max_tokens=4, k=3, exact=True, mixing="joint", prior=0.0, positions=positions)
         ans = ge.answer(p, messages=msgs, keep_logits=True)
         prep = ge.prepare(p, None, msgs)
         assert ans.diagnostics["memory_source"] == "recomputed"

@@ -154,13 +154,14 @@ def test_joint_equals_the_masked_concatenation_on_twenty_prompts(smol, k):
 
 
 # --- (c) fixed = the per-head loop ---------------------------------------------------------------------
-def _with_reference(g: Generator, prompt, mem, alpha: float, mixing: str = "fixed"):
+def _with_reference(g: Generator, prompt, mem, alpha: float, mixing: str = "fixed", prior: float = 0.0):
     """The fast hook's logits and the float64 loop's, for one forward over the prompt."""
     from softknn.gen_attention import MemoryHook, prompt_positions
 
     pos = prompt_positions(len(prompt), mem)[None]
     out = []
-    for hook in (MemoryHook(mem, mixing=mixing, alpha=alpha), ReferenceHook(mem, mixing=mixing, alpha=alpha)):
+    for hook in (MemoryHook(mem, mixing=mixing, alpha=alpha, prior=prior),
+                 ReferenceHook(mem, mixing=mixing, alpha=alpha, prior=prior)):
         hook.skip_rows = mem.prefix_len
         with bind(hook), torch.inference_mode():
             out.append(g.model(input_ids=torch.tensor([prompt]), position_ids=pos).logits[0])
@@ -172,6 +173,32 @@ def test_fixed_equals_the_per_head_loop_on_tiny_models(tiny, alpha):
     _, mem = _memory(tiny, 4, "composite")
     fast, ref = _with_reference(tiny, tiny.layout(prompt=PROMPTS[1])[1], mem, alpha)
     assert float((fast - ref).abs().max()) <= 1e-4
+
+
+@pytest.mark.parametrize("prior", [1.0, 2.0])
+def test_joint_with_the_knn_prior_equals_the_per_head_loop_on_tiny_models(tiny, prior):
+    _, mem = _memory(tiny, 4, "composite")
+    fast, ref = _with_reference(tiny, tiny.layout(prompt=PROMPTS[2])[1], mem, 0.7, "joint", prior)
+    assert float((fast - ref).abs().max()) <= 1e-4
+
+
+def test_the_knn_prior_moves_the_mass_by_w_db_and_is_void_for_uniform_weights(smol):
+    from softknn.gen_attention import MemoryHook
+
+    prefix, rest = smol.layout(messages=[{"role": "user", "content": PROMPTS[0]}])
+    _, mem = _memory(smol, 4, "composite", prefix)  # w_db decreasing over the 4 chunks
+    s = Sampling(max_tokens=2)
+    plain = smol.run(prefix + rest, mem, sampling=s, mixing="joint", keep_logits=True)
+    with_prior = smol.run(prefix + rest, mem, sampling=s, mixing="joint", prior=2.0, keep_logits=True)
+    # g_c ∝ (k·w_db(c))^β·Z_c: the share ratio to the plain joint's moves by exactly (k·w_db(c))^β / norm
+    ratio = with_prior.trace.share[0] / plain.trace.share[0]  # per-layer means, so compare the ordering
+    assert ratio.argsort().tolist() == torch.argsort(mem.weight).tolist()
+    uniform = type(mem)(mem.layers, mem.token_mask, torch.full((4,), 0.25), mem.lengths, mem.prompt_start, mem.prefix_len)
+    a = smol.run(prefix + rest, uniform, sampling=s, mixing="joint", keep_logits=True)
+    b = smol.run(prefix + rest, uniform, sampling=s, mixing="joint", prior=4.0, keep_logits=True)
+    assert _max_diff(a.logits, b.logits) <= 1e-6 and a.token_ids == b.token_ids
+    with pytest.raises(ValueError, match="prior"):
+        MemoryHook(mem, mixing="joint", alpha=0.7, prior=-1.0)
 
 
 def test_fixed_and_joint_equal_the_per_head_loop_on_smollm2(smol):

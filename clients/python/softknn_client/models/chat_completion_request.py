@@ -37,7 +37,7 @@ class ChatCompletionRequest:
         evidence (int | Unset): evidence items returned Default: 5.
         exact (bool | Unset): exact search, and the chunks' keys/values recomputed in float32 after this prompt's own
             prefix (the masked-concatenation contract) Default: False.
-        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 2.
+        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
         knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
         lexical_weight (float | None | Unset): λ of the hybrid similarity
         max_completion_tokens (int | None | Unset): as max_tokens (wins)
@@ -48,6 +48,8 @@ class ChatCompletionRequest:
         n (int | Unset): choices per request: 1 only Default: 1.
         positions (ChatCompletionRequestPositions | Unset): rotary placement of the chunks: side by side (composite) or
             one after another Default: 'composite'.
+        prior (float | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax times
+            (k·w_db(c))^β; 0 = the plain joint softmax Default: 4.0.
         retrieval (ChatCompletionRequestRetrievalType0 | None | Unset): similarity of the k-NN, as /v1/infer's; null =
             the bundle's default
         seed (int | None | Unset): seed of the sampler (temperature > 0): the same seed, the same answer
@@ -68,7 +70,7 @@ class ChatCompletionRequest:
     context: ChatCompletionRequestContext | Unset = "memory"
     evidence: int | Unset = 5
     exact: bool | Unset = False
-    k: int | Unset = 2
+    k: int | Unset = 4
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     max_completion_tokens: int | None | Unset = UNSET
@@ -77,6 +79,7 @@ class ChatCompletionRequest:
     model: None | str | Unset = UNSET
     n: int | Unset = 1
     positions: ChatCompletionRequestPositions | Unset = "composite"
+    prior: float | Unset = 4.0
     retrieval: ChatCompletionRequestRetrievalType0 | None | Unset = UNSET
     seed: int | None | Unset = UNSET
     spans: int | Unset = 3
@@ -147,6 +150,8 @@ class ChatCompletionRequest:
         positions: str | Unset = UNSET
         if not isinstance(self.positions, Unset):
             positions = self.positions
+
+        prior = self.prior
 
         retrieval: None | str | Unset
         if isinstance(self.retrieval, Unset):
@@ -228,6 +233,8 @@ class ChatCompletionRequest:
             field_dict["n"] = n
         if positions is not UNSET:
             field_dict["positions"] = positions
+        if prior is not UNSET:
+            field_dict["prior"] = prior
         if retrieval is not UNSET:
             field_dict["retrieval"] = retrieval
         if seed is not UNSET:
@@ -340,6 +347,8 @@ class ChatCompletionRequest:
         else:
             positions = check_chat_completion_request_positions(_positions)
 
+        prior = d.pop("prior", UNSET)
+
         def _parse_retrieval(data: object) -> ChatCompletionRequestRetrievalType0 | None | Unset:
             if data is None:
                 return data
@@ -434,6 +443,7 @@ class ChatCompletionRequest:
             model=model,
             n=n,
             positions=positions,
+            prior=prior,
             retrieval=retrieval,
             seed=seed,
             spans=spans,

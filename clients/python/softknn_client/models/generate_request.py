@@ -32,7 +32,7 @@ class GenerateRequest:
         evidence (int | Unset): evidence items returned Default: 5.
         exact (bool | Unset): exact search, and the chunks' keys/values recomputed in float32 after this prompt's own
             prefix (the masked-concatenation contract) Default: False.
-        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 2.
+        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
         knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
         lexical_weight (float | None | Unset): λ of the hybrid similarity
         max_tokens (int | Unset): tokens generated at most Default: 64.
@@ -42,6 +42,8 @@ class GenerateRequest:
             α·attn_own + (1−α)·attn_kb Default: 'joint'.
         positions (GenerateRequestPositions | Unset): rotary placement of the chunks: side by side (composite) or one
             after another Default: 'composite'.
+        prior (float | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax times
+            (k·w_db(c))^β; 0 = the plain joint softmax Default: 4.0.
         prompt (None | str | Unset): raw text, tokenised as it is (no chat template), the KB before it
         retrieval (GenerateRequestRetrievalType0 | None | Unset): similarity of the k-NN, as /v1/infer's; null = the
             bundle's default
@@ -60,13 +62,14 @@ class GenerateRequest:
     context: GenerateRequestContext | Unset = "memory"
     evidence: int | Unset = 5
     exact: bool | Unset = False
-    k: int | Unset = 2
+    k: int | Unset = 4
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     max_tokens: int | Unset = 64
     messages: list[ChatMessage] | None | Unset = UNSET
     mixing: GenerateRequestMixing | Unset = "joint"
     positions: GenerateRequestPositions | Unset = "composite"
+    prior: float | Unset = 4.0
     prompt: None | str | Unset = UNSET
     retrieval: GenerateRequestRetrievalType0 | None | Unset = UNSET
     seed: int | None | Unset = UNSET
@@ -123,6 +126,8 @@ class GenerateRequest:
         positions: str | Unset = UNSET
         if not isinstance(self.positions, Unset):
             positions = self.positions
+
+        prior = self.prior
 
         prompt: None | str | Unset
         if isinstance(self.prompt, Unset):
@@ -188,6 +193,8 @@ class GenerateRequest:
             field_dict["mixing"] = mixing
         if positions is not UNSET:
             field_dict["positions"] = positions
+        if prior is not UNSET:
+            field_dict["prior"] = prior
         if prompt is not UNSET:
             field_dict["prompt"] = prompt
         if retrieval is not UNSET:
@@ -285,6 +292,8 @@ class GenerateRequest:
         else:
             positions = check_generate_request_positions(_positions)
 
+        prior = d.pop("prior", UNSET)
+
         def _parse_prompt(data: object) -> None | str | Unset:
             if data is None:
                 return data
@@ -359,6 +368,7 @@ class GenerateRequest:
             messages=messages,
             mixing=mixing,
             positions=positions,
+            prior=prior,
             prompt=prompt,
             retrieval=retrieval,
             seed=seed,
