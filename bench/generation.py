@@ -51,9 +51,8 @@ CACHE = Path("/tmp/softknn-bench")
 QA = ROOT / "softknn" / "sample_kb" / "qa.jsonl"
 OBLIQA = ROOT.parent / "shared" / "data" / "obliqa_dev"
 ALPHAS = (0.5, 0.7, 0.8, 0.9)
-LLAMA_CPP_NOTE = ("not run: llama-cpp-python is not installed and has no binary wheel for this platform "
-                  "(`pip download llama-cpp-python --only-binary :all:` finds none); installing it compiles llama.cpp "
-                  "from source, many minutes on the 2 shared cores, so it was not attempted")
+LLAMA_CPP_NOTE = ("not run in this part: the llama_cpp part runs prompt-stuffed RAG in llama.cpp on these prompts "
+                  "(llama-cpp-python has no binary wheel here and is compiled from source in its own venv)")
 COMMAND = "python " + " ".join(shlex.quote(a) for a in sys.argv)  # replaced by the runner's args.command in run()
 
 
