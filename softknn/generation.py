@@ -222,9 +222,11 @@ class GenEngine:
         tokens: list[GenToken] = []
         mass = torch.stack(trace.mass[:n]) if trace is not None and n and trace.mass else None  # (n, S)
         share = torch.stack(trace.share[:n]) if mass is not None and trace is not None else None  # mass implies trace
+        # the chunk each token drew on most: by its mass (joint), or by its scores' own share (fixed, where
+        # the mass is (1−α)·w_db for every token)
+        pick = mass if p.mixing == "joint" else share
         for t in range(n):
-            top = None if mass is None else chunks[rows[int(mass[t].argmax())]]["chunk_id"] if p.mixing == "joint" \
-                else chunks[rows[int(share[t].argmax())]]["chunk_id"]  # type: ignore[index]
+            top = None if pick is None else chunks[rows[int(pick[t].argmax())]]["chunk_id"]
             tokens.append(GenToken(t, pieces[t], 0.0 if mass is None else float(mass[t].sum()), top))
         retr = prep.retr
         if retr is not None and rows:
