@@ -162,8 +162,12 @@ def test_softknn_build_ray_on_a_two_node_cluster_equals_the_local_build(tmp_path
                             "--no-progress", "--ray", "--address", address, "--ray-workers", "2"],
                            cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
-        # one CPU per node and two one-CPU workers: a worker on each node
-        assert "encoded with Ray Data: 2 workers on 2 node(s)" in r.stdout.splitlines(), r.stdout
+        # one CPU per node and two one-CPU workers: a worker on each node. The line counts the nodes whose
+        # workers encoded a batch, and on a loaded machine the first worker up can take every batch
+        # before the second has loaded its model: 1 or 2 nodes, never more, always 2 workers
+        lines = [x for x in r.stdout.splitlines() if x.startswith("encoded with Ray Data: 2 workers on ")]
+        assert lines in (["encoded with Ray Data: 2 workers on 2 node(s)"],
+                         ["encoded with Ray Data: 2 workers on 1 node(s)"]), r.stdout
         _same_bundle(sample_bundle_path, out)
     finally:
         for proc in reversed(nodes):
