@@ -51,7 +51,7 @@ else
 fi
 
 # 3. the server, on a free port of 127.0.0.1
-PORT=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+PORT=$("$PYTHON" -c 'from service.testing import free_port; print(free_port())')
 URL="http://127.0.0.1:$PORT"
 SOFTKNN_MODEL__THREADS=${SOFTKNN_MODEL__THREADS:-1} "$PYTHON" -c 'from softknn.cli import app; app(prog_name="softknn")' \
   serve --bundle "$BUNDLE" --host 127.0.0.1 --port "$PORT" --log-level warning >"$OUT/server.log" 2>&1 &
@@ -66,24 +66,7 @@ stop_server() {
 trap stop_server EXIT
 
 echo "== waiting for $URL/readyz (server pid $SERVER)"
-if ! "$PYTHON" - "$URL" "$SERVER" <<'EOF'
-import os, sys, time, urllib.error, urllib.request
-url, pid = sys.argv[1], int(sys.argv[2])
-end = time.monotonic() + 240
-while time.monotonic() < end:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        sys.exit("server exited before it was ready")
-    try:
-        with urllib.request.urlopen(url + "/readyz", timeout=5) as r:
-            if r.status == 200:
-                sys.exit(0)
-    except (urllib.error.URLError, OSError):
-        pass
-    time.sleep(0.5)
-sys.exit("not ready after 240 s")
-EOF
+if ! "$PYTHON" -m service.testing wait-ready "$URL" --pid "$SERVER" --timeout 240
 then
   echo "server log:"; tail -n 60 "$OUT/server.log"
   exit 1

@@ -62,17 +62,28 @@ def bound_socket() -> socket.socket:
     return sock
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_ready(client: httpx.Client, timeout: float = 180.0, *, proc: subprocess.Popen | None = None,
-               log_path: Path | None = None, interval: float = 0.1, probe_timeout: float | None = None,
-               path: str = "/readyz") -> list[int]:
+               pid: int | None = None, log_path: Path | None = None, interval: float = 0.1,
+               probe_timeout: float | None = None, path: str = "/readyz") -> list[int]:
     """Poll GET `path` (/readyz) until 200; the statuses seen (0 = no connection yet). Raises RuntimeError when
-    `proc` exits first, TimeoutError after `timeout` s (with the tail of `log_path`). `probe_timeout`:
-    each probe's own timeout (None: the client's; a TestClient takes none)."""
+    `proc` (or the process `pid`, one this process did not start) exits first, TimeoutError after `timeout` s
+    (with the tail of `log_path`). `probe_timeout`: each probe's own timeout (None: the client's; a
+    TestClient takes none)."""
     tail = lambda: f"; log:\n{log_path.read_text(errors='replace')[-4000:]}" if log_path else ""  # noqa: E731
     seen, end = [], time.monotonic() + timeout
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}{tail()}")
+        if pid is not None and not _pid_alive(pid):
+            raise RuntimeError(f"server (pid {pid}) exited{tail()}")
         try:
             r = client.get(path) if probe_timeout is None else client.get(path, timeout=probe_timeout)
             seen.append(r.status_code)
@@ -389,3 +400,29 @@ async def slow_body(url: str, *, byte_every_s: float = 0.25, give_up_s: float = 
     except (ValueError, KeyError, TypeError):
         error = None
     return SlowBody(status, dt, closed, error)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m service.testing wait-ready URL [--timeout S] [--pid PID] [--log FILE]`: the shell scripts'
+    readiness wait (scripts/load_smoke.sh), the same poll as the tests'. Exit 0 when ready, 1 otherwise."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m service.testing")
+    sub = ap.add_subparsers(dest="command", required=True)
+    w = sub.add_parser("wait-ready", help="poll URL/readyz until 200")
+    w.add_argument("url")
+    w.add_argument("--timeout", type=float, default=240.0)
+    w.add_argument("--pid", type=int, default=None, help="fail as soon as this process exits")
+    w.add_argument("--log", type=Path, default=None, help="print this log's tail on failure")
+    args = ap.parse_args(argv)
+    with httpx.Client(base_url=args.url, timeout=5.0) as client:
+        try:
+            wait_ready(client, args.timeout, pid=args.pid, log_path=args.log, interval=0.5)
+        except (RuntimeError, TimeoutError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -72,3 +72,23 @@ def test_wait_ready_polls_the_path_it_is_given(scripted_server):
     with httpx.Client(base_url=url) as client:
         assert wait_ready(client, 30, path="/models") == [200]
     assert paths == ["/models"]
+
+
+def test_the_scripts_wait_is_the_harness_wait_and_fails_when_the_server_exits(scripted_server, tmp_path):
+    """`python -m service.testing wait-ready` (scripts/load_smoke.sh's wait): 0 at the first 200; 1 with the
+    pid and the log's tail as soon as the watched process is gone."""
+    url, statuses, paths = scripted_server
+    statuses += [503, 200]
+    ok = subprocess.run([sys.executable, "-m", "service.testing", "wait-ready", url, "--timeout", "30"],
+                        capture_output=True, text=True, timeout=60)
+    assert (ok.returncode, paths) == (0, ["/readyz", "/readyz"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(30)
+    log = tmp_path / "server.log"
+    log.write_text("it died\n")
+    with bound_socket() as sock:
+        dead = subprocess.run([sys.executable, "-m", "service.testing", "wait-ready",
+                               f"http://127.0.0.1:{sock.getsockname()[1]}", "--pid", str(gone.pid),
+                               "--log", str(log), "--timeout", "30"], capture_output=True, text=True, timeout=60)
+    assert dead.returncode == 1
+    assert dead.stderr == f"error: server (pid {gone.pid}) exited; log:\nit died\n\n"

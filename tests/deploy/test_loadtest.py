@@ -106,3 +106,16 @@ def test_verify_names_failures_by_status_and_error_type():
     assert mix.verify(call, response(500, body))[0] == "status_500:internal_error"  # undocumented: unparsed
     assert mix.verify(call, response(502, b"<html>bad gateway</html>"))[0] == "status_502:?"
     assert mix.verify(call, response(200, b"{}", parsed=None))[0] == "bad_body"
+
+
+def test_a_load_test_against_a_service_that_is_not_ready_exits_2_before_any_call(tmp_path, capsys):
+    """loadtest.run checks /readyz once and refuses to load a service that does not answer it (the
+    caller waits for readiness: compose's service_healthy, load_smoke.sh's harness wait)."""
+    from service.testing import bound_socket
+
+    with bound_socket() as sock:  # bound, never listening: refused
+        host = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        assert run.main(["--host", host, "--out", str(tmp_path), "--ready-timeout", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {host}/readyz is not 200 (wait for readiness before a load test): ConnectError(")
+    assert list(tmp_path.iterdir()) == []
