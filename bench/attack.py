@@ -3,7 +3,7 @@
     python -m bench attack                                   # sample bundle, 15 s per phase
     python -m bench attack --duration 30 --out bench/results/attack.json
 
-Starts `python -m service.cli` (API key set, one torch thread, limits.body_timeout_s = 2) on a
+Starts `python -m softknn.service.cli` (API key set, one torch thread, limits.body_timeout_s = 2) on a
 free port of 127.0.0.1, then runs three phases of `--duration` seconds each:
     baseline   `--clients` well-formed clients, each sending one-input requests back to back
     attack     the same clients, plus `--attackers` tasks cycling through HOSTILE (10 MB bodies,
@@ -16,7 +16,7 @@ per phase the well-formed latency (p50/p95/p99/max) and statuses, the RSS (MB), 
 kind the statuses it got and how fast (p50/p99). Every hostile request must get its expected
 status; every well-formed one 200.
 
-HOSTILE (service/testing.py) is also the table of tests/reliability/test_hostile.py.
+HOSTILE (softknn/service/testing.py) is also the table of tests/reliability/test_hostile.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from service.testing import (
+from softknn.service.testing import (
     API_KEY,
     HOSTILE,
     REPO,

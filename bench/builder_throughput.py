@@ -45,7 +45,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
     from softknn.encoder import Encoder
 
     enc = Encoder()

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from bench.common import RESULTS, result_path, write
-from evaluation.metrics import (
+from softknn.evaluation.metrics import (
     abstain_point,
     auroc,
     calibrate_rules,

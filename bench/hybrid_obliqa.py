@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import RESULTS, result_path, write
-from evaluation.metrics import ndcg_at_k, retrieval_metrics
-from evaluation.run import ranked_ids, read_queries, sample
-from index_builder.reader import Fields
+from softknn.evaluation.metrics import ndcg_at_k, retrieval_metrics
+from softknn.evaluation.run import ranked_ids, read_queries, sample
+from softknn.index_builder.reader import Fields
 from softknn.lexical import LexicalIndex, LexicalSpec
 from softknn.retrieval import scores_reference
 
@@ -404,7 +404,7 @@ def run(args: argparse.Namespace) -> dict:
             "rrf": f"(b) (1−λ)/({RRF_C} + r_dense) + λ/({RRF_C} + r_bm25) over the two top-m lists (BM25 list: "
                    "b > 0), rank from 1; λ = 0.5 is plain RRF",
             "ranking": f"top {K} chunks by s (score desc, chunk row asc), then doc ids deduplicated (first kept), "
-                       "evaluation.metrics.retrieval_metrics against gold_ids",
+                       "softknn.evaluation.metrics.retrieval_metrics against gold_ids",
         },
         "grid": {"weights": WEIGHTS, "pools": POOLS, "k1": K1S, "b": BS, "baseline_bm25": spec_name(default)},
         "module_defaults_at_run": module_defaults(),

@@ -5,7 +5,7 @@
 What is real and what is synthetic (docs/benchmarks.md repeats this):
 - texts: sentence-level pieces of the ObliQA passages (../shared/data/obliqa_dev/documents, split at
   . ! ? ; and newlines, ≥ 5 words) plus the Banking77 train texts — ~46k real texts.
-- the real bundle: `softknn build` (index_builder.build_bundle) of `--real` of those texts, shuffled
+- the real bundle: `softknn build` (softknn.index_builder.build_bundle) of `--real` of those texts, shuffled
   with a fixed seed: real embeddings, real layer-L K/V, real provenance.
 - the embedding pool: real all-MiniLM-L6-v2 embeddings of *every* text (the bundle's rows first).
 - a KB of N chunks (`synthetic_bundle(N)`): rows < N_bundle are the real bundle; rows up to the
@@ -88,7 +88,7 @@ def bundle_path(n_real: int) -> Path:
 
 def prepare(n_real: int = 10_000, batch_size: int = 64) -> dict:
     """Build the real bundle and encode the embedding pool (both cached). Returns timings."""
-    from index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
     from softknn.encoder import Encoder
 
     CACHE.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@
 With --runtime onnx the server runs SOFTKNN_MODEL__RUNTIME=onnx and the files are named
 profile_service_onnx_cN.txt.
 
-Starts `python -m service.cli` on the 10k real bundle (bench/kb.py) on 127.0.0.1, samples it with
+Starts `python -m softknn.service.cli` on the 10k real bundle (bench/kb.py) on 127.0.0.1, samples it with
 `py-spy record --format raw` (every thread, GIL-idle samples dropped) while c asyncio+httpx
 clients send one-input POST /v1/infer requests for --duration s (bench/service.py's client), and
 reports per thread the share of samples in which each function appears (inclusive).

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Reproduce docs/quality.md: builds, validation sweeps, then the test-set evaluations.
 # Reads ../shared/data; writes under artifacts/ (git-ignored). About 2.5 hours on 2 busy CPU cores.
-# `softknn eval` is `python -m evaluation.cli eval` (the same function, registered in softknn/cli.py).
+# `softknn eval` is `python -m softknn.evaluation.cli eval` (the same function, registered in softknn/cli.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 DATA=../shared/data
-EVAL="python -m evaluation.cli"
+EVAL="python -m softknn.evaluation.cli"
 B=artifacts/eval/bundles
 
 # 0. data: the ObliQA KB without its 720 empty passages, questions with gold passage ids, a val/test split

@@ -99,7 +99,7 @@ def forward(encs: dict, texts: list[str], repeats: int) -> dict:
 
 
 def builder(encs: dict, limit: int, repeats: int) -> dict:
-    from index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
     texts, labels = _banking("train")
     tmp = Path(tempfile.mkdtemp(prefix="softknn-bench-runtime-"))

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from bench.common import result_path, write
-from index_builder.pipeline import BuildConfig, build_bundle
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import Engine, InferParams

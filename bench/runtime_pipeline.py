@@ -2,9 +2,9 @@
 
 For one Banking77 KB and one ObliQA dev KB (fixed, seeded subsets: see SUBSETS, the same for every
 variant; bench/memory_repr.py's banking77 / obliqa helpers), every variant builds its own bundle with
-the production builder (index_builder.build_bundle, `softknn build`'s defaults: BM25 index written,
+the production builder (softknn.index_builder.build_bundle, `softknn build`'s defaults: BM25 index written,
 a labelled KB calibrated) through an Encoder of that runtime and precision, and is evaluated through
-the served path exactly as `softknn eval` does it (evaluation.run.evaluate: the Engine's fused pass,
+the served path exactly as `softknn eval` does it (softknn.evaluation.run.evaluate: the Engine's fused pass,
 the settings' default parameters, so hybrid retrieval; --compare adds dense / lexical beside it):
 
   - Banking77: accuracy and macro-F1 of the served prediction, the baseline 1-NN, and the abstain
@@ -33,9 +33,9 @@ import torch
 
 from bench.common import RESULTS, result_path, write
 from bench.memory_repr import banking77, obliqa
-from evaluation.run import evaluate
-from index_builder.pipeline import BuildConfig, build_bundle
-from index_builder.reader import Fields
+from softknn.evaluation.run import evaluate
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.index_builder.reader import Fields
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import Engine, InferParams

@@ -23,13 +23,13 @@ import httpx
 
 from bench.common import RESULTS, summary, write
 from bench.kb import set_threads
-from service.testing import HOST, LiveServer, free_port
+from softknn.service.testing import HOST, LiveServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def spawn(name: str, cmd: list[str], ready_path: str, env: dict | None = None, cwd: Path = REPO) -> LiveServer:
-    """Start a server through the one harness (service/testing.py) on a free port ("{port}" in `cmd`),
+    """Start a server through the one harness (softknn/service/testing.py) on a free port ("{port}" in `cmd`),
     HF offline, `env` on top, its output in $TMPDIR/bench_service_NAME.log; not waited for yet."""
     port = free_port()
     return LiveServer.spawn([c.replace("{port}", str(port)) for c in cmd],
@@ -38,7 +38,7 @@ def spawn(name: str, cmd: list[str], ready_path: str, env: dict | None = None, c
 
 
 def softknn_server(name: str, bundle: Path, env: dict | None = None) -> LiveServer:
-    """`python -m service.cli` on `bundle`, no auth, torch threads as this process's environment says."""
+    """`python -m softknn.service.cli` on `bundle`, no auth, torch threads as this process's environment says."""
     return spawn(name, LiveServer.command(bundle, "{port}", log_level="warning"), "/readyz", env)
 
 
@@ -292,7 +292,7 @@ def fill_wait(args) -> dict:
 
 # --- --quick: softknn alone on the sample bundle ---------------------------------------------------
 def quick(args) -> dict:
-    from service.testing import ensure_bundle
+    from softknn.service.testing import ensure_bundle
     from softknn.cli import sample_kb_path
 
     bundle = ensure_bundle(args.bundle)

@@ -8,7 +8,7 @@ Two validation sets, both from the KB side (train.csv); test.csv is never read h
      of the similarities alone, so (k, τ, kernel) are swept exactly and cheaply from one FAISS
      search of the stored chunk embeddings (no model pass). Out-of-domain: the ObliQA validation
      questions (bench/obliqa_prepare.py), scored by the same rule against the whole KB.
-  2. the stratified 10% held-out split (evaluation.holdout.prepare_validation: a bundle built from the
+  2. the stratified 10% held-out split (softknn.evaluation.holdout.prepare_validation: a bundle built from the
      other 90%), through the engine, for what needs the fused pass: α, mixing, memory layer (one
      bundle per layer), and the readouts that use the fused output (memory-mass labels in joint
      mode, a second retrieval round with the fused embedding).
@@ -26,10 +26,10 @@ import faiss
 import numpy as np
 import torch
 
-from evaluation.holdout import prepare_validation
-from evaluation.metrics import abstain_point, auroc, choose_threshold
-from evaluation.run import Strategy, read_queries, run_variants
-from index_builder.reader import Fields
+from softknn.evaluation.holdout import prepare_validation
+from softknn.evaluation.metrics import abstain_point, auroc, choose_threshold
+from softknn.evaluation.run import Strategy, read_queries, run_variants
+from softknn.index_builder.reader import Fields
 from softknn.attention import knn_weights
 from softknn.bundle import load_bundle, read_manifest
 from softknn.encoder import Encoder

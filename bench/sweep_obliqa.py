@@ -24,9 +24,9 @@ import math
 import time
 from pathlib import Path
 
-from evaluation.metrics import retrieval_metrics
-from evaluation.run import Strategy, baseline_outcomes, ranked_ids, read_queries, run_variants, sample
-from index_builder.reader import Fields
+from softknn.evaluation.metrics import retrieval_metrics
+from softknn.evaluation.run import Strategy, baseline_outcomes, ranked_ids, read_queries, run_variants, sample
+from softknn.index_builder.reader import Fields
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import Engine, InferParams

@@ -14,7 +14,7 @@ made; nothing that calls it changes:
   is chosen at build time by softknn.memory.choose_index and read back from the manifest), or a
   sharded bundle's merge over its shards (softknn.shards); softknn.bundle.load_bundle picks one.
 - ShardBackend: where a sharded bundle's shards run (softknn.shards.Shard in every case): in
-  this process (softknn.shards.LocalShards) or as Ray actors (service.ray_serving.RayShards);
+  this process (softknn.shards.LocalShards) or as Ray actors (softknn.service.ray_serving.RayShards);
   load_bundle's `shard_backend` factory picks one (None: in this process).
 - MemoryStore: the memory layer's keys/values of retrieved chunks, padded into a MemoryBatch.
   softknn.memory.KVStore (stored K/V), softknn.memory_repr.HiddenStore (hidden states, fp16 or

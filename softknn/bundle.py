@@ -277,7 +277,7 @@ def load_bundle(
     """Verify (checksums) and load a bundle; refuse one built with other model weights.
 
     A sharded bundle loads as a softknn.shards.ShardedBundle (the same interface), its shards in
-    this process or, with `shard_backend` (service.ray_serving.RayShards.factory(...)), elsewhere.
+    this process or, with `shard_backend` (softknn.service.ray_serving.RayShards.factory(...)), elsewhere.
     The one place the chunk search (softknn.backends.ChunkSearch) is chosen: the manifest's index
     in a ChunkIndex, or the shards' merge; the memory store is load_memory's choice."""
     import faiss

@@ -2,8 +2,8 @@
 
 The rules (RULES) and how their thresholds are chosen from outcomes (choose_threshold,
 calibrate_rules) live here, below both apps: the builder calibrates every labelled bundle with
-them (calibrate_loo), the evaluation app on a held-out split (evaluation.holdout) and reports
-them (evaluation.metrics re-exports them).
+them (calibrate_loo), the evaluation app on a held-out split (softknn.evaluation.holdout) and reports
+them (softknn.evaluation.metrics re-exports them).
 
 Leave-one-out:
 

@@ -101,7 +101,7 @@ def build(
     generator_memory: Annotated[str, typer.Option(help="with --generator: fp32 | fp16 | int8 | recompute (nothing stored)")] = "fp16",
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it (FAISS and BM25)."""
-    from index_builder.reader import Fields, resolve_fields
+    from softknn.index_builder.reader import Fields, resolve_fields
 
     if out.exists() and not force:  # the checks that need no model come first
         _fail(f"{out}: already exists; pass --force to replace it")
@@ -125,7 +125,7 @@ def build(
         _fail(e)
     for n in notes:
         _note(n)
-    from index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
     if (address is not None or ray_workers is not None) and not ray:
         _fail(ValueError("--address and --ray-workers need --ray"))
@@ -135,7 +135,7 @@ def build(
             from softknn.console import need_ray
 
             need_ray()
-            from index_builder.distributed import RayEncode
+            from softknn.index_builder.distributed import RayEncode
 
             encode = RayEncode(address, workers=ray_workers, progress=progress)
         settings = _settings(model__name=model)
@@ -183,7 +183,7 @@ def _report_loo(cal: dict) -> None:
 def add_lexical(bundle: Annotated[Path, typer.Argument(help="bundle directory built without a lexical index")]) -> None:
     """Add the BM25 index to an older bundle (no re-encoding); it then serves hybrid retrieval."""
     need_bundle(bundle)
-    from index_builder.pipeline import add_lexical as add
+    from softknn.index_builder.pipeline import add_lexical as add
 
     try:
         m = add(bundle)
@@ -341,10 +341,10 @@ def sample_kb() -> None:
 
 
 def _register_edge_commands() -> None:
-    """Commands whose code lives in the apps (service/, evaluation/), registered without importing
-    FastAPI or matplotlib (service/__init__.py loads the app lazily; tests/test_layering.py)."""
-    from evaluation.cli import calibrate_command, eval_command
-    from service.cli import serve
+    """Commands whose code lives in the apps (softknn/service/, softknn/evaluation/), registered without importing
+    FastAPI or matplotlib (softknn/service/__init__.py loads the app lazily; tests/test_layering.py)."""
+    from softknn.evaluation.cli import calibrate_command, eval_command
+    from softknn.service.cli import serve
 
     app.command("serve", cls=Command)(serve)
     app.command("eval", cls=Command)(eval_command)

@@ -1,4 +1,4 @@
-"""What every command shares (softknn/cli.py, evaluation/cli.py): Settings from the options, the
+"""What every command shares (softknn/cli.py, softknn/evaluation/cli.py): Settings from the options, the
 encoder, the error exit. Its own module so the command modules import it, never each other."""
 
 from __future__ import annotations

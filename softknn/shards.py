@@ -1,6 +1,6 @@
 """Sharded bundles: one KB in N shards, served in one process or by one Ray actor per shard.
 
-On disk (written by `softknn build KB --out DIR --shards N`, index_builder.pipeline):
+On disk (written by `softknn build KB --out DIR --shards N`, softknn.index_builder.pipeline):
 
     DIR/manifest.json          the one-index manifest (model, layer, index spec, counts, labels,
                                calibration over the whole KB, lexical settings) plus `shards`: per
@@ -17,7 +17,7 @@ per-(term, chunk) score was computed with the whole KB's N, avgdl and document f
 a shard's BM25 score of a chunk is bit-for-bit the one-index score (sliced, never recomputed).
 
 Serving: `Shard` is all the per-shard work (dense top k, exact similarities, BM25 scores, the
-memory gather of requested rows); it runs in-process or as a Ray actor (service.ray_serving)
+memory gather of requested rows); it runs in-process or as a Ray actor (softknn.service.ray_serving)
 with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engine: its `index`,
 `lexical` and `kv` fan each call out to the shards and merge exactly:
 
@@ -249,7 +249,7 @@ class ShardedBundle:
 
     path: Path
     manifest: Manifest
-    backend: ShardBackend  # LocalShards or service.ray_serving.RayShards (softknn.backends)
+    backend: ShardBackend  # LocalShards or softknn.service.ray_serving.RayShards (softknn.backends)
     chunks: list[dict]
     lo: list[int]  # first global row of each shard
     labels: list[str] = field(default_factory=list)

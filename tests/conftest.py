@@ -28,7 +28,7 @@ def sample_kb() -> Path:
 
 @pytest.fixture(scope="session")
 def sample_bundle_path(tmp_path_factory, encoder, sample_kb) -> Path:
-    from index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "sample"
     build_bundle(sample_kb, out, BuildConfig(), encoder, progress=False)

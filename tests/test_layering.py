@@ -45,8 +45,8 @@ def is_app(module: str) -> bool:
 
 def test_the_static_check_sees_an_app_import_inside_a_function(tmp_path):
     f = tmp_path / "m.py"
-    f.write_text("import json\n\ndef g():\n    from evaluation.run import evaluate\n    import service.app\n")
-    assert [(n, m) for n, m in imported_names(f) if is_app(m)] == [(4, "evaluation.run"), (5, "service.app")]
+    f.write_text("import json\n\ndef g():\n    from softknn.evaluation.run import evaluate\n    import softknn.service.app\n")
+    assert [(n, m) for n, m in imported_names(f) if is_app(m)] == [(4, "softknn.evaluation.run"), (5, "softknn.service.app")]
 
 
 def test_no_core_file_imports_an_app():
@@ -90,8 +90,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_app_graph_check_sees_a_cycle_through_a_function_body(tmp_path):
     for app, body in (("service", "import json\n"),
-                      ("index_builder", "def f():\n    from evaluation.metrics import auroc\n"),
-                      ("evaluation", "from index_builder.reader import read_kb\n")):
+                      ("index_builder", "def f():\n    from softknn.evaluation.metrics import auroc\n"),
+                      ("evaluation", "from softknn.index_builder.reader import read_kb\n")):
         (tmp_path / app).mkdir()
         (tmp_path / app / "m.py").write_text(body)
     graph = app_graph(tmp_path)
@@ -124,12 +124,12 @@ def test_importing_every_core_module_loads_no_app_and_no_web_framework():
 
 def test_the_softknn_command_loads_no_web_framework_until_serve_runs():
     loaded = loaded_after_importing(["softknn.cli"])
-    assert "service.cli" in loaded and "evaluation.cli" in loaded  # the edge commands are registered
+    assert "softknn.service.cli" in loaded and "softknn.evaluation.cli" in loaded  # the edge commands are registered
     assert [m for m in loaded if m.split(".")[0] in ("fastapi", "starlette", "uvicorn", "matplotlib")] == []
 
 
 def test_no_test_imports_the_benchmarks():
-    """Tests use the one server harness (service/testing.py) and their own helpers, never bench/."""
+    """Tests use the one server harness (softknn/service/testing.py) and their own helpers, never bench/."""
     tests = sorted((ROOT / "tests").rglob("*.py"))
     assert len(tests) >= 20
     bad = [f"{p.relative_to(ROOT)}:{n} imports {m}" for p in tests for n, m in imported_names(p)

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index_builder import pipeline
-from index_builder.pipeline import BuildConfig, build_bundle
-from service.testing import free_port
+from softknn.index_builder import pipeline
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.service.testing import free_port
 from softknn.bundle import sha256_file, verify_bundle
 from tests.ray_nodes import ray_env, start_node, stop_node, wait_for_cpus
 
@@ -57,7 +57,7 @@ def test_cli_refuses_ray_options_without_ray(tmp_path, sample_kb):
 
 
 def test_ray_encode_refuses_bad_sizes():
-    from index_builder.distributed import RayEncode
+    from softknn.index_builder.distributed import RayEncode
 
     with pytest.raises(ValueError, match="workers must be at least 1"):
         RayEncode(workers=0)
@@ -66,7 +66,7 @@ def test_ray_encode_refuses_bad_sizes():
 
 
 def test_a_worker_refuses_other_model_weights(encoder):
-    from index_builder.distributed import _EncodeWorker
+    from softknn.index_builder.distributed import _EncodeWorker
     from softknn.errors import BundleError
 
     with pytest.raises(BundleError, match=r"this worker's model weights differ from the driver's \(fingerprint "
@@ -77,7 +77,7 @@ def test_a_worker_refuses_other_model_weights(encoder):
 def test_the_worker_transport_carries_encode_batchs_arrays_exactly(encoder, sample_kb, tmp_path):
     """A worker's output row (one .npz per batch), read back by the driver, writes the same shard
     files as the local path, byte for byte; no Ray involved (the Ray runs are the slow tests)."""
-    from index_builder.distributed import _arrays, _EncodeWorker
+    from softknn.index_builder.distributed import _arrays, _EncodeWorker
 
     chunks = pipeline.chunk_documents(pipeline.read_kb(sample_kb, BuildConfig().fields), encoder.tokenizer,
                                       encoder.max_seq_length - 8, 32)
@@ -103,7 +103,7 @@ def test_the_worker_transport_carries_encode_batchs_arrays_exactly(encoder, samp
 def test_a_ray_build_resuming_a_local_one_equals_the_local_build(tmp_path, sample_kb, sample_bundle_path, encoder):
     """A local build killed after 3 batches, finished by Ray Data on a 2-worker local cluster: every
     file and the version equal the plain local build of the same KB (the session's sample bundle)."""
-    from index_builder.distributed import RayEncode
+    from softknn.index_builder.distributed import RayEncode
 
     out = tmp_path / "b"
     done = []

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index_builder.generator_memory import BATCH
-from index_builder.pipeline import BuildConfig, build_bundle
+from softknn.index_builder.generator_memory import BATCH
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.bundle import load_bundle, verify_bundle
 from softknn.engine import Engine
 from softknn.errors import BundleError

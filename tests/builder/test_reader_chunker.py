@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from index_builder.chunker import chunk_documents
-from index_builder.reader import Fields, read_kb
+from softknn.index_builder.chunker import chunk_documents
+from softknn.index_builder.reader import Fields, read_kb
 from softknn.errors import KBFormatError
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from index_builder.reader import Fields, resolve_fields
+from softknn.index_builder.reader import Fields, resolve_fields
 from softknn.cli import app
 from softknn.errors import KBFormatError
 
@@ -148,7 +148,7 @@ def test_build_then_calibrate_reuses_the_field_names_and_refuses_a_threshold_fro
 
 
 def test_enough_validation_rows_keep_the_threshold():
-    from evaluation.holdout import min_validation, small_validation
+    from softknn.evaluation.holdout import min_validation, small_validation
 
     assert [min_validation(t) for t in (0.01, 0.05, 0.03, 0.0, 0.001)] == [100, 20, 34, 100, 100]
     rec = {"abstain_threshold": 0.4, "min_similarity": 0.3, "abstain_threshold_gated": 0.2, "validation": {"n": 20}}

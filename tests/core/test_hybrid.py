@@ -179,7 +179,7 @@ def test_a_bundle_without_a_lexical_index_serves_dense_and_refuses_hybrid(encode
 def test_add_lexical_upgrades_an_old_bundle_in_place(encoder, dense_only_bundle_path, tmp_path, engine):
     import shutil
 
-    from index_builder.pipeline import add_lexical
+    from softknn.index_builder.pipeline import add_lexical
 
     old = tmp_path / "old"
     shutil.copytree(dense_only_bundle_path, old)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from index_builder.pipeline import BuildConfig, build_bundle
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.bundle import load_bundle, read_manifest, verify_bundle, version_id
 from softknn.engine import Engine, InferParams
 from softknn.errors import BundleError

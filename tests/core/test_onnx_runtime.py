@@ -176,7 +176,7 @@ def test_bundles_of_other_numerics_are_refused(encoder, sample_bundle):
 @pytest.mark.slow  # a whole sample-KB build
 def test_the_builder_records_its_runtime_and_onnx_kv_equal_torch_kv(onnx_encoder, sample_bundle_path, sample_kb,
                                                                      tmp_path):
-    from index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
     build_bundle(sample_kb, tmp_path / "b", BuildConfig(), onnx_encoder, progress=False)
     built = json.loads((tmp_path / "b" / "manifest.json").read_text())

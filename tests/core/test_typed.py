@@ -10,7 +10,7 @@ import typing
 import orjson
 import pytest
 
-from service import schemas
+from softknn.service import schemas
 from softknn import results
 from softknn.bundle import MANIFEST, load_bundle, read_manifest, version_id
 from softknn.engine import InferParams

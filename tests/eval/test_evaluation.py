@@ -12,9 +12,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from evaluation.cli import calibrate_command, eval_command
-from evaluation.holdout import holdout_split
-from evaluation.metrics import (
+from softknn.evaluation.cli import calibrate_command, eval_command
+from softknn.evaluation.holdout import holdout_split
+from softknn.evaluation.metrics import (
     abstain_point,
     auroc,
     calibrate_rules,
@@ -26,8 +26,8 @@ from evaluation.metrics import (
     recall_at_k,
     retrieval_metrics,
 )
-from evaluation.run import Strategy, _fused, read_queries, rules_from_calibration
-from index_builder.reader import Document, Fields
+from softknn.evaluation.run import Strategy, _fused, read_queries, rules_from_calibration
+from softknn.index_builder.reader import Document, Fields
 from softknn.bundle import load_bundle, verify_bundle, write_calibration
 from softknn.engine import Engine, InferParams
 
@@ -122,7 +122,7 @@ TINY_KB = [
 
 @pytest.fixture(scope="module")
 def tiny_bundle(tmp_path_factory, encoder) -> Path:
-    from index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
     root = tmp_path_factory.mktemp("tiny")
     out = root / "bundle"
@@ -212,7 +212,7 @@ def test_calibration_is_stored_in_a_bundle_that_still_verifies(tiny_bundle, tmp_
 
 
 def test_calibrate_command_splits_the_kb_and_writes_the_threshold(tmp_path, encoder):
-    from index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
     rows = [json.loads(line) for line in (SAMPLE / "kb" / "kb.jsonl").read_text().splitlines()]
     by_label: dict[str, list] = {}

@@ -1,4 +1,4 @@
-"""The evidence explorer (GET /, service/static/) in a real browser.
+"""The evidence explorer (GET /, softknn/service/static/) in a real browser.
 
 Debian's headless Chromium (`apt-get install chromium chromium-driver`), driven by Playwright's
 Python package through `executable_path` (never `playwright install`), against a real uvicorn
@@ -20,8 +20,8 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from service.app import create_app
-from service.testing import threaded_server
+from softknn.service.app import create_app
+from softknn.service.testing import threaded_server
 from softknn.settings import Settings
 from tests.numerics import close
 

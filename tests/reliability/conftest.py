@@ -3,9 +3,9 @@
 Two kinds of live server, both real uvicorn over real sockets on 127.0.0.1:
   * `threaded_server(settings)`: uvicorn in a thread of this process, sharing the session's model
     (fast: no model load); for the unmarked tests.
-  * `service.testing.LiveServer.start(...)`: `python -m service.cli` as its own process (RSS,
+  * `softknn.service.testing.LiveServer.start(...)`: `python -m softknn.service.cli` as its own process (RSS,
     signals, crashes are its own); for the slow tests and the bench scripts.
-Both come from the one harness, service/testing.py.
+Both come from the one harness, softknn/service/testing.py.
 Figures (JSON) go to artifacts/reliability/; docs/reliability.md quotes them.
 """
 
@@ -20,10 +20,10 @@ import httpx
 import pytest
 import torch
 
-from index_builder.pipeline import BuildConfig, build_bundle
-from service.app import create_app
-from service.testing import ADMIN_TOKEN, API_KEY
-from service.testing import threaded_server as serve_in_thread
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.service.app import create_app
+from softknn.service.testing import ADMIN_TOKEN, API_KEY
+from softknn.service.testing import threaded_server as serve_in_thread
 from softknn.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]

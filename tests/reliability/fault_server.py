@@ -1,10 +1,10 @@
 """`python -m tests.reliability.fault_server --bundle B --port P`: the real service with one test-only fault.
 
-The same as `softknn serve` (service/cli.py): Settings from SOFTKNN_* variables, create_app, JSON
+The same as `softknn serve` (softknn/service/cli.py): Settings from SOFTKNN_* variables, create_app, JSON
 logs, uvicorn with the same graceful shutdown; except that the inference worker raises on any
 micro-batch holding a text that contains FAULT_MARKER, as a bug in the core would. The fault is
 installed from outside, by wrapping the app's batcher runner after create_app (as
-tests/service/test_concurrency.py does in process), so nothing of it exists in service/ or in any
+tests/service/test_concurrency.py does in process), so nothing of it exists in softknn/service/ or in any
 production entry point. tests/reliability/test_faults.py drives it.
 """
 
@@ -31,9 +31,9 @@ def install_fault(app) -> None:
 def main() -> None:
     import uvicorn
 
-    from service.app import create_app
-    from service.logs import configure_logging
-    from service.server import uvicorn_config
+    from softknn.service.app import create_app
+    from softknn.service.logs import configure_logging
+    from softknn.service.server import uvicorn_config
     from softknn.settings import Settings
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

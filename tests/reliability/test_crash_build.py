@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index_builder import pipeline
-from index_builder.pipeline import BuildConfig, build_bundle
+from softknn.index_builder import pipeline
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.bundle import save_array, verify_bundle
 from softknn.errors import BundleError
 

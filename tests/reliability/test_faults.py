@@ -10,7 +10,7 @@ version the response names (none wrong); the fault must cost only its own reques
 Graceful shutdown: SIGTERM while requests are queued and running; they all finish (200), new
 connections are refused once the listener closes (uvicorn closes it first, so no new request can
 be answered 503), the lifespan shutdown runs, and uvicorn re-raises the signal (exit status -15).
-Work still running 10 s after the signal (uvicorn's timeout_graceful_shutdown in service/cli.py)
+Work still running 10 s after the signal (uvicorn's timeout_graceful_shutdown in softknn/service/cli.py)
 would be cut off.
 
 No fixed sleep decides an outcome here (CI runs on a loaded 2-core box). The swaps wait
@@ -33,8 +33,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.schemas import infer_request_model
-from service.testing import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
+from softknn.service.schemas import infer_request_model
+from softknn.service.testing import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
 from softknn.bundle import load_bundle
 from softknn.engine import Engine
 from softknn.settings import Settings
@@ -62,7 +62,7 @@ def corrupt_copy(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="module")
 def solo(encoder, sample_bundle_path, small_bundle) -> dict[str, dict[str, dict]]:
     """version_id → query → the engine's answer for that query alone (the request's parameters)."""
-    defaults = Settings().defaults  # the parameters exactly as service/routes/infer.py builds them
+    defaults = Settings().defaults  # the parameters exactly as softknn/service/routes/infer.py builds them
     params = infer_request_model(Settings()).model_validate({"inputs": ["x"], **BODY}).to_params(
         defaults.hybrid_pool, defaults.candidates)[0]
     out = {}
@@ -280,7 +280,7 @@ def test_sigterm_lets_in_flight_requests_finish_and_new_connections_are_refused(
     assert queued_at_sigterm >= 3
     # the listener closed while the server was still draining its in-flight work (not at exit)
     assert alive_at_close and pending_at_close >= 1, figure
-    # every in-flight request finished (within uvicorn's 10 s graceful budget, service/cli.py: the
+    # every in-flight request finished (within uvicorn's 10 s graceful budget, softknn/service/cli.py: the
     # work left at the signal is ~5 heavy requests, ~3.5 s at load average 7 on the 2-core box)
     assert answers == [200] * n_in_flight, figure
     assert set(new) <= {"connection refused", 503}, new

@@ -1,7 +1,7 @@
 """Property-based fuzzing of the live API with schemathesis: ≥ 1,000 generated requests,
 zero 5xx, zero schema-breaking responses, the server still ready afterwards.
 
-The server is a real `python -m service.cli` process with an API key and an admin token (so the
+The server is a real `python -m softknn.service.cli` process with an API key and an admin token (so the
 auth checks mean something) and tighter limits (8 inputs, 1,000 characters, k ≤ 64, 10 evidence
 items), which its OpenAPI document carries, so generated positive requests stay cheap enough on
 the 2-core box. schemathesis reads that document from the live server and runs every phase:
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from service.testing import ADMIN_TOKEN, LiveServer
+from softknn.service.testing import ADMIN_TOKEN, LiveServer
 
 pytestmark = pytest.mark.slow
 

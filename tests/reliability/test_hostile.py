@@ -1,6 +1,6 @@
 """Hostile inputs get the right 4xx, fast, over real HTTP; well-formed clients barely notice.
 
-The catalogue (service/testing.py HOSTILE): 10 MB bodies declared and streamed, 10,000 inputs, 1 MB
+The catalogue (softknn/service/testing.py HOSTILE): 10 MB bodies declared and streamed, 10,000 inputs, 1 MB
 strings, deep nesting, invalid UTF-8, NUL bytes, lone surrogates, k / alpha / temperature at and
 past their bounds, NaN and ±inf, a 5,000-digit integer; plus slow-loris bodies. The unmarked tests
 run it against a real uvicorn server in a thread (shared model); the slow one runs `python -m bench attack`
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from service.testing import HOSTILE, JSON, Hostile, Limits, send_hostile, slow_body
+from softknn.service.testing import HOSTILE, JSON, Hostile, Limits, send_hostile, slow_body
 from tests.reliability.conftest import REPO, settings_for
 
 LIMITS = Limits()  # the server below runs the default limits
@@ -83,7 +83,7 @@ def test_200_slow_clients_still_sending_all_read_their_408_under_load(hostile_se
     """The server answers 408 while each client is still sending (a byte every 20 ms): every one
     must read the status and its JSON error, then the server's close, never a connection reset
     (closing with unread bytes in the socket made the kernel answer them with a RST,
-    which could destroy the 408 before the client read it; service/server.py closes lingering)."""
+    which could destroy the 408 before the client read it; softknn/service/server.py closes lingering)."""
 
     async def scenario():
         url = str(hostile_server.base_url)

@@ -4,7 +4,7 @@ A client on a slow link that is still uploading when its 408 comes keeps sending
 once it has sent everything. The server must go on reading (and dropping) what arrives until the
 client is done, so that closing never meets unread bytes (a reset that destroys the answer); it
 stops after `limits.linger_idle_s` without a byte, after `limits.linger_total_s` in all, and
-lingers on at most `limits.linger_max_connections` connections at once (service/server.py).
+lingers on at most `limits.linger_max_connections` connections at once (softknn/service/server.py).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from service.app import create_app
-from service.testing import API_KEY, threaded_server
+from softknn.service.app import create_app
+from softknn.service.testing import API_KEY, threaded_server
 from tests.reliability.conftest import bearer, settings_for
 
 BODY = b'{"inputs": ["a slow uploader, 40 bytes"]}'  # 41 bytes: ~8 s at a byte every 0.2 s

@@ -19,8 +19,8 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.testing import ADMIN_TOKEN
+from softknn.service.app import create_app
+from softknn.service.testing import ADMIN_TOKEN
 from tests.reliability.conftest import bearer, settings_for
 
 

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-import service.auth
-from service.app import create_app
-from service.testing import ADMIN_TOKEN, API_KEY
+import softknn.service.auth
+from softknn.service.app import create_app
+from softknn.service.testing import ADMIN_TOKEN, API_KEY
 from softknn.bundle import DATA_FILES, MANIFEST, load_bundle, sha256_file, verify_bundle, version_id
 from softknn.errors import BundleError
 from tests.reliability.conftest import bearer, settings_for
@@ -59,7 +59,7 @@ def test_every_key_check_goes_through_compare_digest(secured, small_bundle, monk
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(service.auth.hmac, "compare_digest", spy)
+    monkeypatch.setattr(softknn.service.auth.hmac, "compare_digest", spy)
     secured.post("/v1/infer", json={"inputs": ["hi"]}, headers=bearer("wrong-key"))
     secured.get("/v1/index", headers=bearer(API_KEY))
     secured.post("/v1/admin/reload", json={"bundle": str(small_bundle)}, headers=bearer("wrong-token"))

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from service.batching import DEADLINE_MESSAGE, Batcher
-from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
+from softknn.service.batching import DEADLINE_MESSAGE, Batcher
+from softknn.service.errors import DeadlineExceeded, QueueFull, ShuttingDown
 
 
 class Recorder:

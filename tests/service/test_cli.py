@@ -1,4 +1,4 @@
-"""service.cli.serve as a typer command (softknn/cli.py registers it as `softknn serve`)."""
+"""softknn.service.cli.serve as a typer command (softknn/cli.py registers it as `softknn serve`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 
 def command() -> typer.Typer:
-    from service.cli import serve
+    from softknn.service.cli import serve
 
     app = typer.Typer()
     app.command()(serve)

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from service.batching import DEADLINE_MESSAGE
+from softknn.service.batching import DEADLINE_MESSAGE
 from softknn.engine import InferParams
 
 LONG = ("The relief vessel takes over the Amber Line whenever the flagship is in dry dock, and her timetable "

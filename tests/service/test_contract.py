@@ -9,8 +9,8 @@ import urllib.parse
 
 import numpy as np
 
-from service.logs import JsonFormatter
-from service.schemas import EntryResponse, IndexResponse, InferResponse
+from softknn.service.logs import JsonFormatter
+from softknn.service.schemas import EntryResponse, IndexResponse, InferResponse
 from softknn.engine import InferParams
 
 MAX_K = 512  # tests/service/conftest.py sets limits.max_k to it

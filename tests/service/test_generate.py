@@ -13,9 +13,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from index_builder.pipeline import BuildConfig, build_bundle
-from service.app import create_app
-from service.testing import threaded_server, wait_ready
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.service.app import create_app
+from softknn.service.testing import threaded_server, wait_ready
 from softknn.bundle import load_bundle
 from softknn.cli import sample_kb_path
 from softknn.engine import Engine

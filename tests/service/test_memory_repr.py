@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from index_builder.pipeline import BuildConfig, build_bundle
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from tests.service.conftest import SMALL_KB, settings_for
 
 BODY = {"inputs": ["can I bring my dog on the ferry?", "when does the cafe close?", "refund after cancelling"],

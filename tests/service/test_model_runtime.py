@@ -8,7 +8,7 @@ import time
 
 from fastapi.testclient import TestClient
 
-from service.app import create_app
+from softknn.service.app import create_app
 from tests.numerics import assert_tree_close
 from tests.service.conftest import wait_ready
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from index_builder.pipeline import BuildConfig, build_bundle
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.bundle import read_manifest, sha256_file, verify_bundle
 from softknn.cli import app
 
@@ -29,7 +29,7 @@ def test_cli_verify_and_info(sharded_bundle_path, tmp_path):
 
 @pytest.mark.slow
 def test_failed_sharded_build_is_atomic_and_resumes(encoder, sample_kb, sharded_bundle_path, tmp_path, monkeypatch):
-    import index_builder.sharding as shards
+    import softknn.index_builder.sharding as shards
 
     out = tmp_path / "b"
     shutil.copytree(sharded_bundle_path, out)  # an existing bundle, to be replaced with --force

@@ -30,7 +30,7 @@ def ray_cluster():
 
 @pytest.fixture(scope="module")
 def ray_sharded(ray_cluster, sharded_bundle_path, encoder):
-    from service.ray_serving import RayShards
+    from softknn.service.ray_serving import RayShards
 
     b = load_bundle(sharded_bundle_path, expected_fingerprint=encoder.info.fingerprint,
                     shard_backend=RayShards.factory(num_cpus=1))
@@ -57,8 +57,8 @@ REQUEST = {"inputs": [QUERIES[0]], "exact": True, "k": 8}
 def test_shard_killed_under_load(ray_cluster, sharded_bundle_path, sample_bundle, encoder):
     """Kill shard 1's actor while 3 clients send requests: every answer is the one-index answer or a
     503 shard_unavailable with Retry-After; every request is answered; the service recovers."""
-    from service.app import create_app
-    from service.ray_serving import RayShards
+    from softknn.service.app import create_app
+    from softknn.service.ray_serving import RayShards
 
     want = Engine(encoder, sample_bundle).infer(REQUEST["inputs"], InferParams(exact=True, k=8))[0].to_dict()
     app = create_app(_settings(sharded_bundle_path), encoder=encoder,
@@ -120,9 +120,9 @@ def test_serve_deployment_same_api(ray_cluster, sharded_bundle_path, sample_bund
     """`softknn serve --ray`'s Serve application: same /openapi.json, same exact answer, same error shape."""
     from ray import serve
 
-    from service.app import create_app
-    from service.ray_serving import kill_named_shards, serve_ray
-    from service.testing import free_port
+    from softknn.service.app import create_app
+    from softknn.service.ray_serving import kill_named_shards, serve_ray
+    from softknn.service.testing import free_port
 
     port = free_port()
     settings = _settings(sharded_bundle_path, port)
@@ -158,8 +158,8 @@ def test_reload_swaps_every_shard_or_none(ray_cluster, sharded_bundle_path, tmp_
     keep serving; a good one replaces every shard actor at once."""
     import shutil
 
-    from service.app import create_app
-    from service.ray_serving import RayShards
+    from softknn.service.app import create_app
+    from softknn.service.ray_serving import RayShards
     from softknn.settings import Settings
 
     good, bad = tmp_path / "good", tmp_path / "bad"

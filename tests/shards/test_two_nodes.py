@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.testing import free_port, wait_ready
+from softknn.service.testing import free_port, wait_ready
 from softknn.engine import Engine, InferParams
 from tests.ray_nodes import ray_env, start_node, stop_node, wait_for_cpus
 from tests.shards.test_sharded import QUERIES
@@ -52,7 +52,7 @@ def test_serve_ray_on_two_nodes(two_nodes, sharded_bundle_path, sample_bundle, e
     log = tmp_path / "serve.log"
     env = {**env, "HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1"}
     with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "service.cli", "--bundle", str(sharded_bundle_path), "--ray",
+        proc = subprocess.Popen([sys.executable, "-m", "softknn.service.cli", "--bundle", str(sharded_bundle_path), "--ray",
                                  "--address", address, "--port", str(port),
                                  "--shard-resources", json.dumps({"shard": 1})], cwd=REPO, env=env, stdout=f,
                                 stderr=subprocess.STDOUT)

@@ -1,8 +1,8 @@
 """`softknn eval` and `softknn calibrate`: the I/O edge of the evaluation app.
 
 Registered by softknn/cli.py as `app.command("eval")(eval_command)`, and runnable alone as
-`python -m evaluation.cli eval ...`; this module parses, builds the encoder and bundles, calls
-evaluation.run (and evaluation.holdout for `calibrate` / --calibrate-kb), and writes the report, per-query predictions and plots (evaluation.report) under --out.
+`python -m softknn.evaluation.cli eval ...`; this module parses, builds the encoder and bundles, calls
+softknn.evaluation.run (and softknn.evaluation.holdout for `calibrate` / --calibrate-kb), and writes the report, per-query predictions and plots (softknn.evaluation.report) under --out.
 """
 
 from __future__ import annotations
@@ -95,10 +95,10 @@ def eval_command(
     from softknn.console import need_bundle
 
     need_bundle(bundle)
-    from evaluation.holdout import calibrate
-    from evaluation.report import write_report
-    from evaluation.run import Strategy, baseline_outcomes, evaluate, read_queries, sample
-    from index_builder.reader import Fields
+    from softknn.evaluation.holdout import calibrate
+    from softknn.evaluation.report import write_report
+    from softknn.evaluation.run import Strategy, baseline_outcomes, evaluate, read_queries, sample
+    from softknn.index_builder.reader import Fields
     from softknn.bundle import load_bundle
     from softknn.engine import Engine, InferParams
 
@@ -164,8 +164,8 @@ def calibrate_command(
     from softknn.console import need_bundle
 
     need_bundle(bundle)
-    from evaluation.holdout import calibrate
-    from index_builder.reader import Fields
+    from softknn.evaluation.holdout import calibrate
+    from softknn.index_builder.reader import Fields
     from softknn.bundle import read_manifest
     from softknn.engine import InferParams
 
@@ -192,6 +192,6 @@ app = typer.Typer(help="softknn's evaluation: `eval` and `calibrate` (also `soft
 app.command("eval")(eval_command)
 app.command("calibrate")(calibrate_command)
 
-if __name__ == "__main__":  # `python -m evaluation.cli eval ...`
+if __name__ == "__main__":  # `python -m softknn.evaluation.cli eval ...`
     logging.basicConfig(level=logging.WARNING)
     app()

@@ -11,11 +11,11 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.deps import RequestIdDep, RuntimeDep
-from service.errors import ModelNotFound, ServiceError
-from service.routes.generate import DONE, EventStream, error_event, first_item, sse
-from service.routes.infer import FastJSONResponse
-from service.schemas import ChatCompletion, ChatRequestBase, ErrorResponse, ModelList
+from softknn.service.deps import RequestIdDep, RuntimeDep
+from softknn.service.errors import ModelNotFound, ServiceError
+from softknn.service.routes.generate import DONE, EventStream, error_event, first_item, sse
+from softknn.service.routes.infer import FastJSONResponse
+from softknn.service.schemas import ChatCompletion, ChatRequestBase, ErrorResponse, ModelList
 from softknn.errors import SoftKNNError
 from softknn.generation import GenAnswer
 

@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
+from softknn.service.errors import DeadlineExceeded, QueueFull, ShuttingDown
 
 log = logging.getLogger("softknn.service.batching")
 

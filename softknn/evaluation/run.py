@@ -5,8 +5,8 @@ is the baseline (1-NN, weighted k-NN labels; ranking by similarity s = e_q·e_c)
 retrieval R; the fused pass gives softknn's labels (Nadaraya–Watson over w_db, or over the
 second-round w_db when the fused embedding is used to retrieve again) and evidence order.
 The metrics (recall@k, nDCG@k, MRR@k, accuracy, macro-F1, the abstain trade-off) are
-evaluation.metrics; the report's files and plots are evaluation.report and evaluation.plots; the
-held-out calibration, which runs these on a validation split, is evaluation.holdout.
+softknn.evaluation.metrics; the report's files and plots are softknn.evaluation.report and softknn.evaluation.plots; the
+held-out calibration, which runs these on a validation split, is softknn.evaluation.holdout.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from evaluation.metrics import (
+from softknn.evaluation.metrics import (
     RULES,
     abstain_curve,
     abstain_point,
@@ -31,7 +31,7 @@ from evaluation.metrics import (
     rejection_rate,
     retrieval_metrics,
 )
-from index_builder.reader import Fields, read_kb
+from softknn.index_builder.reader import Fields, read_kb
 from softknn.attention import knn_weights
 from softknn.engine import Engine, InferParams
 from softknn.errors import InvalidInput, KBFormatError

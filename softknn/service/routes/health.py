@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from service.deps import RuntimeDep
-from service.errors import NotReady, StartupFailed
-from service.schemas import ErrorResponse
+from softknn.service.deps import RuntimeDep
+from softknn.service.errors import NotReady, StartupFailed
+from softknn.service.schemas import ErrorResponse
 
 router = APIRouter(tags=["health"])
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from index_builder.reader import Document
+from softknn.index_builder.reader import Document
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.runtime import Runtime
+from softknn.service.runtime import Runtime
 from softknn.engine import Engine
 from softknn.settings import Settings
 

@@ -11,9 +11,9 @@ import uuid
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import BodyTimeout, BodyTooLarge, error_response
-from service.logs import request_id_var
-from service.metrics import Metrics
+from softknn.service.errors import BodyTimeout, BodyTooLarge, error_response
+from softknn.service.logs import request_id_var
+from softknn.service.metrics import Metrics
 
 log = logging.getLogger("softknn.service.access")
 

@@ -1,6 +1,6 @@
 """`softknn serve`: build Settings (environment, then these options) and run uvicorn on create_app.
 
-Registered in softknn/cli.py as the `serve` command; also runnable as `python -m service.cli`.
+Registered in softknn/cli.py as the `serve` command; also runnable as `python -m softknn.service.cli`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def serve(
                                                  "(SOFTKNN_MODEL__NAME; default: packaged all-MiniLM-L6-v2)")] = None,
     log_level: Annotated[str | None, typer.Option("--log-level", help="debug | info | warning | error")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="serve on Ray: one actor per shard of a sharded bundle, "
-                                      "the model as a Ray Serve deployment (service.ray_serving)")] = False,
+                                      "the model as a Ray Serve deployment (softknn.service.ray_serving)")] = False,
     address: Annotated[str | None, typer.Option("--address", help="with --ray: the Ray cluster to join "
                                                    "(e.g. auto, HOST:6379); default: start a local one")] = None,
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="with --ray: model replicas")] = 1,
@@ -42,9 +42,9 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
-    from service.app import create_app
-    from service.logs import configure_logging
-    from service.server import uvicorn_config
+    from softknn.service.app import create_app
+    from softknn.service.logs import configure_logging
+    from softknn.service.server import uvicorn_config
     from softknn.settings import Settings
 
     overrides = {"bundle": bundle, "host": host, "port": port, "log_level": log_level}
@@ -64,7 +64,7 @@ def serve(
         from softknn.console import need_ray
 
         need_ray()
-        from service.ray_serving import serve_ray
+        from softknn.service.ray_serving import serve_ray
 
         try:
             resources = json.loads(shard_resources) if shard_resources else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evaluation.plots import plot_abstain, plot_evidence, plot_retrieval
+from softknn.evaluation.plots import plot_abstain, plot_evidence, plot_retrieval
 
 
 def summary(rep: dict) -> dict:

@@ -17,8 +17,8 @@ from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
-from service.deps import SettingsDep
-from service.errors import Forbidden, Unauthorized
+from softknn.service.deps import SettingsDep
+from softknn.service.errors import Forbidden, Unauthorized
 
 # auto_error=False: this module answers in the service's own error shape; HTTPBearer only parses
 # the header and documents the scheme in OpenAPI (the /docs "Authorize" button).

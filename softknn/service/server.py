@@ -21,7 +21,7 @@ server shutdown (a lingering one included).
 
 The settings reach the protocol through `uvicorn_config`: it builds one `Linger` per server (from
 the app's `app.state.settings.limits`) and hangs it on the uvicorn.Config that every connection's
-protocol receives; a server started without it (`uvicorn --http service.server:...`) lingers with
+protocol receives; a server started without it (`uvicorn --http softknn.service.server:...`) lingers with
 the defaults of `softknn.settings.Limits`. The app's /metrics shows `softknn_lingering_connections`
 and `softknn_lingering_closes_total{reason}` (eof, idle, total, shutdown, lost, full).
 """

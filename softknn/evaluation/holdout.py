@@ -2,7 +2,7 @@
 bundle built from the rest (with the bundle's own build settings), the held-out records run as
 queries against it, and the abstain thresholds chosen on their outcomes (softknn.calibration's
 rules) written into the bundle's manifest. `softknn calibrate DIR KB` and `softknn eval
---calibrate-kb` run it (evaluation.cli).
+--calibrate-kb` run it (softknn.evaluation.cli).
 
 This app is its one home: it builds the second bundle through the builder (index_builder), which
 in turn never imports the evaluation (tests/test_layering.py keeps the apps acyclic); the
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from evaluation.run import Query, Strategy, baseline_outcomes, run_variants
-from index_builder.pipeline import BuildConfig, build_bundle
-from index_builder.reader import Fields, read_kb
+from softknn.evaluation.run import Query, Strategy, baseline_outcomes, run_variants
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.index_builder.reader import Fields, read_kb
 from softknn.bundle import atomic_write_bytes, load_bundle, read_manifest, verify_bundle, write_calibration
 from softknn.calibration import RULES, abstain_point, calibrate_rules, gated_scores
 from softknn.engine import Engine, InferParams

@@ -10,10 +10,10 @@ import orjson
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from service.deps import RequestIdDep, RuntimeDep
-from service.errors import ServiceError, error_body, status_of
-from service.routes.infer import FastJSONResponse
-from service.schemas import (
+from softknn.service.deps import RequestIdDep, RuntimeDep
+from softknn.service.errors import ServiceError, error_body, status_of
+from softknn.service.routes.infer import FastJSONResponse
+from softknn.service.schemas import (
     ErrorResponse,
     GenerateRequestBase,
     GenerateResponse,

@@ -24,8 +24,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from index_builder.chunker import Chunk
-from index_builder.pipeline import BuildConfig, encode_batch
+from softknn.index_builder.chunker import Chunk
+from softknn.index_builder.pipeline import BuildConfig, encode_batch
 from softknn.encoder import DEFAULT_MODEL, Encoder, resolve_model_path
 from softknn.errors import BundleError
 

@@ -6,9 +6,9 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.deps import EngineDep, RequestIdDep
-from service.errors import NotFound
-from service.schemas import EntryResponse, ErrorResponse, IndexResponse, entry_payload, runtime_payload, served
+from softknn.service.deps import EngineDep, RequestIdDep
+from softknn.service.errors import NotFound
+from softknn.service.schemas import EntryResponse, ErrorResponse, IndexResponse, entry_payload, runtime_payload, served
 
 router = APIRouter(prefix="/v1", tags=["index"])
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 404, 503)}

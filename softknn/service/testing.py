@@ -4,7 +4,7 @@ measure it, stop it; and the hostile requests a server must refuse.
     srv = LiveServer.spawn(cmd, log_path, port=p, ready_path="/healthz")   # any HTTP server (bench/service.py's peers)
     srv.wait_ready(600); ...; srv.close()
 
-    with LiveServer.start(bundle, log_path, env={...}) as srv:      # python -m service.cli on a free port
+    with LiveServer.start(bundle, log_path, env={...}) as srv:      # python -m softknn.service.cli on a free port
         srv.client.post("/v1/infer", json=...)                      # httpx.Client (API key set by default)
         srv.rss()                                                   # resident memory of the process, bytes
         srv.metric("softknn_http_requests_total", status="200")    # a Prometheus counter, summed over labels
@@ -12,7 +12,7 @@ measure it, stop it; and the hostile requests a server must refuse.
     with threaded_server(create_app(settings, encoder=encoder)) as client:   # uvicorn in a thread of
         client.post("/v1/infer", json=...)                                  # this process (no model load)
 
-Both serve real HTTP over real sockets on 127.0.0.1 through `service.server.uvicorn_config` (the
+Both serve real HTTP over real sockets on 127.0.0.1 through `softknn.service.server.uvicorn_config` (the
 lingering close of `softknn serve`). A live server runs one torch thread (the 2-core box is shared)
 and, unless `auth=False`, has an API key and an admin token set, like a production deployment;
 `module` runs another entry point with the same command line (tests/reliability/fault_server.py).
@@ -144,7 +144,7 @@ class LiveServer:
     ready_path: str = "/readyz"
 
     @staticmethod
-    def command(bundle: Path | None, port: int, *, module: str = "service.cli", log_level: str = "info") -> list[str]:
+    def command(bundle: Path | None, port: int, *, module: str = "softknn.service.cli", log_level: str = "info") -> list[str]:
         """`python -m <module> --port P --log-level L [--bundle B]`: a softknn server's command line."""
         cmd = [sys.executable, "-m", module, "--port", str(port), "--log-level", log_level]
         return cmd + ["--bundle", str(bundle)] if bundle is not None else cmd
@@ -164,7 +164,7 @@ class LiveServer:
     @classmethod
     @contextlib.contextmanager
     def start(cls, bundle: Path | None, log_path: Path, *, env: dict[str, str] | None = None,
-              module: str = "service.cli", auth: bool = True, log_level: str = "info",
+              module: str = "softknn.service.cli", auth: bool = True, log_level: str = "info",
               ready_timeout: float = 300.0) -> Iterator[LiveServer]:
         """`python -m <module> --port P --log-level L [--bundle B]` on 127.0.0.1, one torch thread,
         HF offline, `env` on top; with `auth`, API_KEY and ADMIN_TOKEN set and the client sending the
@@ -230,12 +230,12 @@ class LiveServer:
 @contextlib.contextmanager
 def threaded_server(app, *, headers: dict[str, str] | None = None, ready_timeout: float = 120.0,
                     timeout: float = 60.0, **config) -> Iterator[httpx.Client]:
-    """A real uvicorn server (service.server.uvicorn_config, `config` on top) in a thread of this
+    """A real uvicorn server (softknn.service.server.uvicorn_config, `config` on top) in a thread of this
     process, on a socket it holds; yields an httpx.Client on it (`.app` = the app) once /readyz
     answers 200. The app shares this process's model: no model load, no second process."""
     import uvicorn
 
-    from service.server import uvicorn_config
+    from softknn.service.server import uvicorn_config
 
     sock = bound_socket()
     port = sock.getsockname()[1]
@@ -403,11 +403,11 @@ async def slow_body(url: str, *, byte_every_s: float = 0.25, give_up_s: float = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m service.testing wait-ready URL [--timeout S] [--pid PID] [--log FILE]`: the shell scripts'
+    """`python -m softknn.service.testing wait-ready URL [--timeout S] [--pid PID] [--log FILE]`: the shell scripts'
     readiness wait (scripts/load_smoke.sh), the same poll as the tests'. Exit 0 when ready, 1 otherwise."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m service.testing")
+    ap = argparse.ArgumentParser(prog="python -m softknn.service.testing")
     sub = ap.add_subparsers(dest="command", required=True)
     w = sub.add_parser("wait-ready", help="poll URL/readyz until 200")
     w.add_argument("url")

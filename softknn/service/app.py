@@ -1,7 +1,7 @@
 """The app factory. `create_app(settings)` → a FastAPI app; the model and bundle load in its lifespan.
 
-    uvicorn --factory service.app:app_from_env      (settings from SOFTKNN_* variables)
-    softknn serve --bundle DIR                      (service.cli.serve)
+    uvicorn --factory softknn.service.app:app_from_env      (settings from SOFTKNN_* variables)
+    softknn serve --bundle DIR                      (softknn.service.cli.serve)
 
 Loading runs in the background (Runtime.start, from the lifespan), so the server answers at once:
 /healthz 200, /readyz and /v1/* 503 not_ready until the model, the bundle and a warm-up pass are
@@ -22,11 +22,11 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 import softknn
-from service import errors
-from service.auth import require_admin, require_api_key
-from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, RequestContextMiddleware
-from service.routes import (
+from softknn.service import errors
+from softknn.service.auth import require_admin, require_api_key
+from softknn.service.metrics import Metrics
+from softknn.service.middleware import BodyLimitMiddleware, RequestContextMiddleware
+from softknn.service.routes import (
     admin,
     explorer,
     generate,
@@ -36,8 +36,8 @@ from service.routes import (
     metrics,
     openai,
 )
-from service.runtime import Runtime
-from service.schemas import (
+from softknn.service.runtime import Runtime
+from softknn.service.schemas import (
     chat_request_model,
     generate_request_model,
     infer_request_model,
@@ -88,7 +88,7 @@ def operation_id(route: APIRoute) -> str:
 def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None, generator=None) -> FastAPI:
     """The service app. Pass `encoder` to share an already loaded model (tests, several apps), and
     `generator` (softknn.generator.Generator) to share a loaded causal LM the same way;
-    `shard_backend` opens a sharded bundle's shards elsewhere (service.ray_serving.RayShards.factory)."""
+    `shard_backend` opens a sharded bundle's shards elsewhere (softknn.service.ray_serving.RayShards.factory)."""
     check_settings(settings)
     # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's packaged copy
     # (/static-offline-docs), not a CDN: the API docs work without internet

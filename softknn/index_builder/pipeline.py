@@ -21,9 +21,9 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from index_builder.chunker import Chunk, chunk_documents
-from index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
-from index_builder.reader import Fields, read_kb
+from softknn.index_builder.chunker import Chunk, chunk_documents
+from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
+from softknn.index_builder.reader import Fields, read_kb
 from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
 from softknn.calibration import calibrate_loo
 from softknn.encoder import Encoder
@@ -57,7 +57,7 @@ class BuildConfig:
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
     calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (softknn.calibration)
     shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.shards)
-    generator_layers: str = "all"  # with a generator: its memory layers (index_builder.generator_memory)
+    generator_layers: str = "all"  # with a generator: its memory layers (softknn.index_builder.generator_memory)
     generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)
 
 
@@ -110,7 +110,7 @@ def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: i
     memory token (`starts`: each chunk's first char in its document) and the memory (layer-`layer`
     K/V; or layer L's input states in float32 — quantised only in _assemble, which sees every batch —
     or nothing for `recompute`). Returns the arrays by name (each is written as NAME.npy). The same
-    call runs here and on Ray workers (index_builder/distributed.py), which carry whatever it returns."""
+    call runs here and on Ray workers (softknn/index_builder/distributed.py), which carry whatever it returns."""
     batch = encoder.tokenize(list(texts), truncate=True)
     hidden = cfg.memory.startswith("hidden")
     plain = encoder.forward_plain(batch, capture_layer=layer, keep_hidden=hidden)
@@ -207,10 +207,10 @@ def build_bundle(
     encode: EncodeStrategy | None = None, generator: Generator | None = None,
 ) -> dict:
     """Build the bundle for KB `kb` at `out`; returns its manifest. With a causal LM `generator`, its
-    keys/values of every chunk are stored too (index_builder.generator_memory).
+    keys/values of every chunk are stored too (softknn.index_builder.generator_memory).
 
     `encode`: where the model passes run. None: here, batch after batch. A strategy (e.g.
-    index_builder.distributed.RayEncode) gets the same batches and returns the same arrays; the
+    softknn.index_builder.distributed.RayEncode) gets the same batches and returns the same arrays; the
     shards, and so the bundle, are written here either way, byte for byte the same."""
     kb, out = Path(kb), Path(out)
     if out.exists() and not force:
@@ -318,7 +318,7 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
 
 
 def _finalize_sharded(full: Path, out: Path, parent: Path, manifest: dict, lex, n_shards: int, *, force: bool) -> dict:
-    from index_builder.sharding import finalize_sharded, write_shards
+    from softknn.index_builder.sharding import finalize_sharded, write_shards
 
     tmp = parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()

@@ -7,7 +7,7 @@
   files). A call to a dead or restarting shard, or one that does not answer within `timeout_s`,
   raises `ShardUnavailable` (503 with Retry-After): no answer is ever computed without a shard.
   Actors are spread over the cluster's nodes (`SPREAD`, or `resources` per shard).
-- `serve_ray`: the service's own FastAPI app (`service.app.create_app`, same routes, OpenAPI, errors,
+- `serve_ray`: the service's own FastAPI app (`softknn.service.app.create_app`, same routes, OpenAPI, errors,
   metrics, admin reload) built on each replica by `serve.ingress(builder)`; R replicas hold the
   model, the shard actors are shared by the replicas through their names (one set per bundle
   version), so a reload loads a whole new set of shards (or fails and keeps the old one).
@@ -120,7 +120,7 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
     import ray
     from ray import serve
 
-    from service.app import create_app
+    from softknn.service.app import create_app
 
     if ray.is_initialized():
         pass  # the caller's cluster (tests)

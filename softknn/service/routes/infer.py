@@ -9,8 +9,8 @@ import orjson
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from service.deps import RequestIdDep, RuntimeDep, SettingsDep
-from service.schemas import ErrorResponse, InferRequestBase, InferResponse, served
+from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep
+from softknn.service.schemas import ErrorResponse, InferRequestBase, InferResponse, served
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 413, 422, 429, 503)}
 

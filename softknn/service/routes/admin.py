@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from service.deps import RequestIdDep, RuntimeDep
-from service.schemas import ErrorResponse, ReloadRequest, ReloadResponse, served
+from softknn.service.deps import RequestIdDep, RuntimeDep
+from softknn.service.schemas import ErrorResponse, ReloadRequest, ReloadResponse, served
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 # 400 malformed JSON and 413 body over the limit reach this route like any other with a body (found by

@@ -3,7 +3,7 @@
 `start` runs once, from the lifespan, in the background: model and bundle (checksums verified) in a
 thread, then a warm-up pass; only then is the runtime ready. `reload` opens another bundle the same way, off the
 hot path, and swaps the engine reference in one assignment: requests admitted before it keep the
-engine they were pinned to (service.batching), requests after it get the new one.
+engine they were pinned to (softknn.service.batching), requests after it get the new one.
 
 Generation: when the bundle's manifest has a generator record, its causal LM is loaded (once per
 name, kept across reloads) and a GenEngine over the same Engine is installed with it. Generations
@@ -23,8 +23,8 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from service.batching import Batcher
-from service.errors import (
+from softknn.service.batching import Batcher
+from softknn.service.errors import (
     Conflict,
     DeadlineExceeded,
     GeneratorUnavailable,
@@ -33,7 +33,7 @@ from service.errors import (
     QueueFull,
     ServiceError,
 )
-from service.metrics import Metrics
+from softknn.service.metrics import Metrics
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import GROUP_SIZE, Engine, InferParams
