@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from bench.common import RESULTS, result_path, write
+from softknn.attention import knn_weights
 from softknn.evaluation.metrics import (
     abstain_point,
     auroc,
@@ -29,7 +30,6 @@ from softknn.evaluation.metrics import (
     gated_scores,
     rejection_rate,
 )
-from softknn.attention import knn_weights
 from softknn.lexical import LexicalIndex
 from softknn.retrieval import topk_reference
 

@@ -34,13 +34,13 @@ import numpy as np
 import torch
 
 from bench.common import RESULTS, result_path, write
+from softknn.bundle import load_bundle
+from softknn.encoder import Encoder
+from softknn.engine import Engine, InferParams
 from softknn.evaluation.metrics import classification_metrics, retrieval_metrics
 from softknn.evaluation.run import Query, Strategy, run_variants
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields
-from softknn.bundle import load_bundle
-from softknn.encoder import Encoder
-from softknn.engine import Engine, InferParams
 from softknn.memory_repr import MEMORY_KINDS
 
 REPO = Path(__file__).resolve().parents[1]

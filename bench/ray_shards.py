@@ -38,8 +38,8 @@ NOISE = 0.02
 
 
 def real_bundle(n_real: int) -> Path:
-    from softknn.index_builder.pipeline import BuildConfig, build_bundle
     from softknn.encoder import Encoder
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
     bp = kb.bundle_path(n_real)
     if not (bp / "manifest.json").is_file():

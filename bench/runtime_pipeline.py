@@ -33,12 +33,12 @@ import torch
 
 from bench.common import RESULTS, result_path, write
 from bench.memory_repr import banking77, obliqa
-from softknn.evaluation.run import evaluate
-from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.index_builder.reader import Fields
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import Engine, InferParams
+from softknn.evaluation.run import evaluate
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.index_builder.reader import Fields
 from softknn.settings import InferDefaults
 
 REPO = Path(__file__).resolve().parents[1]

@@ -292,8 +292,8 @@ def fill_wait(args) -> dict:
 
 # --- --quick: softknn alone on the sample bundle ---------------------------------------------------
 def quick(args) -> dict:
+    from softknn.console import sample_kb_path
     from softknn.service.testing import ensure_bundle
-    from softknn.cli import sample_kb_path
 
     bundle = ensure_bundle(args.bundle)
     queries = [json.loads(line)["text"] for line in (sample_kb_path().parent / "queries.jsonl").read_text().splitlines()

@@ -7,14 +7,13 @@ import logging
 import math
 import os
 import sys
-from importlib import resources
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from typer.core import TyperArgument, TyperCommand
 
-from softknn.console import encoder_for, fail, need_bundle, settings_from
+from softknn.console import encoder_for, fail, need_bundle, sample_kb_path, settings_from
 from softknn.errors import SoftKNNError
 
 
@@ -46,11 +45,6 @@ def _options(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show
     """softknn: attention over a FAISS-indexed knowledge base, with evidence."""
     if not verbose:  # read when huggingface_hub is first imported, which is after this: no import here
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-
-
-def sample_kb_path() -> Path:
-    """The bundled sample KB (an original fictional ferry-cooperative text)."""
-    return Path(str(resources.files("softknn") / "sample_kb" / "kb"))
 
 
 _settings, _encoder, _fail = settings_from, encoder_for, fail  # the names the commands below use

@@ -3,6 +3,7 @@ encoder, the error exit. Its own module so the command modules import it, never 
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import NoReturn
 
@@ -52,3 +53,8 @@ def need_ray() -> None:
 
     if importlib.util.find_spec("ray") is None:
         fail("--ray needs Ray, an optional extra: pip install -e '.[ray]' (or the CPU image, which carries it)")
+
+
+def sample_kb_path() -> Path:
+    """The bundled sample KB (an original fictional ferry-cooperative text)."""
+    return Path(str(resources.files("softknn") / "sample_kb" / "kb"))

@@ -1,9 +1,14 @@
-"""The core (softknn/ minus its CLI face) imports no app: not the service, the builder nor the
-evaluation. Checked twice: statically over every import statement of every core file (function
-bodies included), and dynamically in a fresh interpreter that imports every core module.
+"""One installed package, `softknn`, in three layers:
 
-The apps import each other without a cycle: the app-to-app import graph (every import statement
-of every app file; the `softknn` command, the composition root, is not an app) is acyclic."""
+- the core: softknn/*.py (the library: encoder, engine, retrieval, bundles, generation, settings,
+  console helpers), which imports no app;
+- the apps, its subpackages softknn/service/, softknn/index_builder/ and softknn/evaluation/, which
+  import the core and each other without a cycle;
+- the `softknn` command, softknn/cli.py (and softknn/__main__.py): the composition root, which
+  registers every app's commands and which nothing in the package imports.
+
+Checked statically over every import statement of every file (function bodies included), and
+dynamically in a fresh interpreter that imports every core module."""
 
 from __future__ import annotations
 
@@ -14,17 +19,18 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ROOT / "softknn"
-CLI_FACE = {"cli.py", "console.py", "__main__.py"}  # the `softknn` command: registers the apps' commands
+PKG = ROOT / "softknn"
+TOP = {"cli.py", "__main__.py"}  # the `softknn` command
 APPS = ("service", "index_builder", "evaluation")
 
 
 def core_files() -> list[Path]:
-    return sorted(p for p in CORE.rglob("*.py") if p.relative_to(CORE).as_posix() not in CLI_FACE)
+    return sorted(p for p in PKG.rglob("*.py")
+                  if p.relative_to(PKG).parts[0] not in APPS and p.relative_to(PKG).as_posix() not in TOP)
 
 
 def core_modules() -> list[str]:
-    return [".".join(("softknn",) + p.relative_to(CORE).with_suffix("").parts).removesuffix(".__init__")
+    return [".".join(("softknn",) + p.relative_to(PKG).with_suffix("").parts).removesuffix(".__init__")
             for p in core_files()]
 
 
@@ -39,8 +45,21 @@ def imported_names(path: Path) -> list[tuple[int, str]]:
     return out
 
 
+def app_of(module: str) -> str | None:
+    """The app a module belongs to ("service" for softknn.service.app), or None."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "softknn" and parts[1] in APPS else None
+
+
 def is_app(module: str) -> bool:
-    return module.split(".")[0] in APPS
+    return app_of(module) is not None
+
+
+def test_the_core_and_the_apps_are_told_apart_by_their_place_in_the_package():
+    assert "softknn.engine" in core_modules() and "softknn.console" in core_modules()
+    assert [m for m in core_modules() if m.startswith(("softknn.service", "softknn.cli"))] == []
+    assert (app_of("softknn.service.routes.infer"), app_of("softknn.evaluation"), app_of("softknn.engine"),
+            app_of("service.app")) == ("service", "evaluation", None, None)
 
 
 def test_the_static_check_sees_an_app_import_inside_a_function(tmp_path):
@@ -55,13 +74,13 @@ def test_no_core_file_imports_an_app():
     assert bad == []
 
 
-def app_graph(root: Path = ROOT) -> dict[str, set[str]]:
+def app_graph(pkg: Path = PKG) -> dict[str, set[str]]:
     """app -> the other apps its files import (statically, at any depth)."""
     graph: dict[str, set[str]] = {}
     for app in APPS:
         deps = graph.setdefault(app, set())
-        for p in sorted((root / app).rglob("*.py")):
-            deps |= {m.split(".")[0] for _, m in imported_names(p) if is_app(m) and m.split(".")[0] != app}
+        for p in sorted((pkg / app).rglob("*.py")):
+            deps |= {a for _, m in imported_names(p) if (a := app_of(m)) is not None and a != app}
     return graph
 
 
@@ -120,6 +139,22 @@ def test_importing_every_core_module_loads_no_app_and_no_web_framework():
     loaded = loaded_after_importing(core_modules())
     assert "softknn.engine" in loaded and "softknn.bundle" in loaded
     assert [m for m in loaded if is_app(m) or m.split(".")[0] in ("fastapi", "starlette", "uvicorn")] == []
+
+
+def test_nothing_in_the_package_imports_the_softknn_command():
+    files = sorted(p for p in PKG.rglob("*.py") if p.relative_to(PKG).as_posix() not in TOP)
+    bad = [f"{p.relative_to(ROOT)}:{n} imports {m}" for p in files for n, m in imported_names(p)
+           if m == "softknn.cli" or m.startswith("softknn.cli.")]
+    assert bad == []
+
+
+def test_the_wheel_installs_one_top_level_package():
+    """pyproject's package list: only softknn and its subpackages (no generic `service` on sys.path)."""
+    import tomllib
+
+    find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    assert find["include"] == ["softknn*"]
+    assert [p.name for p in ROOT.iterdir() if p.is_dir() and p.name in APPS] == []
 
 
 def test_the_softknn_command_loads_no_web_framework_until_serve_runs():

@@ -21,6 +21,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from softknn.attention import knn_weights
+from softknn.engine import Engine, InferParams
+from softknn.errors import InvalidInput, KBFormatError
 from softknn.evaluation.metrics import (
     RULES,
     abstain_curve,
@@ -32,9 +35,6 @@ from softknn.evaluation.metrics import (
     retrieval_metrics,
 )
 from softknn.index_builder.reader import Fields, read_kb
-from softknn.attention import knn_weights
-from softknn.engine import Engine, InferParams
-from softknn.errors import InvalidInput, KBFormatError
 from softknn.results import InferResult
 from softknn.retrieval import DEFAULT_TEMPERATURE, RETRIEVALS
 

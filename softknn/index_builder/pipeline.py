@@ -21,15 +21,15 @@ import faiss
 import numpy as np
 from tqdm import tqdm
 
-from softknn.index_builder.chunker import Chunk, chunk_documents
-from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
-from softknn.index_builder.reader import Fields, read_kb
 from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
 from softknn.calibration import calibrate_loo
 from softknn.encoder import Encoder
 from softknn.engine import InferParams
 from softknn.errors import BundleError, KBFormatError
 from softknn.generator import Generator
+from softknn.index_builder.chunker import Chunk, chunk_documents
+from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
+from softknn.index_builder.reader import Fields, read_kb
 from softknn.lexical import LexicalIndex, LexicalSpec
 from softknn.memory import build_index, choose_index
 from softknn.memory_repr import HIDDEN_DTYPES, check_kind, int8_scale, quantize_int8

@@ -22,6 +22,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 import softknn
+from softknn.encoder import Encoder
 from softknn.service import errors
 from softknn.service.auth import require_admin, require_api_key
 from softknn.service.metrics import Metrics
@@ -42,7 +43,6 @@ from softknn.service.schemas import (
     generate_request_model,
     infer_request_model,
 )
-from softknn.encoder import Encoder
 from softknn.settings import Settings
 
 log = logging.getLogger("softknn.service")

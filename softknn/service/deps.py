@@ -12,8 +12,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from softknn.service.runtime import Runtime
 from softknn.engine import Engine
+from softknn.service.runtime import Runtime
 from softknn.settings import Settings
 
 

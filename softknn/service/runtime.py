@@ -23,6 +23,13 @@ from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from softknn.bundle import load_bundle
+from softknn.encoder import Encoder
+from softknn.engine import GROUP_SIZE, Engine, InferParams
+from softknn.errors import BundleError, InputTooLarge, SoftKNNError
+from softknn.generation import GenAnswer, GenEngine, GenParams
+from softknn.generator import Generator, Step
+from softknn.results import InferResult
 from softknn.service.batching import Batcher
 from softknn.service.errors import (
     Conflict,
@@ -34,13 +41,6 @@ from softknn.service.errors import (
     ServiceError,
 )
 from softknn.service.metrics import Metrics
-from softknn.bundle import load_bundle
-from softknn.encoder import Encoder
-from softknn.engine import GROUP_SIZE, Engine, InferParams
-from softknn.errors import BundleError, InputTooLarge, SoftKNNError
-from softknn.generation import GenAnswer, GenEngine, GenParams
-from softknn.generator import Generator, Step
-from softknn.results import InferResult
 from softknn.settings import Settings, apply_threads, encoder_options
 
 log = logging.getLogger("softknn.service")

@@ -40,7 +40,7 @@ from typing import NamedTuple
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 API_KEY = "sk-reliability-4f1c9a7e2b6d"  # distinctive strings: the log tests search for them
 ADMIN_TOKEN = "adm-reliability-8d3e6b0c51f9"
 HOST = "127.0.0.1"
@@ -124,7 +124,7 @@ def ensure_bundle(path: Path) -> Path:
     """The sample KB's bundle at `path`, built with `softknn build` when missing."""
     path = Path(path)
     if not (path / "manifest.json").is_file():
-        from softknn.cli import sample_kb_path
+        from softknn.console import sample_kb_path
 
         subprocess.run([sys.executable, "-m", "softknn", "build", str(sample_kb_path()), "--out", str(path),
                         "--force", "--no-progress"], check=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softknn.index_builder.generator_memory import BATCH
-from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.bundle import load_bundle, verify_bundle
 from softknn.engine import Engine
 from softknn.errors import BundleError
 from softknn.gen_memory import GeneratorStore, generator_files
 from softknn.generation import GenEngine, GenParams
 from softknn.generator import Generator, Sampling
+from softknn.index_builder.generator_memory import BATCH
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
 
 @pytest.fixture(scope="module")

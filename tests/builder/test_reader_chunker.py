@@ -4,9 +4,9 @@ import json
 
 import pytest
 
+from softknn.errors import KBFormatError
 from softknn.index_builder.chunker import chunk_documents
 from softknn.index_builder.reader import Fields, read_kb
-from softknn.errors import KBFormatError
 
 
 def _write(path, text, mode="w"):

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from softknn.index_builder.reader import Fields, resolve_fields
 from softknn.cli import app
 from softknn.errors import KBFormatError
+from softknn.index_builder.reader import Fields, resolve_fields
 
 REPO = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "sentence_transformers", "faiss", "fastapi", "numpy")

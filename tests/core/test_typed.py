@@ -10,12 +10,12 @@ import typing
 import orjson
 import pytest
 
-from softknn.service import schemas
 from softknn import results
 from softknn.bundle import MANIFEST, load_bundle, read_manifest, version_id
 from softknn.engine import InferParams
 from softknn.errors import BundleError
 from softknn.manifest import Manifest
+from softknn.service import schemas
 
 # each result dataclass and the response model that documents it for OpenAPI
 PAIRS = [(results.InferResult, schemas.InferResult), (results.EvidenceItem, schemas.EvidenceItem),

@@ -33,10 +33,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from softknn.service.schemas import infer_request_model
-from softknn.service.testing import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
 from softknn.bundle import load_bundle
 from softknn.engine import Engine
+from softknn.service.schemas import infer_request_model
+from softknn.service.testing import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
 from softknn.settings import Settings
 from tests.reliability.conftest import QUERIES, bearer
 from tests.reliability.fault_server import FAULT_MARKER

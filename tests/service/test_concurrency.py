@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from softknn.service.batching import DEADLINE_MESSAGE
 from softknn.engine import InferParams
+from softknn.service.batching import DEADLINE_MESSAGE
 
 LONG = ("The relief vessel takes over the Amber Line whenever the flagship is in dry dock, and her timetable "
         "is posted at every ticket office a week ahead, together with the changes to vehicle bookings. ") * 2

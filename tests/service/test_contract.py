@@ -9,9 +9,9 @@ import urllib.parse
 
 import numpy as np
 
+from softknn.engine import InferParams
 from softknn.service.logs import JsonFormatter
 from softknn.service.schemas import EntryResponse, IndexResponse, InferResponse
-from softknn.engine import InferParams
 
 MAX_K = 512  # tests/service/conftest.py sets limits.max_k to it
 

@@ -13,14 +13,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.service.app import create_app
-from softknn.service.testing import threaded_server, wait_ready
 from softknn.bundle import load_bundle
 from softknn.cli import sample_kb_path
 from softknn.engine import Engine
 from softknn.generation import GenEngine, GenParams
 from softknn.generator import Generator, Sampling
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.service.app import create_app
+from softknn.service.testing import threaded_server, wait_ready
 from tests.service.conftest import settings_for
 
 QUESTION = "How much is an adult single on the Amber Line?"

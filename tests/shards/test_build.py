@@ -9,9 +9,9 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.bundle import read_manifest, sha256_file, verify_bundle
 from softknn.cli import app
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
 
 def test_cli_verify_and_info(sharded_bundle_path, tmp_path):

@@ -10,6 +10,8 @@ import orjson
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from softknn.errors import SoftKNNError
+from softknn.generation import GenAnswer
 from softknn.service.deps import RequestIdDep, RuntimeDep
 from softknn.service.errors import ServiceError, error_body, status_of
 from softknn.service.routes.infer import FastJSONResponse
@@ -19,8 +21,6 @@ from softknn.service.schemas import (
     GenerateResponse,
     generation_payload,
 )
-from softknn.errors import SoftKNNError
-from softknn.generation import GenAnswer
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 409, 413, 422, 429, 503)}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the events

@@ -11,13 +11,13 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from softknn.errors import SoftKNNError
+from softknn.generation import GenAnswer
 from softknn.service.deps import RequestIdDep, RuntimeDep
 from softknn.service.errors import ModelNotFound, ServiceError
 from softknn.service.routes.generate import DONE, EventStream, error_event, first_item, sse
 from softknn.service.routes.infer import FastJSONResponse
 from softknn.service.schemas import ChatCompletion, ChatRequestBase, ErrorResponse, ModelList
-from softknn.errors import SoftKNNError
-from softknn.generation import GenAnswer
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422, 429, 503)}
 DEFAULT_MAX_TOKENS = 64
