@@ -224,7 +224,7 @@ def dense_index(xb: np.ndarray, kind: str, vectors: str):
     """(faiss index, spec, build seconds or None when cached, serialized bytes) for choose_index(N, D, kind)."""
     import faiss
 
-    from softknn.memory import build_index, choose_index
+    from softknn.chunk_index import build_index, choose_index
 
     spec = choose_index(len(xb), xb.shape[1], kind)
     build = {k: v for k, v in spec.params.items() if k != "efSearch"}
@@ -427,9 +427,10 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
     import gc
 
     from softknn.bundle import Bundle
+    from softknn.chunk_index import PREFILTER_MIN_CHUNKS, ChunkIndex
     from softknn.lexical import LexicalIndex, LexicalSpec
     from softknn.manifest import Counts, IndexRecord, Manifest
-    from softknn.memory import PREFILTER_MIN_CHUNKS, ChunkIndex, KVStore
+    from softknn.memory_stores import KVStore
     from softknn.search import InferParams, Retriever
 
     texts_b, ids_b, intents_b, real_b = base

@@ -41,7 +41,7 @@ from softknn.evaluation.metrics import classification_metrics, retrieval_metrics
 from softknn.evaluation.run import Query, Strategy, run_variants
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields
-from softknn.memory_repr import MEMORY_KINDS
+from softknn.memory_stores import MEMORY_KINDS
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path("/work/shared/data")

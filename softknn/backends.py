@@ -10,16 +10,16 @@ made; nothing that calls it changes:
   Encoder.forward_plain. A causal language model (softknn.generator.Generator) is a second kind
   of model beside it, run by softknn.generation, not through this Protocol.
 - ChunkSearch: dense search over the KB's chunk embeddings (top k, exact similarities, dot
-  products of given rows). softknn.memory.ChunkIndex (flat, HNSW, IVF, IVF-PQ: the kind
-  is chosen at build time by softknn.memory.choose_index and read back from the manifest), or a
+  products of given rows). softknn.chunk_index.ChunkIndex (flat, HNSW, IVF, IVF-PQ: the kind
+  is chosen at build time by softknn.chunk_index.choose_index and read back from the manifest), or a
   sharded bundle's merge over its shards (softknn.shards); softknn.bundle.load_bundle picks one.
 - ShardBackend: where a sharded bundle's shards run (softknn.shards.Shard in every case): in
   this process (softknn.shards.LocalShards) or as Ray actors (softknn.service.ray_serving.RayShards);
   load_bundle's `shard_backend` factory picks one (None: in this process).
 - MemoryStore: the memory layer's keys/values of retrieved chunks, padded into a MemoryBatch.
-  softknn.memory.KVStore (stored K/V), softknn.memory_repr.HiddenStore (hidden states, fp16 or
-  int8, projected on read), softknn.memory_repr.RecomputeStore (recomputed from the chunk text),
-  or a sharded bundle's fan-out (softknn.shards); softknn.memory_repr.load_memory picks one from
+  softknn.chunk_index.KVStore (stored K/V), softknn.memory_stores.HiddenStore (hidden states, fp16 or
+  int8, projected on read), softknn.memory_stores.RecomputeStore (recomputed from the chunk text),
+  or a sharded bundle's fan-out (softknn.shards); softknn.memory_stores.load_memory picks one from
   the manifest's `memory`, softknn.shards.load_sharded builds the sharded one.
 
 The retrieval that needs only these (no model) is softknn.search.Retriever.
@@ -34,8 +34,8 @@ import torch
 
 if TYPE_CHECKING:
     from softknn.attention import MemoryBatch
+    from softknn.chunk_index import IndexSpec
     from softknn.encoder import FuseFn, ModelInfo, PlainPass, TokenBatch
-    from softknn.memory import IndexSpec
 
 
 class PlainForward(Protocol):

@@ -8,7 +8,7 @@ A bundle is one directory:
     kv_keys.npy        (Ntok, nh, hs) layer-L keys of every chunk's non-special tokens
     kv_values.npy      (Ntok, nh, hs) values
                        (these two for the default memory `kv`; the manifest's `memory` names
-                       another representation and its files: softknn.memory_repr)
+                       another representation and its files: softknn.memory_stores)
     chunk_tokens.npy   (N, 2) int64: first row in kv_* and token count of each chunk
     token_spans.npy    (Ntok, 2) int64: each memory token's char span in its document
     chunks.jsonl       per chunk: chunk_id, doc_id, text, start, end (char span), label, metadata
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import numpy as np
 
+from softknn.chunk_index import ChunkIndex, IndexSpec
 from softknn.errors import BundleError
 from softknn.gen_memory import generator_files
 from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
 from softknn.manifest import Manifest
-from softknn.memory import ChunkIndex, IndexSpec
-from softknn.memory_repr import MEMORY_FILES, MemoryStore, load_memory, memory_files, memory_summary
+from softknn.memory_stores import MEMORY_FILES, MemoryStore, load_memory, memory_files, memory_summary
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -202,7 +202,7 @@ class Bundle:
     path: Path
     manifest: Manifest
     index: ChunkIndex
-    kv: MemoryStore  # the memory layer's K/V source, whatever the representation (softknn.memory_repr)
+    kv: MemoryStore  # the memory layer's K/V source, whatever the representation (softknn.memory_stores)
     chunks: list[dict]
     token_spans: np.ndarray  # (Ntok, 2)
     labels: list[str] = field(default_factory=list)

@@ -102,7 +102,7 @@ def build(
     try:
         fields, notes = resolve_fields(kb, Fields(id=id_field, text=text_field or "text", label=label_field),
                                        text_given=text_field is not None)
-        from softknn.memory_repr import check_kind
+        from softknn.memory_stores import check_kind
 
         check_kind(memory)  # a typo fails before the model loads
         if generator is not None:
@@ -206,7 +206,7 @@ def info(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> No
     need_bundle(bundle)
     from softknn.bundle import MANIFEST, read_manifest
     from softknn.manifest import Manifest
-    from softknn.memory_repr import memory_summary
+    from softknn.memory_stores import memory_summary
 
     try:
         m = read_manifest(bundle)

@@ -296,8 +296,8 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
     """A verified sharded bundle's metadata, and its shards opened by `backend_factory(specs)`
     (specs: [(shard dir, lo)]; default: in this process): the one place a ShardBackend is chosen."""
     from softknn.bundle import load_npy, read_manifest
+    from softknn.chunk_index import IndexSpec
     from softknn.lexical import LexicalIndex, LexicalSpec
-    from softknn.memory import IndexSpec
 
     assert manifest.shards is not None, f"{path}: a sharded manifest lists its shards"  # load time, not a hot path
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
 from softknn.calibration import calibrate_loo
+from softknn.chunk_index import build_index, choose_index
 from softknn.encoder import Encoder
 from softknn.engine import InferParams
 from softknn.errors import BundleError, KBFormatError
@@ -31,8 +32,7 @@ from softknn.index_builder.chunker import Chunk, chunk_documents
 from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
 from softknn.index_builder.reader import Fields, read_kb
 from softknn.lexical import LexicalIndex, LexicalSpec
-from softknn.memory import build_index, choose_index
-from softknn.memory_repr import HIDDEN_DTYPES, check_kind, int8_scale, quantize_int8
+from softknn.memory_stores import HIDDEN_DTYPES, check_kind, int8_scale, quantize_int8
 from softknn.retrieval import CANDIDATES
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class BuildConfig:
     overlap: int = 32
     batch_size: int = 32
     kv_dtype: str = "float32"  # of stored K/V (memory "kv" only)
-    memory: str = "kv"  # the memory representation: softknn.memory_repr.MEMORY_KINDS
+    memory: str = "kv"  # the memory representation: softknn.memory_stores.MEMORY_KINDS
     fields: Fields = field(default_factory=Fields)
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
     calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (softknn.calibration)

@@ -25,6 +25,7 @@ import softknn
 from softknn.encoder import Encoder
 from softknn.service import errors
 from softknn.service.auth import require_admin, require_api_key
+from softknn.service.lifecycle import Runtime
 from softknn.service.metrics import Metrics
 from softknn.service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from softknn.service.routes import (
@@ -37,7 +38,6 @@ from softknn.service.routes import (
     metrics,
     openai,
 )
-from softknn.service.runtime import Runtime
 from softknn.service.schemas import (
     chat_request_model,
     generate_request_model,

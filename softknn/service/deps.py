@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from softknn.engine import Engine
-from softknn.service.runtime import Runtime
+from softknn.service.lifecycle import Runtime
 from softknn.settings import Settings
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from softknn.attention import KERNELS, knn_weights, knn_weights_row, truncation_bound, truncation_bound_row
-from softknn.memory import ChunkIndex, build_index, choose_index
+from softknn.chunk_index import ChunkIndex, build_index, choose_index
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -78,7 +78,7 @@ def test_faiss_flat_search_breaks_ties_by_the_lower_id_even_at_the_boundary():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_kv_gather_equals_the_per_chunk_reference(dtype):
-    from softknn.memory import KVStore
+    from softknn.memory_stores import KVStore
 
     rng = np.random.default_rng(11)
     count = rng.integers(1, 9, size=30)

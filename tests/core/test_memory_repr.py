@@ -17,7 +17,7 @@ from softknn.bundle import load_bundle, read_manifest, verify_bundle, version_id
 from softknn.engine import Engine, InferParams
 from softknn.errors import BundleError
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.memory_repr import MEMORY_KINDS, HiddenStore, RecomputeStore
+from softknn.memory_stores import MEMORY_KINDS, HiddenStore, RecomputeStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")

@@ -34,7 +34,6 @@ from softknn.attention import MemoryBatch
 from softknn.backends import MemoryStore  # noqa: F401 (re-exported: what load_memory returns)
 from softknn.errors import BundleError
 from softknn.manifest import Manifest
-from softknn.memory import KVStore, pad_memory, pad_memory_reference
 
 MEMORY_KINDS = ("kv", "hidden", "hidden-fp16", "hidden-int8", "recompute")
 HIDDEN_DTYPES = {"hidden": np.float32, "hidden-fp16": np.float16, "hidden-int8": np.int8}
@@ -45,6 +44,113 @@ MEMORY_FILES = {
     "hidden-int8": ("mem_hidden.npy", "mem_hidden_scale.npy"),
     "recompute": (),
 }
+
+
+class KVStore:
+    """Per chunk, its non-special tokens' layer-L keys and values, and their char spans.
+
+    keys/values (Ntok, nh, hs) memory-mapped; chunk c owns rows start[c] : start[c] + count[c].
+    """
+
+    def __init__(self, keys: np.ndarray, values: np.ndarray, start: np.ndarray, count: np.ndarray):
+        assert keys.shape == values.shape and keys.ndim == 3, (keys.shape, values.shape)
+        self.keys, self.values = keys, values
+        self.start, self.count = start, count
+        self.num_heads, self.head_dim = keys.shape[1], keys.shape[2]
+
+    def chunk(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """k_c, v_c (nh, n_c, hs) float32."""
+        s, n = int(self.start[c]), int(self.count[c])
+        kc = torch.from_numpy(np.array(self.keys[s : s + n], dtype=np.float32))  # (n, nh, hs)
+        vc = torch.from_numpy(np.array(self.values[s : s + n], dtype=np.float32))
+        return kc.transpose(0, 1), vc.transpose(0, 1)
+
+    def rows(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (n, nh, hs) float32 of store rows `rows` (one fancy-index read each)."""
+        return (torch.from_numpy(np.asarray(self.keys[rows], dtype=np.float32)),
+                torch.from_numpy(np.asarray(self.values[rows], dtype=np.float32)))
+
+    def attach(self, encoder, layer: int) -> None:
+        """Stored K/V need no model (the hidden-state and recompute memories do: softknn.memory_stores)."""
+
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """Pad each input's chunks into a MemoryBatch: S = max |R|, Lm = the longest chunk.
+
+        One fancy-index read of all retrieved token rows and one scatter straight into the padded
+        (B, nh, S, Lm, hs) layout, instead of a copy per chunk into (B, S, Lm, nh, hs) followed by
+        a permuted copy of the whole padded tensor. `gather_reference` is the per-chunk loop;
+        tests compare the two.
+        """
+        return pad_memory(ids, weights, self.start, self.count, self.num_heads, self.head_dim, device, self.rows)
+
+    def gather_reference(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """`gather` as a plain loop, one chunk at a time (the reference its tests compare with)."""
+        def chunk(c: int) -> tuple[torch.Tensor, torch.Tensor]:
+            st, n = int(self.start[c]), int(self.count[c])
+            return (torch.from_numpy(np.array(self.keys[st : st + n], dtype=np.float32)),
+                    torch.from_numpy(np.array(self.values[st : st + n], dtype=np.float32)))
+
+        return pad_memory_reference(ids, weights, self.count, self.num_heads, self.head_dim, device, chunk)
+
+
+RowsFn = Callable[[np.ndarray], tuple[torch.Tensor, torch.Tensor]]  # store rows -> k, v (n, nh, hs) float32
+
+
+def pad_memory(ids: list[list[int]], weights: list[list[float]], start: np.ndarray, count: np.ndarray,
+               nh: int, hs: int, device: torch.device, kv_rows: RowsFn) -> MemoryBatch:
+    """The MemoryBatch of R = ids (per input, chunk rows) from any memory representation: `kv_rows`
+    gives the K/V of all retrieved token rows in one call; they are scattered into (B, nh, S, Lm, hs)."""
+    B = len(ids)
+    S = max(1, max((len(r) for r in ids), default=1))
+    counts = [[int(count[c]) for c in r] for r in ids]
+    Lm = max(1, max((n for r in counts for n in r), default=1))
+    bi, si, li, src = [], [], [], []  # per retrieved token: its (input, slot, position), its store row
+    for b, (row, cnt) in enumerate(zip(ids, counts, strict=True)):
+        for s, (c, n) in enumerate(zip(row, cnt, strict=True)):
+            st = int(start[c])
+            src.append(np.arange(st, st + n))
+            li.append(np.arange(n))
+            bi.append(np.full(n, b))
+            si.append(np.full(n, s))
+    key = torch.zeros(B, nh, S, Lm, hs)  # written in place through a (B, S, Lm, nh, hs) view: no permute copy
+    value = torch.zeros(B, nh, S, Lm, hs)
+    token_mask = torch.zeros(B, S, Lm, dtype=torch.bool)
+    weight = torch.zeros(B, S)
+    if src:
+        at = tuple(torch.from_numpy(np.concatenate(x)) for x in (bi, si, li))
+        k, v = kv_rows(np.concatenate(src))  # (n, nh, hs) each
+        key.permute(0, 2, 3, 1, 4)[at] = k.to("cpu", torch.float32)
+        value.permute(0, 2, 3, 1, 4)[at] = v.to("cpu", torch.float32)
+        token_mask[at] = True
+    for b, w in enumerate(weights):
+        weight[b, : len(w)] = torch.tensor(w, dtype=torch.float32)
+    return MemoryBatch(key=key.to(device), value=value.to(device), token_mask=token_mask.to(device),
+                       weight=weight.to(device))
+
+
+def pad_memory_reference(ids: list[list[int]], weights: list[list[float]], count: np.ndarray, nh: int, hs: int,
+                         device: torch.device, kv_chunk: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> MemoryBatch:
+    """`pad_memory` as a plain loop: `kv_chunk(c)` gives chunk c's k, v (n_c, nh, hs), one chunk at a time."""
+    B = len(ids)
+    S = max(1, max((len(r) for r in ids), default=1))
+    Lm = max(1, max((int(count[c]) for r in ids for c in r), default=1))
+    key = torch.zeros(B, S, Lm, nh, hs)
+    value = torch.zeros(B, S, Lm, nh, hs)
+    token_mask = torch.zeros(B, S, Lm, dtype=torch.bool)
+    weight = torch.zeros(B, S)
+    for b, row in enumerate(ids):
+        for s, c in enumerate(row):
+            n = int(count[c])
+            kc, vc = kv_chunk(c)
+            key[b, s, :n], value[b, s, :n] = kc.float().cpu(), vc.float().cpu()
+            token_mask[b, s, :n] = True
+            weight[b, s] = weights[b][s]
+    return MemoryBatch(
+        key=key.permute(0, 3, 1, 2, 4).contiguous().to(device),  # (B, nh, S, Lm, hs)
+        value=value.permute(0, 3, 1, 2, 4).contiguous().to(device),
+        token_mask=token_mask.to(device),
+        weight=weight.to(device),
+    )
 
 
 def memory_kind(kind: str) -> str:
