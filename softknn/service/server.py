@@ -44,16 +44,12 @@ class Linger:
 
     def __init__(self, idle_s: float | None = None, total_s: float | None = None,
                  max_connections: int | None = None):
-        if None in (idle_s, total_s, max_connections):
-            from softknn.settings import Limits
+        from softknn.settings import Limits
 
-            d = Limits()
-            idle_s = d.linger_idle_s if idle_s is None else idle_s
-            total_s = d.linger_total_s if total_s is None else total_s
-            max_connections = d.linger_max_connections if max_connections is None else max_connections
-        self.idle_s = float(idle_s)
-        self.total_s = float(total_s)
-        self.max_connections = int(max_connections)
+        d = Limits()
+        self.idle_s = float(d.linger_idle_s if idle_s is None else idle_s)
+        self.total_s = float(d.linger_total_s if total_s is None else total_s)
+        self.max_connections = int(d.linger_max_connections if max_connections is None else max_connections)
         self.active = 0  # connections lingering now
         self.closes: Counter[str] = Counter()  # lingers ended (or refused, "full"), by reason
 
@@ -173,12 +169,12 @@ class _LingeringMixin:
             return
         super().data_received(data)  # type: ignore[misc]
 
-    def eof_received(self) -> bool | None:
+    def eof_received(self) -> None:
         if self._linger.lingering:
             self._linger.end("eof")  # the client is done sending: close now
-            return None
+            return
         self._linger.peer_eof = True
-        return super().eof_received()  # type: ignore[misc]
+        super().eof_received()  # type: ignore[misc]
 
     def shutdown(self) -> None:
         """Server shutdown: close without lingering (a linger would hold the shutdown up)."""
@@ -195,21 +191,28 @@ class LingeringH11Protocol(_LingeringMixin, H11Protocol):
     pass
 
 
+_PROTOCOL: type[asyncio.Protocol] = LingeringH11Protocol
 try:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 except ImportError:  # httptools is optional in uvicorn; h11 is always there
-    HttpToolsProtocol = None
-
-
-if HttpToolsProtocol is not None:
+    pass
+else:
 
     class LingeringHttpToolsProtocol(_LingeringMixin, HttpToolsProtocol):
         pass
 
+    _PROTOCOL = LingeringHttpToolsProtocol
+
 
 def http_protocol() -> type[asyncio.Protocol]:
     """The lingering-close protocol over httptools where installed (uvicorn's own "auto" choice), else h11."""
-    return LingeringHttpToolsProtocol if HttpToolsProtocol is not None else LingeringH11Protocol
+    return _PROTOCOL
+
+
+class LingerConfig(uvicorn.Config):
+    """uvicorn.Config carrying the server's lingering-close policy to its protocol instances."""
+
+    softknn_linger: Linger
 
 
 def app_linger(app) -> Linger:
@@ -229,11 +232,11 @@ def app_linger(app) -> Linger:
     return policy
 
 
-def uvicorn_config(app, *, host: str, port: int, **kw) -> uvicorn.Config:
+def uvicorn_config(app, *, host: str, port: int, **kw) -> LingerConfig:
     """uvicorn.Config with the lingering-close protocol and the app's linger settings:
     `softknn serve` and the tests' servers use it."""
     kw.setdefault("log_config", None)
     kw.setdefault("access_log", False)
-    config = uvicorn.Config(app, host=host, port=port, http=http_protocol(), **kw)
+    config = LingerConfig(app, host=host, port=port, http=http_protocol(), **kw)
     config.softknn_linger = app_linger(app)
     return config
