@@ -14,4 +14,4 @@ def __getattr__(name: str):
         from softknn.service.app import create_app
 
         return create_app
-    raise AttributeError(f"module 'service' has no attribute {name!r}")
+    raise AttributeError(f"module 'softknn.service' has no attribute {name!r}")

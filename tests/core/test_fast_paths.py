@@ -100,10 +100,10 @@ def test_kv_gather_equals_the_per_chunk_reference(dtype):
 def test_prefiltered_flat_search_is_exact_certified_or_not(monkeypatch):
     """≥ PREFILTER_MIN_CHUNKS chunks: the 8-bit prefilter + exact rescoring gives the exact answer;
     with a useless bound (every row uncertified) the full-scan fallback gives it too."""
-    from softknn import memory
+    from softknn import chunk_index
 
     rng = np.random.default_rng(13)
-    n = memory.PREFILTER_MIN_CHUNKS + 500
+    n = chunk_index.PREFILTER_MIN_CHUNKS + 500
     xb = _unit(rng, n, 48)
     xb[100:110] = xb[:10]  # exact duplicates: ties the answer must order by id
     xq = xb[:30] + 0.1 * _unit(rng, 30, 48)
