@@ -54,6 +54,15 @@ def _note(msg: str) -> None:
     typer.secho(f"note: {msg}", fg=typer.colors.YELLOW, err=True)
 
 
+def _build_runtime(settings):
+    """model.runtime=auto builds with torch: a bundle is the same bytes wherever it is built, and its
+    K/V come from the runtime the Ray encode workers run (softknn.index_builder.distributed); an explicit
+    onnx is kept. The service verifies onnx against torch at open, so either serves the bundle."""
+    if settings.model.runtime == "auto":
+        settings.model.runtime = "torch"
+    return settings
+
+
 ModelOpt = Annotated[str | None, typer.Option("--model", help="sentence-transformers model path (default: packaged all-MiniLM-L6-v2)")]
 
 
@@ -141,8 +150,8 @@ def build(
             from softknn.generator import Generator
 
             gen = Generator.load(generator)
-        manifest = build_bundle(kb, out, cfg, _encoder(settings), force=force, progress=progress, encode=encode,
-                                generator=gen)
+        manifest = build_bundle(kb, out, cfg, _encoder(_build_runtime(settings)), force=force, progress=progress,
+                                encode=encode, generator=gen)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
     c = manifest["counts"]

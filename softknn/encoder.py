@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -22,6 +23,8 @@ import torch
 
 from softknn.backends import PlainForward
 from softknn.errors import InputTooLarge, InvalidInput, ModelRuntimeError, UnsupportedModel
+
+log = logging.getLogger("softknn.encoder")
 
 ATTN_IMPLEMENTATION = "softknn"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -148,6 +151,8 @@ class ModelInfo:
     extra: dict = field(default_factory=dict)
     runtime: str = "torch"  # what runs the plain forward: torch | onnx
     precision: str = "fp32"  # its numerics: fp32 | int8 (onnx only); a bundle's K/V must share them
+    requested: str = "torch"  # what was asked for: torch | onnx | auto (onnx where it opens and verifies)
+    fallback: str | None = None  # auto that runs torch: why onnx did not open
 
 
 def resolve_model_path(name_or_path: str | None) -> str:
@@ -175,8 +180,10 @@ class Encoder:
     def __init__(self, model: str | None = None, device: str = "cpu", runtime: str = "torch", *,
                  precision: str = "fp32", onnx_cache: Path | None = None, threads: int = 1,
                  onnx_optimization: str = "all"):
-        """`runtime` runs the plain forward (and the layers before the memory layer): "torch", or
-        "onnx" (softknn.onnx_forward: exported, cached, verified against torch; CPU only)."""
+        """`runtime` runs the plain forward (and the layers before the memory layer): "torch",
+        "onnx" (softknn.onnx_forward: exported, cached, verified against torch; CPU only; refuses to
+        open on a failed verification), or "auto": onnx fp32 where it opens and passes its
+        verification, else torch, with the reason in `info.fallback` (and a warning logged)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
         from sentence_transformers import SentenceTransformer
 
@@ -210,6 +217,7 @@ class Encoder:
             max_seq_length=self.max_seq_length,
             runtime=runtime,
             precision=precision,
+            requested=runtime,
         )
         self._normalized = type(self.st[len(self.st) - 1]).__name__ == "Normalize"
         probe = self.tokenizer(["a"], return_tensors="pt")
@@ -220,9 +228,31 @@ class Encoder:
 
             self.onnx = OnnxForward(self, precision=precision, cache_dir=onnx_cache, threads=threads,
                                     optimization=onnx_optimization)
+        elif runtime == "auto" and precision == "fp32":
+            self.onnx, self.info.fallback = self._open_onnx_or_why(onnx_cache, threads, onnx_optimization)
+            self.info.runtime = "torch" if self.onnx is None else "onnx"
+            if self.info.fallback:
+                log.warning("model.runtime=auto runs torch: %s", self.info.fallback)
         elif runtime != "torch" or precision != "fp32":
-            raise ModelRuntimeError(f"runtime {runtime!r} with precision {precision!r}: expected torch (fp32) or "
-                                    "onnx (fp32 | int8)", field="model.runtime")
+            raise ModelRuntimeError(f"runtime {runtime!r} with precision {precision!r}: expected torch (fp32), "
+                                    "onnx (fp32 | int8) or auto (fp32)", field="model.runtime")
+
+    def _open_onnx_or_why(self, cache: Path | None, threads: int, optimization: str) -> tuple[Any, str | None]:
+        """model.runtime=auto: (the opened OnnxForward, None), or (None, why it cannot serve here):
+        not on the CPU, an architecture it does not export, onnxruntime missing, an export that
+        fails its checks (checksum, verification against torch)."""
+        if self.device.type != "cpu":
+            return None, f"the model runs on {self.device}; the onnx runtime runs on the CPU only"
+        try:
+            from softknn.onnx_forward import OnnxForward
+
+            return OnnxForward(self, precision="fp32", cache_dir=cache, threads=threads, optimization=optimization), None
+        except ImportError as e:
+            return None, f"onnxruntime is not importable ({e})"
+        except (ModelRuntimeError, UnsupportedModel) as e:
+            return None, str(e)
+        except Exception as e:  # the export itself failed (torch.onnx on an unusual graph): serve torch
+            return None, f"the onnx export failed: {type(e).__name__}: {e}"
 
     def _attention_modules(self) -> list[Any]:  # transformers attention modules: their projections are dynamic
         mods = [m for m in self.model.modules() if isinstance(getattr(m, "layer_idx", None), int)]

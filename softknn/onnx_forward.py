@@ -25,12 +25,14 @@ checked against a looser gate (pooled-embedding cosine ≥ INT8_MIN_COSINE) and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
 import uuid
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -70,6 +72,22 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _export_lock(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock on `path` (flock) while exporting; none where fcntl is absent."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: exports still write atomically, two may just both run
+        yield
+        return
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def graph_inputs(encoder) -> list[str]:
@@ -214,8 +232,12 @@ class OnnxForward:
             self._export()
         self._check_sidecar()
         so = ort.SessionOptions()
-        so.intra_op_num_threads = max(1, threads)  # as torch: model.threads (0 = cores), set by the caller
+        so.intra_op_num_threads = max(1, threads)  # as torch: model.threads, resolved by the caller
         so.inter_op_num_threads = 1
+        # Pool threads that wait sleep instead of spinning: on a busy box a spinning thread burns the
+        # core the event loop or another worker needs (docs/benchmarks.md, contention).
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, OPTIMIZATION[optimization])
         try:
@@ -228,30 +250,38 @@ class OnnxForward:
 
     # --- export -------------------------------------------------------------------------------
     def _export(self) -> None:
-        """Export (fp32), quantise (int8), write atomically with a sidecar of checksums."""
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        fp32 = self.path if self.precision == "fp32" else self.path.with_name(self.path.name.replace("-int8", "-fp32"))
-        if not fp32.exists():
-            tmp = fp32.with_name(f"{fp32.name}.tmp-{uuid.uuid4().hex[:8]}")
-            try:
-                self._export_fp32(tmp)
-                os.replace(tmp, fp32)
-            finally:
-                tmp.unlink(missing_ok=True)
-            self._write_sidecar(fp32, source=None)
-        if self.precision == "int8":
-            from onnxruntime.quantization import QuantType, quantize_dynamic
+        """Export (fp32), quantise (int8), write atomically with a sidecar of checksums.
 
-            self._check_sidecar(fp32)
-            tmp = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
-            try:
-                # weights only (MatMul), per output channel: per-tensor scales cost 5x the cosine gap
-                quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
-                                 op_types_to_quantize=["MatMul"])
-                os.replace(tmp, self.path)
-            finally:
-                tmp.unlink(missing_ok=True)
-            self._write_sidecar(self.path, source=fp32)
+        Once per cache folder: processes opening the same model at once (a test session's servers,
+        a node's replicas) take a lock, and the one that waited finds the file and uses it. The
+        sidecar is in place before the model file appears, so a reader that sees the file sees its
+        record."""
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with _export_lock(self.cache_dir / ".export.lock"):
+            if self.path.exists():  # another process exported it while this one waited
+                return
+            fp32 = self.path if self.precision == "fp32" else self.path.with_name(self.path.name.replace("-int8", "-fp32"))
+            if not fp32.exists():
+                tmp = fp32.with_name(f"{fp32.name}.tmp-{uuid.uuid4().hex[:8]}")
+                try:
+                    self._export_fp32(tmp)
+                    self._write_sidecar(tmp, fp32, source=None)
+                    os.replace(tmp, fp32)
+                finally:
+                    tmp.unlink(missing_ok=True)
+            if self.precision == "int8":
+                from onnxruntime.quantization import QuantType, quantize_dynamic
+
+                self._check_sidecar(fp32)
+                tmp = self.path.with_name(f"{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
+                try:
+                    # weights only (MatMul), per output channel: per-tensor scales cost 5x the cosine gap
+                    quantize_dynamic(str(fp32), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
+                                     op_types_to_quantize=["MatMul"])
+                    self._write_sidecar(tmp, self.path, source=fp32)
+                    os.replace(tmp, self.path)
+                finally:
+                    tmp.unlink(missing_ok=True)
 
     def _export_fp32(self, out: Path) -> None:
         enc = self.encoder
@@ -273,9 +303,10 @@ class OnnxForward:
         return ([f"hidden_{i}" for i in range(self.n + 1)]
                 + [f"{w}_{i}" for i in range(self.n) for w in ("query", "key", "value")])
 
-    def _write_sidecar(self, path: Path, *, source: Path | None) -> None:
+    def _write_sidecar(self, written: Path, path: Path, *, source: Path | None) -> None:
+        """The record of `written` (checksum, size), atomically, as the sidecar of `path` it becomes."""
         meta = {"export_version": EXPORT_VERSION, "fingerprint": self.encoder.info.fingerprint,
-                "precision": "int8" if source else "fp32", "sha256": _sha256(path), "bytes": path.stat().st_size,
+                "precision": "int8" if source else "fp32", "sha256": _sha256(written), "bytes": written.stat().st_size,
                 "opset": OPSET, "torch": torch.__version__, "source_sha256": _sha256(source) if source else None}
         side = path.with_suffix(".json")
         tmp = side.with_name(f"{side.name}.tmp-{uuid.uuid4().hex[:8]}")

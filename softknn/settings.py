@@ -18,10 +18,15 @@ from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT
 class ModelSettings(BaseModel):
     name: str | None = Field(None, description="sentence-transformers model path; empty = packaged all-MiniLM-L6-v2")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when visible, else cpu")
-    threads: int = Field(0, ge=0, description="torch (and ONNX Runtime) intra-op threads; 0 = the number of CPU cores")
-    runtime: Literal["torch", "onnx"] = Field("torch", description="what runs the plain forward and the layers before "
-                                              "the memory layer: torch, or onnx (ONNX Runtime, CPU; exported once per "
-                                              "model, verified against torch within 1e-4 at start; docs/benchmarks.md)")
+    threads: int = Field(0, ge=0, description="torch, faiss and ONNX Runtime intra-op threads; 0 = auto: 1 per "
+                         "inference worker in the service (more spin against the event loop on a busy box: "
+                         "docs/benchmarks.md, contention), the CPU cores for build and the other commands")
+    runtime: Literal["auto", "torch", "onnx"] = Field(
+        "auto", description="what runs the plain forward and the layers before the memory layer: onnx (ONNX Runtime, "
+        "CPU; exported once per model and cached, verified against torch within 1e-4 at every start, refusing to "
+        "start otherwise), torch, or auto: onnx fp32 where it opens and passes that verification, else torch with "
+        "the reason in /v1/index `runtime.fallback` and the log (docs/benchmarks.md); `softknn build` runs "
+        "torch under auto (the same bundle bytes wherever it is built)")
     precision: Literal["fp32", "int8"] = Field("fp32", description="int8 = dynamic quantisation, onnx only, opt-in: "
                                                "quality cost in docs/benchmarks.md; bundles must be built with the same")
     onnx_cache: Path | None = Field(None, description="where ONNX exports are cached; empty = "
@@ -75,7 +80,8 @@ class Batching(BaseModel):
     max_batch_tokens: int = Field(4096, ge=1, description="padded tokens per micro-batch")
     max_batch_size: int = Field(32, ge=1, description="texts per micro-batch")
     group_size: int = Field(4, ge=1, description="texts per forward pass: a micro-batch runs in passes of texts of similar length")
-    workers: int = Field(1, ge=1, le=64, description="inference worker threads, each running one micro-batch at a time (use with MODEL__THREADS=1)")
+    workers: int = Field(1, ge=1, le=64, description="inference worker threads, each running one micro-batch at a "
+                         "time with model.threads threads (1 by default)")
     max_wait_ms: float = Field(0.0, ge=0, description="how long the worker waits to fill a batch (0: take what is queued)")
     queue_size: int = Field(256, ge=1, description="texts waiting; beyond it requests get 429")
     request_timeout_s: float = Field(30.0, gt=0, description="a request waiting longer gets 503")
@@ -128,14 +134,19 @@ def encoder_options(settings: Settings, threads: int) -> dict:
             "onnx_optimization": m.onnx_optimization}
 
 
-def apply_threads(settings: Settings) -> int:
-    """Set torch's and faiss's intra-op threads from settings (0 = cores); returns the number set."""
+SERVING_THREADS = 1  # model.threads = 0 in the service: per inference worker (docs/benchmarks.md, contention)
+
+
+def apply_threads(settings: Settings, *, serving: bool = False) -> int:
+    """Set torch's and faiss's intra-op threads from settings; returns the number set (ONNX Runtime
+    gets it through encoder_options). model.threads = 0: SERVING_THREADS in the service (`serving`),
+    the CPU cores elsewhere (build, query, eval: one process with the machine to itself)."""
     import os
 
     import faiss
     import torch
 
-    n = settings.model.threads or os.cpu_count() or 1
+    n = settings.model.threads or (SERVING_THREADS if serving else os.cpu_count() or 1)
     torch.set_num_threads(n)
     faiss.omp_set_num_threads(n)  # faiss has its own OpenMP pool; flat and IVF scans use it
     return n

@@ -34,6 +34,11 @@ def serve(
     Every other setting is a SOFTKNN_* environment variable (see the README's table), e.g.
     SOFTKNN_AUTH__API_KEY, SOFTKNN_MODEL__THREADS, SOFTKNN_BATCHING__QUEUE_SIZE.
     """
+    # Before torch (and its OpenMP) loads: OpenMP threads waiting at a barrier sleep instead of
+    # spinning, which on a busy box takes the core the event loop needs (docs/benchmarks.md,
+    # contention: 13.9x a plain encode's p50 beside a CPU hog with 2 spinning threads, 0.42x passive).
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     given = bundle if bundle is not None else os.environ.get("SOFTKNN_BUNDLE")
     if given:  # answered before FastAPI, torch and the model load
         from softknn.console import need_bundle

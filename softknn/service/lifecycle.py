@@ -158,7 +158,7 @@ class Runtime:
 
     def _load_model(self) -> None:
         t0 = time.perf_counter()
-        threads = apply_threads(self.settings)
+        threads = apply_threads(self.settings, serving=True)
         if self.encoder is None:
             self.encoder = Encoder(self.settings.model.name, device=self.settings.device(),
                                    **encoder_options(self.settings, threads))
@@ -167,6 +167,8 @@ class Runtime:
         log.info("model loaded", extra={"model": self.encoder.info.name, "device": str(self.encoder.device),
                                         "torch_threads": threads,
                                         "runtime": self.encoder.info.runtime, "precision": self.encoder.info.precision,
+                                        "runtime_requested": self.encoder.info.requested,
+                                        "runtime_fallback": self.encoder.info.fallback,
                                         "seconds": round(time.perf_counter() - t0, 2)})
 
     async def open(self, path: Path) -> Engine:

@@ -296,10 +296,13 @@ class BundleSummary(_Out):
 
 
 class ModelRuntime(_Out):
-    name: str = Field(description="what runs the plain forward: torch | onnx (SOFTKNN_MODEL__RUNTIME)")
+    name: str = Field(description="what runs the plain forward: torch | onnx")
     precision: str = Field(description="its numerics: fp32 | int8 (SOFTKNN_MODEL__PRECISION)")
     verified_max_abs_diff: float | None = Field(description="onnx: max |onnx − torch| over the verification "
                                                 "inputs, checked at start; null for torch")
+    requested: str = Field(description="what SOFTKNN_MODEL__RUNTIME asked for: auto | torch | onnx")
+    fallback: str | None = Field(description="auto running torch: why onnx did not open here (not the CPU, "
+                                 "onnxruntime missing, an export that failed its checks); else null")
 
 
 class IndexResponse(Served):
@@ -309,8 +312,10 @@ class IndexResponse(Served):
 
 def runtime_payload(encoder) -> dict:
     onnx = getattr(encoder, "onnx", None)
-    return {"name": encoder.info.runtime, "precision": encoder.info.precision,
-            "verified_max_abs_diff": onnx.verification["max_abs_diff"] if onnx is not None else None}
+    info = encoder.info
+    return {"name": info.runtime, "precision": info.precision,
+            "verified_max_abs_diff": onnx.verification["max_abs_diff"] if onnx is not None else None,
+            "requested": getattr(info, "requested", info.runtime), "fallback": getattr(info, "fallback", None)}
 
 
 class Entry(_Out):

@@ -7,6 +7,7 @@ import copy
 import csv
 import json
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -113,6 +114,54 @@ def test_a_tampered_export_is_refused(onnx_encoder, tmp_path):
         f.write(bytes(b ^ 0xFF for b in chunk))
     with pytest.raises(ModelRuntimeError, match="modified after it was written"):
         Encoder(runtime="onnx", onnx_cache=tmp_path)
+    # the default, auto: serves torch instead, and says why
+    auto = Encoder(runtime="auto", onnx_cache=tmp_path)
+    assert auto.onnx is None and (auto.info.runtime, auto.info.requested) == ("torch", "auto")
+    assert "modified after it was written" in auto.info.fallback
+
+
+def test_the_export_runs_once_per_cache_and_its_record_lands_first(encoder, tmp_path, monkeypatch):
+    """Two opens of a fresh cache at once export once (the other waits and uses the file); the sidecar
+    is in place when the model file appears; a later open exports nothing."""
+    import os
+    import threading
+
+    from softknn import onnx_forward
+
+    exports, appeared = [], []
+    real_export, real_replace = onnx_forward.OnnxForward._export_fp32, os.replace
+
+    def export(self, out):
+        exports.append(out)
+        real_export(self, out)
+
+    def replace(src, dst):
+        if str(dst).endswith(".onnx"):
+            appeared.append(Path(dst).with_suffix(".json").exists())
+        real_replace(src, dst)
+
+    monkeypatch.setattr(onnx_forward.OnnxForward, "_export_fp32", export)
+    monkeypatch.setattr(onnx_forward.os, "replace", replace)
+    opened, errors = [], []
+
+    def open_one():
+        try:
+            opened.append(onnx_forward.OnnxForward(encoder, cache_dir=tmp_path))
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=open_one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and len(opened) == 2
+    assert len(exports) == 1 and appeared == [True]
+    assert all(0 < f.verification["max_abs_diff"] <= TOLERANCE for f in opened)
+    onnx_forward.OnnxForward(encoder, cache_dir=tmp_path)
+    assert len(exports) == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == sorted(
+        [opened[0].path.name, opened[0].sidecar.name])  # no temporary file left behind
 
 
 def test_an_export_that_disagrees_with_torch_is_refused(onnx_encoder, tmp_path):
@@ -200,3 +249,14 @@ def test_int8_needs_the_onnx_runtime():
     with pytest.raises(ValidationError, match="model.precision=int8 needs model.runtime=onnx"):
         Settings(model={"runtime": "torch", "precision": "int8"})
     assert Settings(model={"runtime": "onnx", "precision": "int8"}).model.precision == "int8"
+
+
+def test_auto_builds_with_torch_and_an_explicit_onnx_builds_with_onnx():
+    """softknn build under the default runtime (auto) runs torch: the same bundle bytes wherever it is
+    built, and the runtime the Ray encode workers run."""
+    from softknn.cli import _build_runtime
+    from softknn.settings import Settings
+
+    assert _build_runtime(Settings(model={"runtime": "auto"})).model.runtime == "torch"
+    assert _build_runtime(Settings(model={"runtime": "onnx"})).model.runtime == "onnx"
+    assert _build_runtime(Settings(model={"runtime": "torch"})).model.runtime == "torch"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 from typer.testing import CliRunner
 
@@ -30,3 +32,34 @@ def test_serve_refuses_invalid_settings_before_starting(monkeypatch):
     r = CliRunner().invoke(command(), ["--port", "70000"])
     assert r.exit_code == 2
     assert "invalid settings" in r.output and "port" in r.output
+
+
+def test_serve_makes_openmp_threads_wait_passively_unless_told_otherwise(monkeypatch):
+    """Set before torch loads (serve's first step; here refused settings end it right after):
+    spinning OpenMP waits took 14x a plain encode's p50 on a busy box (bench/contention.py)."""
+    monkeypatch.setenv("SOFTKNN_DEFAULTS__K", "1000")  # refused after the environment is set, before uvicorn
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):  # restored as they were after the test
+        monkeypatch.setenv(name, "")
+    for given, want in ({}, "PASSIVE"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"), ({"GOMP_SPINCOUNT": "300000"}, None):
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+        monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+        for k, v in given.items():
+            monkeypatch.setenv(k, v)
+        assert CliRunner().invoke(command(), ["--port", "8123"]).exit_code == 2
+        assert os.environ.get("OMP_WAIT_POLICY") == want, given
+
+
+def test_threads_default_to_one_per_worker_in_the_service_and_the_cores_elsewhere():
+    import faiss
+    import torch
+
+    from softknn.settings import Settings, apply_threads
+
+    before, before_faiss = torch.get_num_threads(), faiss.omp_get_max_threads()
+    try:
+        assert apply_threads(Settings(), serving=True) == 1 == torch.get_num_threads() == faiss.omp_get_max_threads()
+        assert apply_threads(Settings()) == (os.cpu_count() or 1) == torch.get_num_threads()
+        assert apply_threads(Settings(model={"threads": 3}), serving=True) == 3 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+        faiss.omp_set_num_threads(before_faiss)
