@@ -179,7 +179,7 @@ def error_body(kind: str, message: str, field: str | None = None) -> dict:
 
 # The OpenAI-compatible routes answer the same shape with OpenAI's two extra keys, `param` (= field)
 # and `code` (= type), so the openai client's exceptions carry them: a superset of both shapes.
-OPENAI_PATHS = ("/v1/chat/completions", "/v1/models")
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/embeddings", "/v1/models")
 
 
 def error_response(status: int, kind: str, message: str, field: str | None = None,
