@@ -310,13 +310,13 @@ class Runtime:
         model_max = self.encoder.max_seq_length
         return min(self.settings.limits.max_tokens or model_max, model_max)
 
-    def admit(self, texts: list[str], truncate: bool, *, field: str = "inputs",
+    def admit(self, texts: list[str], truncate: bool, *, field: str = "inputs[{i}]",
               hint: str = "send truncate=true to cut it") -> tuple[list[str], list[int], list[int]]:
         """Token-limit check before queueing (one bad input never reaches a shared batch).
 
         Returns the texts (cut where the service's own token limit is below the model's and
         `truncate` allows it), each text's token count after cutting, and which texts were cut.
-        A refusal names the input as `field[i]` and says `hint`.
+        A refusal names the input as `field` formatted with its index i, and says `hint`.
         """
         limit, model_max = self.token_limit(), self.encoder.max_seq_length
         out, tokens, cut = list(texts), [], []
@@ -324,8 +324,8 @@ class Runtime:
             n = len(enc.ids)
             if n > limit:
                 if not truncate:
-                    raise InputTooLarge(f"{field}[{i}] has {n} tokens, more than the limit {limit}; {hint}",
-                                        field=f"{field}[{i}]")
+                    where = field.format(i=i)
+                    raise InputTooLarge(f"{where} has {n} tokens, more than the limit {limit}; {hint}", field=where)
                 if limit < model_max:  # the engine cuts at the model's limit by itself
                     content = [j for j, special in enumerate(enc.special_tokens_mask) if not special]
                     keep = content[: max(1, limit - (n - len(content)))]
@@ -354,7 +354,7 @@ class Runtime:
                                   "see the server log for this request id") from e
 
     async def embed(self, texts: list[str], *, truncate: bool, request_id: str | None = None,
-                    field: str = "input", hint: str = "send truncate=true to cut it") -> tuple[Engine, list[np.ndarray], list[int]]:
+                    field: str = "input[{i}]", hint: str = "send truncate=true to cut it") -> tuple[Engine, list[np.ndarray], list[int]]:
         """The plain model's embeddings through the batcher (admitted as /v1/infer's inputs are):
         (the engine that answered, one (D,) float32 vector per text, each text's token count)."""
         start = time.monotonic()
@@ -373,7 +373,7 @@ class Runtime:
         p = engine.resolve([params])[0]
         hint = "send truncate=true to cut it"
         (query,), q_tokens, _ = await self._admit([query], truncate, "query", hint)
-        texts, tokens, _ = await self._admit(texts, truncate, "texts", hint)
+        texts, tokens, _ = await self._admit(texts, truncate, "texts[{i}]", hint)
         all_texts = [query, *texts]
         emb = await self._run(engine, all_texts, [PlainEmbed(truncate)] * len(all_texts), q_tokens + tokens,
                               [1] * len(all_texts), start, request_id)
@@ -384,7 +384,7 @@ class Runtime:
         return engine, s
 
     async def infer(self, texts: list[str], params: list[InferParams], *, truncate: bool, cut: Sequence[int] = (),
-                    request_id: str | None = None, field: str = "inputs",
+                    request_id: str | None = None, field: str = "inputs[{i}]",
                     hint: str = "send truncate=true to cut it") -> tuple[Engine, list[InferResult]]:
         """Admit, queue, wait: (the engine that answered, one result per text).
 

@@ -83,16 +83,17 @@ def build_router(ChatRequest: type[ChatRequestBase], EmbeddingRequest: type[Embe
             raise InvalidInput(f"dimensions={body.dimensions} is not supported: {info.name} embeddings have "
                                f"{info.dim} dimensions (send {info.dim} or leave it out)", field="dimensions")
         texts, opts = body.texts, body.softknn
+        field = "input[{i}]" if isinstance(body.input, list) else "input"
         if opts is not None and opts.augmented:
             d = settings.defaults
             params = [opts.to_params(d.hybrid_pool, d.candidates)] * len(texts)
             engine, results = await runtime.infer(texts, params, truncate=opts.truncate, request_id=request_id,
-                                                  field="input", hint="send softknn.truncate=true to cut it")
+                                                  field=field, hint="send softknn.truncate=true to cut it")
             vectors: list = [r.embedding for r in results]
             tokens = [r.diagnostics.n_tokens for r in results]
         else:
             engine, vectors, tokens = await runtime.embed(texts, truncate=body.truncate, request_id=request_id,
-                                                          field="input", hint="send softknn.truncate=true to cut it")
+                                                          field=field, hint="send softknn.truncate=true to cut it")
         augmented = opts is not None and opts.augmented
         n = sum(tokens)
         return FastJSONResponse({
