@@ -127,3 +127,15 @@ def test_counted_and_batched_like_infer(live):
         assert live.client.post("/v1/embeddings", json={"input": TEXTS}).status_code == 200
     assert live.metric("softknn_http_requests_total", route="/v1/embeddings", method="POST", status="200") == before + 3
     assert live.metric("softknn_batch_size_sum") == texts_before + 3 * len(TEXTS)  # through the batcher
+
+
+def test_readme_sample_is_what_the_client_prints(api):
+    from tests.service.conftest import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    text = "Can I bring my dog on the ferry?"
+    r = api.embeddings.create(model=MODEL, input=[text])
+    assert f"# {len(r.data[0].embedding)} {[round(x, 4) for x in r.data[0].embedding[:3]]} {r.usage.prompt_tokens}\n" \
+        in readme
+    aug = api.embeddings.create(model=MODEL, input=[text], extra_body={"softknn": {"augmented": True, "k": 4}})
+    assert f"the KB moved it: {[round(x, 4) for x in aug.data[0].embedding[:3]]}\n" in readme

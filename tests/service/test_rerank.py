@@ -102,3 +102,20 @@ def test_errors_in_the_service_shape(inproc, body, status, kind, field):
 def test_truncate_cuts_instead(inproc):
     got = rerank(inproc, query=QUERY, texts=["fine", " ".join(["ferry"] * 400)], truncate=True)
     assert len(got) == 2
+
+
+def test_readme_sample_is_what_the_service_answers(inproc):
+    import json
+    import re
+
+    from tests.service.conftest import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("$ curl -s localhost:8000/v1/rerank"):]
+    body = json.loads(re.search(r"-d '(\{.*?\})'", block, re.S).group(1))
+    shown = json.loads(block.splitlines()[3])
+    got = rerank(inproc, **body)
+    assert [(g["index"], g["text"]) for g in got] == [(s["index"], s["text"]) for s in shown]
+    assert all(close(g["score"], s["score"], 1e-6) for g, s in zip(got, shown, strict=True))
+    raw = rerank(inproc, **body, raw_scores=True)
+    assert f"(the cafe scores {raw[2]['score']:.3f} above)".replace("-", "−") in readme
