@@ -748,7 +748,7 @@ def embedding_request_model(settings: Settings) -> type[EmbeddingRequestBase]:
                                   "empty = it; another → 404 model_not_found")
         encoding_format: Literal["float", "base64"] = Field(
             "float", description="float: a list of numbers; base64: the little-endian float32 bytes, base64-encoded")
-        dimensions: int | None = Field(None, description="the model's dimension or null: truncated (Matryoshka) "
+        dimensions: Int | None = Field(None, description="the model's dimension or null: truncated (Matryoshka) "
                                        "embeddings are not served, another value is refused (422)")
         user: str | None = Field(None, max_length=256, description="accepted, not used")
         softknn: options | None = Field(None, description="softknn's extension: the knowledge-augmented embedding, "  # type: ignore[valid-type]
@@ -855,7 +855,8 @@ def rerank_request_model(settings: Settings) -> type[RerankRequestBase]:
                                "them (413)")
         truncation_direction: Literal["right", "Right"] = Field("right", description="only right: a cut keeps "
                                                                 "the beginning")
-        top_n: int | None = Field(None, ge=1, description="return the n best only (all: null)")
+        top_n: Annotated[int, Field(ge=1), BeforeValidator(_integral)] | None = Field(
+            None, description="return the n best only (all: null)")
         retrieval: Literal["hybrid", "dense", "lexical"] | None = Field(
             settings.defaults.retrieval, description="the similarity: hybrid, dense or lexical, as /v1/infer's; "
             "null = hybrid where the bundle has a lexical index, else dense")
