@@ -87,13 +87,14 @@ class Conflict(ServiceError):
 
 
 class GeneratorUnavailable(Conflict):
-    """/v1/generate, /v1/chat/completions, /v1/models on a bundle built without a generator (or one that did not load)."""
+    """/v1/generate, /v1/chat/completions on a bundle built without a generator (or one that did not load)."""
 
     kind = "generator_unavailable"
 
 
 class ModelNotFound(NotFound):
-    """/v1/chat/completions naming a model other than the served generator."""
+    """/v1/chat/completions naming a model other than the served generator, /v1/embeddings one other
+    than the embedding model."""
 
     kind = "model_not_found"
 
