@@ -37,11 +37,14 @@ from softknn.service.routes import (
     infer,
     metrics,
     openai,
+    rerank,
 )
 from softknn.service.schemas import (
     chat_request_model,
+    embedding_request_model,
     generate_request_model,
     infer_request_model,
+    rerank_request_model,
 )
 from softknn.settings import Settings
 
@@ -105,7 +108,9 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
     app.include_router(infer.build_router(infer_request_model(settings)), dependencies=[Depends(require_api_key)])
     app.include_router(index.router, dependencies=[Depends(require_api_key)])
     app.include_router(generate.build_router(generate_request_model(settings)), dependencies=[Depends(require_api_key)])
-    app.include_router(openai.build_router(chat_request_model(settings)), dependencies=[Depends(require_api_key)])
+    app.include_router(rerank.build_router(rerank_request_model(settings)), dependencies=[Depends(require_api_key)])
+    app.include_router(openai.build_router(chat_request_model(settings), embedding_request_model(settings)),
+                       dependencies=[Depends(require_api_key)])
     app.include_router(admin.router, dependencies=[Depends(require_admin)])
     app.include_router(explorer.router)
     if explorer.STATIC_DIR.is_dir():

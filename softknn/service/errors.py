@@ -87,13 +87,14 @@ class Conflict(ServiceError):
 
 
 class GeneratorUnavailable(Conflict):
-    """/v1/generate, /v1/chat/completions, /v1/models on a bundle built without a generator (or one that did not load)."""
+    """/v1/generate, /v1/chat/completions on a bundle built without a generator (or one that did not load)."""
 
     kind = "generator_unavailable"
 
 
 class ModelNotFound(NotFound):
-    """/v1/chat/completions naming a model other than the served generator."""
+    """/v1/chat/completions naming a model other than the served generator, /v1/embeddings one other
+    than the embedding model."""
 
     kind = "model_not_found"
 
@@ -179,7 +180,7 @@ def error_body(kind: str, message: str, field: str | None = None) -> dict:
 
 # The OpenAI-compatible routes answer the same shape with OpenAI's two extra keys, `param` (= field)
 # and `code` (= type), so the openai client's exceptions carry them: a superset of both shapes.
-OPENAI_PATHS = ("/v1/chat/completions", "/v1/models")
+OPENAI_PATHS = ("/v1/chat/completions", "/v1/embeddings", "/v1/models")
 
 
 def error_response(status: int, kind: str, message: str, field: str | None = None,

@@ -21,7 +21,10 @@ import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
@@ -29,6 +32,7 @@ from softknn.engine import GROUP_SIZE, Engine, InferParams
 from softknn.errors import BundleError, InputTooLarge, SoftKNNError
 from softknn.generation import GenAnswer, GenEngine, GenParams
 from softknn.generator import Generator, Step
+from softknn.rerank import Reranker
 from softknn.results import InferResult
 from softknn.service.batching import Batcher
 from softknn.service.errors import (
@@ -52,10 +56,47 @@ WARMUP_TEXT = "softknn warm-up: how are the ferries today?"
 INLINE_ADMIT_CHARS = 2048
 
 
-def run_engine(engine: Engine, texts: list[str], params: list[InferParams], group_size: int = GROUP_SIZE) -> list[InferResult]:
+@dataclass(frozen=True)
+class PlainEmbed:
+    """A text's parameters when only the plain model's embedding is asked for (/v1/embeddings,
+    /v1/rerank): no retrieval, no fused pass. `truncate`: cut at the model's token limit."""
+
+    truncate: bool = False
+
+
+def plain_embeddings(engine: Engine, texts: list[str], params: list[PlainEmbed],
+                     group_size: int = GROUP_SIZE) -> list[np.ndarray]:
+    """The plain model's embedding (D,) float32 of each text: the encoder's own pipeline (pooling,
+    normalisation), in length-sorted passes of at most `group_size` texts as Engine.infer runs."""
+    enc = engine.encoder
+    order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
+    size = group_size if group_size > 0 else len(texts)
+    out: list[np.ndarray] = [np.empty(0, np.float32)] * len(texts)
+    for g in range(0, len(order), size):
+        idx = order[g : g + size]
+        batch = enc.tokenize([texts[i] for i in idx], truncate=[params[i].truncate for i in idx], positions=idx)
+        emb = enc.forward_plain(batch).embedding.float().cpu().numpy()
+        for j, i in enumerate(idx):
+            out[i] = emb[j]
+    return out
+
+
+def run_engine(engine: Engine, texts: list[str], params: list[InferParams | PlainEmbed],
+               group_size: int = GROUP_SIZE) -> list[InferResult | np.ndarray]:
     """The batcher's runner: one micro-batch through the core, as `softknn query` would run it
-    (in length-sorted passes of at most `group_size` texts: Engine.infer)."""
-    return engine.infer(texts, params, group_size=group_size)
+    (in length-sorted passes of at most `group_size` texts: Engine.infer); the texts that ask for
+    the plain embedding only (PlainEmbed) through the plain pass alone."""
+    plain = [i for i, p in enumerate(params) if isinstance(p, PlainEmbed)]
+    if not plain:
+        return list(engine.infer(texts, params, group_size=group_size))
+    out: list[InferResult | np.ndarray] = [None] * len(texts)  # type: ignore[list-item]  # every slot set below
+    for i, r in zip(plain, plain_embeddings(engine, [texts[i] for i in plain], [params[i] for i in plain], group_size)):
+        out[i] = r
+    rest = [i for i, p in enumerate(params) if not isinstance(p, PlainEmbed)]
+    if rest:
+        for i, r in zip(rest, engine.infer([texts[i] for i in rest], [params[i] for i in rest], group_size=group_size)):
+            out[i] = r
+    return out
 
 
 def token_counter(encoder: Encoder):
@@ -122,6 +163,8 @@ class Runtime:
         self.status = "starting"  # starting → ready | no_bundle | failed
         self.error: str | None = None
         self._counter = None  # token_counter(encoder), once the model is loaded
+        self.model_created = 0  # when the model was loaded (Unix seconds; /v1/models)
+        self._reranker: Reranker | None = None  # /v1/rerank over the bundle serving now (Runtime.rerank)
         self._reload_lock = asyncio.Lock()
         b = settings.batching
         self.batcher = Batcher(max_batch_size=b.max_batch_size, max_batch_tokens=b.max_batch_tokens,
@@ -163,6 +206,7 @@ class Runtime:
             self.encoder = Encoder(self.settings.model.name, device=self.settings.device(),
                                    **encoder_options(self.settings, threads))
         self._counter = token_counter(self.encoder)
+        self.model_created = int(time.time())
         self.metrics.set_model(self.encoder.info)
         log.info("model loaded", extra={"model": self.encoder.info.name, "device": str(self.encoder.device),
                                         "torch_threads": threads,
@@ -268,11 +312,13 @@ class Runtime:
         model_max = self.encoder.max_seq_length
         return min(self.settings.limits.max_tokens or model_max, model_max)
 
-    def admit(self, texts: list[str], truncate: bool) -> tuple[list[str], list[int], list[int]]:
+    def admit(self, texts: list[str], truncate: bool, *, field: str = "inputs[{i}]",
+              hint: str = "send truncate=true to cut it") -> tuple[list[str], list[int], list[int]]:
         """Token-limit check before queueing (one bad input never reaches a shared batch).
 
         Returns the texts (cut where the service's own token limit is below the model's and
         `truncate` allows it), each text's token count after cutting, and which texts were cut.
+        A refusal names the input as `field` formatted with its index i, and says `hint`.
         """
         limit, model_max = self.token_limit(), self.encoder.max_seq_length
         out, tokens, cut = list(texts), [], []
@@ -280,8 +326,8 @@ class Runtime:
             n = len(enc.ids)
             if n > limit:
                 if not truncate:
-                    raise InputTooLarge(f"inputs[{i}] has {n} tokens, more than the limit {limit}; "
-                                        "send truncate=true to cut it", field=f"inputs[{i}]")
+                    where = field.format(i=i)
+                    raise InputTooLarge(f"{where} has {n} tokens, more than the limit {limit}; {hint}", field=where)
                 if limit < model_max:  # the engine cuts at the model's limit by itself
                     content = [j for j, special in enumerate(enc.special_tokens_mask) if not special]
                     keep = content[: max(1, limit - (n - len(content)))]
@@ -290,8 +336,58 @@ class Runtime:
             tokens.append(min(n, limit))
         return out, tokens, cut
 
+    async def _admit(self, texts: list[str], truncate: bool, field: str, hint: str):
+        if sum(map(len, texts)) <= INLINE_ADMIT_CHARS:  # a few µs of Rust: cheaper than a thread hop
+            return self.admit(texts, truncate, field=field, hint=hint)
+        return await asyncio.to_thread(self.admit, texts, truncate, field=field, hint=hint)
+
+    async def _run(self, engine: Engine, texts: list[str], params: Sequence[InferParams | PlainEmbed],
+                   tokens: list[int], slots: list[int], start: float, request_id: str | None) -> list:
+        """Queue admitted texts on the batcher and wait, within the request's deadline from `start`."""
+        timeout = self.settings.batching.request_timeout_s - (time.monotonic() - start)
+        try:
+            return await self.batcher.run(engine, texts, params, tokens, slots, timeout=timeout,
+                                          request_id=request_id)
+        except (SoftKNNError, ServiceError):
+            raise
+        except Exception as e:  # not the client's fault and not a refusal: a bug, answered as one
+            log.error("inference failed", exc_info=e)
+            raise InferenceFailed(f"inference failed ({type(e).__name__}); "
+                                  "see the server log for this request id") from e
+
+    async def embed(self, texts: list[str], *, truncate: bool, request_id: str | None = None,
+                    field: str = "input[{i}]", hint: str = "send truncate=true to cut it") -> tuple[Engine, list[np.ndarray], list[int]]:
+        """The plain model's embeddings through the batcher (admitted as /v1/infer's inputs are):
+        (the engine that answered, one (D,) float32 vector per text, each text's token count)."""
+        start = time.monotonic()
+        engine = self.current()
+        texts, tokens, _ = await self._admit(texts, truncate, field, hint)
+        params = [PlainEmbed(truncate)] * len(texts)
+        results = await self._run(engine, texts, params, tokens, [1] * len(texts), start, request_id)
+        return engine, results, tokens
+
+    async def rerank(self, query: str, texts: list[str], params: InferParams, *, truncate: bool, raw: bool,
+                     request_id: str | None = None) -> tuple[Engine, np.ndarray]:
+        """The rerank score of each text for `query` (softknn.rerank): the plain embeddings of the
+        query and the texts in one batcher job, then the scores against the KB in a thread."""
+        start = time.monotonic()
+        engine = self.current()
+        p = engine.resolve([params])[0]
+        hint = "send truncate=true to cut it"
+        (query,), q_tokens, _ = await self._admit([query], truncate, "query", hint)
+        texts, tokens, _ = await self._admit(texts, truncate, "texts[{i}]", hint)
+        all_texts = [query, *texts]
+        emb = await self._run(engine, all_texts, [PlainEmbed(truncate)] * len(all_texts), q_tokens + tokens,
+                              [1] * len(all_texts), start, request_id)
+        rr = self._reranker
+        if rr is None or rr.retriever is not engine.retriever:
+            rr = self._reranker = Reranker(engine.retriever)  # the KB's lexical statistics, counted once per bundle
+        s = await asyncio.to_thread(rr.score, emb[0], np.stack(emb[1:]), query, texts, p, raw=raw)
+        return engine, s
+
     async def infer(self, texts: list[str], params: list[InferParams], *, truncate: bool, cut: Sequence[int] = (),
-                    request_id: str | None = None) -> tuple[Engine, list[InferResult]]:
+                    request_id: str | None = None, field: str = "inputs[{i}]",
+                    hint: str = "send truncate=true to cut it") -> tuple[Engine, list[InferResult]]:
         """Admit, queue, wait: (the engine that answered, one result per text).
 
         `cut` lists inputs already cut before (to the character limit); their results, like those
@@ -300,22 +396,10 @@ class Runtime:
         start = time.monotonic()
         engine = self.current()  # pinned: a reload after this line does not change this request's bundle
         params = engine.resolve(params)  # refused here (422), never inside a shared micro-batch
-        if sum(map(len, texts)) <= INLINE_ADMIT_CHARS:  # a few µs of Rust: cheaper than a thread hop
-            texts, tokens, cut_here = self.admit(texts, truncate)
-        else:
-            texts, tokens, cut_here = await asyncio.to_thread(self.admit, texts, truncate)
+        texts, tokens, cut_here = await self._admit(texts, truncate, field, hint)
         n = len(engine.bundle)
         slots = [p.search_size(n) for p in params]
-        timeout = self.settings.batching.request_timeout_s - (time.monotonic() - start)
-        try:
-            results = await self.batcher.run(engine, texts, params, tokens, slots, timeout=timeout,
-                                             request_id=request_id)
-        except (SoftKNNError, ServiceError):
-            raise
-        except Exception as e:  # not the client's fault and not a refusal: a bug, answered as one
-            log.error("inference failed", exc_info=e)
-            raise InferenceFailed(f"inference failed ({type(e).__name__}); "
-                                  "see the server log for this request id") from e
+        results = await self._run(engine, texts, params, tokens, slots, start, request_id)
         for i in {*cut, *cut_here}:
             results[i] = results[i].truncated()
         for r in results:
@@ -346,6 +430,11 @@ class Runtime:
         return previous, engine
 
     # --- generation ---------------------------------------------------------------------------
+    @property
+    def served_generator(self) -> GenEngine | None:
+        """The GenEngine serving now, or None (no generator, or it did not load)."""
+        return self._gen
+
     def generation(self) -> GenEngine:
         """The GenEngine serving now; 503 until ready, 409 generator_unavailable without one."""
         self.current()

@@ -19,7 +19,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic_core import PydanticCustomError
 
 from softknn.engine import InferParams
-from softknn.errors import InputTooLarge
+from softknn.errors import InputTooLarge, InvalidInput
 from softknn.generation import GenParams
 from softknn.settings import Settings
 
@@ -655,3 +655,239 @@ class ModelList(_Out):
 
 def generation_payload(request_id: str, ge, answer) -> dict:
     return {**served(request_id, ge.engine), **answer.to_dict()}
+
+
+# --- OpenAI-compatible embeddings (/v1/embeddings) and TEI-compatible rerank (/v1/rerank) ----------
+AUGMENT_FIELDS = ("alpha", "mixing", "k", "temperature", "kernel", "exact", "threshold", "retrieval", "lexical_weight")
+
+
+class EmbeddingOptionsBase(BaseModel):
+    """softknn's extension of an embeddings request (the `softknn` field); bounds set per app."""
+
+    model_config = STRICT
+
+    augmented: bool
+    truncate: bool
+    alpha: float
+    mixing: Literal["fixed", "joint"]
+    k: int
+    temperature: float | None
+    kernel: Literal["softmax", "epanechnikov", "uniform"]
+    exact: bool
+    threshold: float | None
+    retrieval: Literal["hybrid", "dense", "lexical"] | None
+    lexical_weight: float | None
+
+    def to_params(self, hybrid_pool: int, candidates: int) -> InferParams:
+        """The /v1/infer parameters of the augmented embedding (no evidence: only the embedding is returned)."""
+        return InferParams(alpha=self.alpha, mixing=self.mixing, k=self.k, temperature=self.temperature,
+                           kernel=self.kernel, exact=self.exact, threshold=self.threshold, hybrid_pool=hybrid_pool,
+                           evidence=0, spans=0, truncate=self.truncate, retrieval=self.retrieval,
+                           lexical_weight=self.lexical_weight, candidates=candidates)
+
+
+def _no_token_ids(v: Any) -> Any:
+    """Token-id input (an array of integers, or of such arrays) is OpenAI's too, but ids of which
+    tokenizer is the caller's guess: refused, plainly."""
+    if isinstance(v, list) and v and all(isinstance(x, int) or (isinstance(x, list) and all(isinstance(y, int) for y in x))
+                                         for x in v) and not all(isinstance(x, str) for x in v):
+        raise InvalidInput("token-id input (arrays of integers) is not supported: send the text, a string or a "
+                           "list of strings", field="input")
+    return v
+
+
+class EmbeddingRequestBase(BaseModel):
+    model_config = STRICT
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None
+    encoding_format: Literal["float", "base64"]
+    dimensions: int | None
+    user: str | None
+    softknn: EmbeddingOptionsBase | None
+    _cut: list[int] = PrivateAttr(default_factory=list)
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else list(self.input)  # type: ignore[arg-type]  # str only, after validation
+
+    @property
+    def truncate(self) -> bool:
+        return self.softknn is not None and self.softknn.truncate
+
+
+def embedding_request_model(settings: Settings) -> type[EmbeddingRequestBase]:
+    """The POST /v1/embeddings body: OpenAI's fields, and softknn's in one `softknn` object
+    (the openai client's `extra_body={"softknn": {...}}`)."""
+    from pydantic import create_model
+
+    lim = settings.limits
+    infer = infer_request_model(settings).model_fields
+    options = create_model(
+        "EmbeddingOptions", __base__=EmbeddingOptionsBase,
+        __doc__="softknn's extension: `augmented: true` returns the knowledge-augmented embedding (the fused "
+                "memory layer, as /v1/infer's `embedding`) with these retrieval parameters; `truncate` cuts "
+                "over-long inputs instead of refusing them (413).",
+        augmented=(bool, Field(False, description="false: the plain model's embedding; true: the knowledge-"
+                               "augmented one (/v1/infer's `embedding` with the parameters below)")),
+        truncate=(bool, Field(False, description="cut inputs over the character or token limit instead of "
+                              "refusing them (413)")),
+        **{name: (infer[name].annotation, infer[name]) for name in AUGMENT_FIELDS},  # type: ignore[call-overload]
+    )
+
+    def count(v: Any) -> Any:
+        v = _no_token_ids(v)
+        if isinstance(v, list) and len(v) > lim.max_inputs:
+            raise InputTooLarge(f"{len(v)} inputs, more than the limit {lim.max_inputs}", field="input")
+        return v
+
+    class EmbeddingRequest(EmbeddingRequestBase):
+        """OpenAI-compatible embeddings of one text or a list of texts."""
+
+        model_config = ConfigDict(title="EmbeddingRequest")
+
+        input: Annotated[str | list[str] | list[int] | list[list[int]], BeforeValidator(count)] = Field(
+            description=f"a text or 1..{lim.max_inputs} texts, each non-empty and ≤ {lim.max_chars} characters "
+                        "and the model's token limit (or softknn.truncate); token-id arrays are refused")
+        model: str | None = Field(None, description="the embedding model's id (GET /v1/models lists it); "
+                                  "empty = it; another → 404 model_not_found")
+        encoding_format: Literal["float", "base64"] = Field(
+            "float", description="float: a list of numbers; base64: the little-endian float32 bytes, base64-encoded")
+        dimensions: Int | None = Field(None, description="the model's dimension or null: truncated (Matryoshka) "
+                                       "embeddings are not served, another value is refused (422)")
+        user: str | None = Field(None, max_length=256, description="accepted, not used")
+        softknn: options | None = Field(None, description="softknn's extension: the knowledge-augmented embedding, "  # type: ignore[valid-type]
+                                        "truncation")
+
+        @model_validator(mode="after")
+        def _texts(self) -> EmbeddingRequest:
+            texts = self.texts
+            if not texts:
+                raise InvalidInput("input is empty: send a text or a non-empty list of texts", field="input")
+            for i, t in enumerate(texts):
+                where = "input" if isinstance(self.input, str) else f"input[{i}]"
+                try:
+                    _check_text(t)
+                except PydanticCustomError as e:
+                    raise InvalidInput(f"{where}: {e.message()}", field=where) from None
+                if len(t) > lim.max_chars:
+                    if not self.truncate:
+                        raise InputTooLarge(f"{where} has {len(t)} characters, more than the limit {lim.max_chars}; "
+                                            "send softknn.truncate=true to cut it", field=where)
+                    texts[i] = t[: lim.max_chars]
+                    self._cut.append(i)
+            if self._cut:
+                self.input = texts if isinstance(self.input, list) else texts[0]
+            if self.softknn is None or not self.softknn.augmented:
+                given = sorted(self.softknn.model_fields_set & set(AUGMENT_FIELDS)) if self.softknn else []
+                if given:
+                    raise InvalidInput(f"softknn.{given[0]} applies to the augmented embedding only: send "
+                                       "softknn.augmented=true, or leave it out", field=f"softknn.{given[0]}")
+            return self
+
+    return EmbeddingRequest
+
+
+class EmbeddingData(_Out):
+    object: Literal["embedding"]
+    index: int = Field(description="position of the text in `input`")
+    embedding: list[float] | str = Field(description="the pooled, normalised sentence embedding: numbers, or "
+                                         "(encoding_format base64) its little-endian float32 bytes in base64")
+
+
+class EmbeddingUsage(_Out):
+    prompt_tokens: int = Field(description="tokens the model ran on, special tokens included, after any cut "
+                               "(the encoder's tokenizer)")
+    total_tokens: int
+
+
+class EmbeddingExtra(_Out):
+    request_id: str
+    augmented: bool = Field(description="true: knowledge-augmented embeddings (the fused memory layer)")
+    bundle_version: str | None = Field(description="the bundle the augmented embeddings drew on (null: plain)")
+
+
+class EmbeddingResponse(_Out):
+    object: Literal["list"]
+    data: list[EmbeddingData]
+    model: str
+    usage: EmbeddingUsage
+    softknn: EmbeddingExtra
+
+
+class RerankRequestBase(BaseModel):
+    model_config = STRICT
+
+    query: str
+    texts: list[str]
+    raw_scores: bool
+    return_text: bool
+    truncate: bool
+    truncation_direction: Literal["right", "Right"]
+    top_n: int | None
+    retrieval: Literal["hybrid", "dense", "lexical"] | None
+    lexical_weight: float | None
+    exact: bool
+
+    def to_params(self, candidates: int) -> InferParams:
+        return InferParams(retrieval=self.retrieval, lexical_weight=self.lexical_weight, exact=self.exact,
+                           candidates=candidates, truncate=self.truncate)
+
+
+def rerank_request_model(settings: Settings) -> type[RerankRequestBase]:
+    """The POST /v1/rerank body (text-embeddings-inference's schema, `top_n` and the similarity's
+    parameters besides) with this app's limits."""
+    lim = settings.limits
+
+    def count(v: Any) -> Any:
+        if isinstance(v, list) and len(v) > lim.max_inputs:
+            raise InputTooLarge(f"{len(v)} texts, more than the limit {lim.max_inputs}", field="texts")
+        return v
+
+    class RerankRequest(RerankRequestBase):
+        """Score texts against a query with softknn's retrieval similarity (docs/design.md, "Rerank")."""
+
+        model_config = ConfigDict(title="RerankRequest")
+
+        query: Text = Field(description=f"the query: non-empty, ≤ {lim.max_chars} characters (or truncate)")
+        texts: Annotated[list[Text], BeforeValidator(count)] = Field(
+            min_length=1, json_schema_extra={"maxItems": lim.max_inputs},
+            description=f"1..{lim.max_inputs} non-empty texts to score")
+        raw_scores: bool = Field(False, description="false: s_t, in [0, 1] (a KB chunk's text scores its retrieval "
+                                 "similarity); true: the same affine scores unclipped (hybrid and lexical)")
+        return_text: bool = Field(False, description="return each text with its score")
+        truncate: bool = Field(False, description="cut texts over the character or token limit instead of refusing "
+                               "them (413)")
+        truncation_direction: Literal["right", "Right"] = Field("right", description="only right: a cut keeps "
+                                                                "the beginning")
+        top_n: Annotated[int, Field(ge=1), BeforeValidator(_integral)] | None = Field(
+            None, description="return the n best only (all: null)")
+        retrieval: Literal["hybrid", "dense", "lexical"] | None = Field(
+            settings.defaults.retrieval, description="the similarity: hybrid, dense or lexical, as /v1/infer's; "
+            "null = hybrid where the bundle has a lexical index, else dense")
+        lexical_weight: float | None = Field(settings.defaults.lexical_weight, ge=0, le=1, description="λ of the "
+                                             "hybrid similarity; null = the bundle's calibrated λ or the default")
+        exact: bool = Field(False, description="the dense range over every chunk instead of the ANN index's top m")
+
+        @model_validator(mode="after")
+        def _chars(self) -> RerankRequest:
+            if len(self.query) > lim.max_chars:
+                if not self.truncate:
+                    raise InputTooLarge(f"query has {len(self.query)} characters, more than the limit "
+                                        f"{lim.max_chars}; send truncate=true to cut it", field="query")
+                self.query = self.query[: lim.max_chars]
+            for i, t in enumerate(self.texts):
+                if len(t) > lim.max_chars:
+                    if not self.truncate:
+                        raise InputTooLarge(f"texts[{i}] has {len(t)} characters, more than the limit "
+                                            f"{lim.max_chars}; send truncate=true to cut it", field=f"texts[{i}]")
+                    self.texts[i] = t[: lim.max_chars]
+            return self
+
+    return RerankRequest
+
+
+class Rank(_Out):
+    index: int = Field(description="position of the text in `texts`")
+    score: float = Field(description="s_t, the retrieval's similarity for this text (docs/design.md, \"Rerank\")")
+    text: str | None = Field(None, description="the text, with return_text")

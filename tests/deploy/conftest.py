@@ -21,6 +21,10 @@ try:
     import softknn_client  # noqa: F401
 except ImportError:  # not installed: the committed sources
     sys.path.insert(0, str(REPO / "clients" / "python"))
+try:
+    import softknn_integrations  # noqa: F401
+except ImportError:  # not installed (`pip install -e ./clients/integrations`): the sources
+    sys.path.insert(0, str(REPO / "clients" / "integrations"))
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -1,23 +1,34 @@
 """OpenAI-compatible routes: POST /v1/chat/completions (chat.completion, or chat.completion.chunk
-events with `stream`) and GET /v1/models (the served generator). softknn's parameters (k, mixing,
-alpha, use_kb, ...) are extra top-level fields: what the openai client's `extra_body` sends.
+events with `stream`), POST /v1/embeddings (the plain model's embeddings, or the knowledge-augmented
+ones when `softknn.augmented` asks) and GET /v1/models (the embedding model and the served
+generator). softknn's chat parameters (k, mixing, alpha, use_kb, ...) are extra top-level fields,
+its embedding parameters one `softknn` object: what the openai client's `extra_body` sends.
 Errors carry OpenAI's `param` and `code` next to the service's `type`, `message`, `field`."""
 
 # No `from __future__ import annotations`: FastAPI must see the body model class itself.
 
+import base64
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter
 
-from softknn.errors import SoftKNNError
+from softknn.errors import InvalidInput, SoftKNNError
 from softknn.generation import GenAnswer
-from softknn.service.deps import RequestIdDep, RuntimeDep
+from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep
 from softknn.service.errors import ModelNotFound, ServiceError
 from softknn.service.routes.generate import DONE, EventStream, error_event, first_item, sse
 from softknn.service.routes.infer import FastJSONResponse
-from softknn.service.schemas import ChatCompletion, ChatRequestBase, ErrorResponse, ModelList
+from softknn.service.schemas import (
+    ChatCompletion,
+    ChatRequestBase,
+    EmbeddingRequestBase,
+    EmbeddingResponse,
+    ErrorResponse,
+    ModelList,
+)
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422, 429, 503)}
 DEFAULT_MAX_TOKENS = 64
@@ -33,15 +44,65 @@ def extra(request_id: str, answer: GenAnswer) -> dict:
             "diagnostics": d["diagnostics"], "tokens": d["tokens"]}
 
 
-def build_router(ChatRequest: type[ChatRequestBase]) -> APIRouter:
+def encode(vector: np.ndarray | list[float], encoding_format: str) -> list[float] | str:
+    """One embedding as OpenAI sends it: numbers, or base64 of its little-endian float32 bytes."""
+    if encoding_format == "base64":
+        return base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+    return vector.tolist() if isinstance(vector, np.ndarray) else vector
+
+
+def build_router(ChatRequest: type[ChatRequestBase], EmbeddingRequest: type[EmbeddingRequestBase]) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["openai"])
 
-    @router.get("/models", response_model=ModelList, responses={s: {"model": ErrorResponse} for s in (401, 409, 503)},
-                summary="OpenAI-compatible: the served generator")
+    @router.get("/models", response_model=ModelList, responses={s: {"model": ErrorResponse} for s in (401, 503)},
+                summary="OpenAI-compatible: the embedding model, and the served generator if any")
     async def models(runtime: RuntimeDep) -> dict:
-        ge = runtime.generation()
-        return {"object": "list", "data": [{"id": ge.generator.info.name, "object": "model",
-                                            "created": runtime.generation_created, "owned_by": "softknn"}]}
+        engine = runtime.current()
+        data = [{"id": engine.encoder.info.name, "object": "model", "created": runtime.model_created,
+                 "owned_by": "softknn"}]
+        ge = runtime.served_generator
+        if ge is not None:
+            data.append({"id": ge.generator.info.name, "object": "model", "created": runtime.generation_created,
+                         "owned_by": "softknn"})
+        return {"object": "list", "data": data}
+
+    @router.post("/embeddings", response_model=EmbeddingResponse, responses=ERRORS,
+                 summary="OpenAI-compatible embeddings: the plain model's, or knowledge-augmented (softknn.augmented)")
+    async def embeddings(body: EmbeddingRequest, runtime: RuntimeDep, settings: SettingsDep,
+                         request_id: RequestIdDep) -> FastJSONResponse:
+        """`model` must be the embedding model's id (GET /v1/models) or empty: else 404 model_not_found.
+        The plain embedding is the sentence-transformers model's own output (pooled, normalised);
+        with `softknn: {"augmented": true, ...}` it is /v1/infer's knowledge-augmented `embedding`
+        with those parameters (k, alpha, mixing, retrieval, ...)."""
+        engine = runtime.current()
+        info = engine.encoder.info
+        if body.model and body.model != info.name:
+            raise ModelNotFound(f"model {body.model!r} is not an embedding model served here; GET /v1/models lists "
+                                f"{info.name!r}", field="model")
+        if body.dimensions is not None and body.dimensions != info.dim:
+            raise InvalidInput(f"dimensions={body.dimensions} is not supported: {info.name} embeddings have "
+                               f"{info.dim} dimensions (send {info.dim} or leave it out)", field="dimensions")
+        texts, opts = body.texts, body.softknn
+        field = "input[{i}]" if isinstance(body.input, list) else "input"
+        if opts is not None and opts.augmented:
+            d = settings.defaults
+            params = [opts.to_params(d.hybrid_pool, d.candidates)] * len(texts)
+            engine, results = await runtime.infer(texts, params, truncate=opts.truncate, request_id=request_id,
+                                                  field=field, hint="send softknn.truncate=true to cut it")
+            vectors: list = [r.embedding for r in results]
+            tokens = [r.diagnostics.n_tokens for r in results]
+        else:
+            engine, vectors, tokens = await runtime.embed(texts, truncate=body.truncate, request_id=request_id,
+                                                          field=field, hint="send softknn.truncate=true to cut it")
+        augmented = opts is not None and opts.augmented
+        n = sum(tokens)
+        return FastJSONResponse({
+            "object": "list",
+            "data": [{"object": "embedding", "index": i, "embedding": encode(v, body.encoding_format)}
+                     for i, v in enumerate(vectors)],
+            "model": info.name, "usage": {"prompt_tokens": n, "total_tokens": n},
+            "softknn": {"request_id": request_id, "augmented": augmented,
+                        "bundle_version": engine.bundle.version if augmented else None}})
 
     @router.post("/chat/completions", response_model=ChatCompletion, responses={
         **ERRORS, 200: {"content": {"text/event-stream": {"schema": {"type": "string", "description":

@@ -23,6 +23,16 @@ from .chat_message_role import ChatMessageRole
 from .diagnostics import Diagnostics
 from .diagnostics_mixing import DiagnosticsMixing
 from .diagnostics_retrieval import DiagnosticsRetrieval
+from .embedding_data import EmbeddingData
+from .embedding_extra import EmbeddingExtra
+from .embedding_options import EmbeddingOptions
+from .embedding_options_kernel import EmbeddingOptionsKernel
+from .embedding_options_mixing import EmbeddingOptionsMixing
+from .embedding_options_retrieval_type_0 import EmbeddingOptionsRetrievalType0
+from .embedding_request import EmbeddingRequest
+from .embedding_request_encoding_format import EmbeddingRequestEncodingFormat
+from .embedding_response import EmbeddingResponse
+from .embedding_usage import EmbeddingUsage
 from .entry import Entry
 from .entry_metadata import EntryMetadata
 from .entry_response import EntryResponse
@@ -57,9 +67,13 @@ from .model_list import ModelList
 from .model_runtime import ModelRuntime
 from .neighbour import Neighbour
 from .query_token import QueryToken
+from .rank import Rank
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .reload_request import ReloadRequest
 from .reload_response import ReloadResponse
+from .rerank_request import RerankRequest
+from .rerank_request_retrieval_type_0 import RerankRequestRetrievalType0
+from .rerank_request_truncation_direction import RerankRequestTruncationDirection
 from .softknn_extra import SoftknnExtra
 from .span import Span
 from .stream_options import StreamOptions
@@ -94,6 +108,16 @@ __all__ = (
     "Diagnostics",
     "DiagnosticsMixing",
     "DiagnosticsRetrieval",
+    "EmbeddingData",
+    "EmbeddingExtra",
+    "EmbeddingOptions",
+    "EmbeddingOptionsKernel",
+    "EmbeddingOptionsMixing",
+    "EmbeddingOptionsRetrievalType0",
+    "EmbeddingRequest",
+    "EmbeddingRequestEncodingFormat",
+    "EmbeddingResponse",
+    "EmbeddingUsage",
     "Entry",
     "EntryMetadata",
     "EntryResponse",
@@ -128,9 +152,13 @@ __all__ = (
     "ModelRuntime",
     "Neighbour",
     "QueryToken",
+    "Rank",
     "ReadyzResponseReadyz",
     "ReloadRequest",
     "ReloadResponse",
+    "RerankRequest",
+    "RerankRequestRetrievalType0",
+    "RerankRequestTruncationDirection",
     "SoftknnExtra",
     "Span",
     "StreamOptions",

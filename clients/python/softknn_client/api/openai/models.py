@@ -33,11 +33,6 @@ def _parse_response(
 
         return response_401
 
-    if response.status_code == 409:
-        response_409 = ErrorResponse.from_dict(response.json())
-
-        return response_409
-
     if response.status_code == 503:
         response_503 = ErrorResponse.from_dict(response.json())
 
@@ -64,7 +59,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient,
 ) -> Response[ErrorResponse | ModelList]:
-    """OpenAI-compatible: the served generator
+    """OpenAI-compatible: the embedding model, and the served generator if any
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -87,7 +82,7 @@ def sync(
     *,
     client: AuthenticatedClient,
 ) -> ErrorResponse | ModelList | None:
-    """OpenAI-compatible: the served generator
+    """OpenAI-compatible: the embedding model, and the served generator if any
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -106,7 +101,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient,
 ) -> Response[ErrorResponse | ModelList]:
-    """OpenAI-compatible: the served generator
+    """OpenAI-compatible: the embedding model, and the served generator if any
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -127,7 +122,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient,
 ) -> ErrorResponse | ModelList | None:
-    """OpenAI-compatible: the served generator
+    """OpenAI-compatible: the embedding model, and the served generator if any
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.

@@ -1,0 +1,41 @@
+"""POST /v1/rerank: text-embeddings-inference's rerank schema, scored with the retrieval's similarity.
+
+Each text's score is what the retrieval would rank it by were it a chunk of the KB: the hybrid of
+the dense cosine and BM25 with the KB's lexical statistics and λ (softknn.rerank; docs/design.md,
+"Rerank"). The body model carries this app's limits, so the router is built per app."""
+
+# No `from __future__ import annotations`: FastAPI must see the body model class itself.
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep
+from softknn.service.routes.infer import FastJSONResponse
+from softknn.service.schemas import ErrorResponse, Rank, RerankRequestBase
+
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 413, 422, 429, 503)}
+
+
+def build_router(RerankRequest: type[RerankRequestBase]) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["inference"])
+
+    @router.post("/rerank", response_model=list[Rank], responses=ERRORS,
+                 summary="Rerank texts for a query by the retrieval's similarity (TEI's schema)")
+    async def rerank(body: RerankRequest, runtime: RuntimeDep, settings: SettingsDep,
+                     request_id: RequestIdDep) -> FastJSONResponse:
+        """One `{index, score}` per text (with `text` when return_text), by score high to low, ties
+        by index; `top_n` keeps the best n. The bundle's retrieval decides the similarity: hybrid
+        where it has a lexical index (λ as calibrated), else dense (`retrieval` overrides it)."""
+        _, s = await runtime.rerank(body.query, body.texts, body.to_params(settings.defaults.candidates),
+                                    truncate=body.truncate, raw=body.raw_scores, request_id=request_id)
+        order = sorted(range(len(s)), key=lambda i: (-s[i], i))
+        if body.top_n is not None:
+            order = order[: body.top_n]
+        out = [{"index": i, "score": float(s[i])} for i in order]
+        if body.return_text:
+            for item in out:
+                item["text"] = body.texts[item["index"]]
+        return FastJSONResponse(out)
+
+    return router
