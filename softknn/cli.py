@@ -200,13 +200,88 @@ def verify(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> 
     """Check a bundle's manifest and every file's sha256."""
     need_bundle(bundle)
     from softknn.bundle import verify_bundle
+    from softknn.index_builder.writes import verify_log
 
     try:
         m = verify_bundle(bundle)
+        wal = verify_log(bundle)
     except SoftKNNError as e:
         _fail(e)
     sharded = f" in {len(m['shards'])} shards" if m.get("shards") else ""
     typer.echo(f"ok: {bundle} version {m['version_id']}, {len(m['files'])} files verified{sharded}, memory {m.get('memory', 'kv')}")
+    if wal["records"] or wal["torn_bytes"]:
+        torn = f"; a torn tail of {wal['torn_bytes']} bytes (a write never acknowledged) is dropped on open" \
+            if wal["torn_bytes"] else ""
+        typer.echo(f"write log: {wal['records']} records checksummed (writes {wal['first_seq']}..{wal['last_seq']}){torn}")
+
+
+def _store(bundle: Path):
+    from softknn.index_builder.writes import KBStore
+
+    need_bundle(bundle)
+    return KBStore(bundle, _encoder(_settings()))
+
+
+@app.command(cls=Command)
+def add(
+    bundle: Annotated[Path, typer.Argument(help="bundle directory")],
+    kb: Annotated[Path, typer.Argument(help="documents to add or replace: a .jsonl/.json/.csv file or a folder, "
+                                            "read as `softknn build` reads a KB")],
+) -> None:
+    """Add or replace documents of a bundle without a rebuild (each write logged and fsynced; same code as PUT /v1/documents)."""
+    from softknn.index_builder.reader import Fields, resolve_fields
+    from softknn.index_builder.writes import kb_documents
+
+    try:
+        fields, notes = resolve_fields(kb, Fields())
+        for n in notes:
+            _note(n)
+        docs = kb_documents(kb, fields)
+        store = _store(bundle)
+        try:
+            for d in docs:
+                r = store.put(d.doc_id, {"text": d.text, "label": d.label, "metadata": d.metadata})
+                typer.echo(f"ok: put {d.doc_id} ({r.chunks} chunks{', new' if r.created else ''}), write {r.seq}")
+        finally:
+            store.close()
+    except (SoftKNNError, ValueError) as e:
+        _fail(e)
+    typer.echo(f"{bundle}: version {store.bundle.version}, {len(store.bundle)} chunks; "
+               f"{store.pending_writes} writes logged since the base (`softknn compact` folds them in)")
+
+
+@app.command(cls=Command)
+def remove(
+    bundle: Annotated[Path, typer.Argument(help="bundle directory")],
+    doc_id: Annotated[list[str], typer.Argument(help="document id(s) to delete")],
+) -> None:
+    """Delete documents from a bundle without a rebuild (same code as DELETE /v1/documents)."""
+    try:
+        store = _store(bundle)
+        try:
+            for d in doc_id:
+                r = store.delete(d)
+                typer.echo(f"ok: deleted {d}, write {r.seq}")
+        finally:
+            store.close()
+    except (SoftKNNError, ValueError) as e:
+        _fail(e)
+    typer.echo(f"{bundle}: version {store.bundle.version}, {len(store.bundle)} chunks")
+
+
+@app.command(cls=Command)
+def compact(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> None:
+    """Fold a bundle's logged writes into a new base bundle (atomic swap; a labelled KB is recalibrated)."""
+    try:
+        store = _store(bundle)
+        try:
+            r = store.compact()
+        finally:
+            store.close()
+    except (SoftKNNError, ValueError) as e:
+        _fail(e)
+    cal = ", labelled KB recalibrated" if r["recalibrated"] else ""
+    typer.echo(f"{bundle}: {r['writes_folded']} writes folded, version {store.bundle.version}{cal}")
 
 
 @app.command(cls=Command)

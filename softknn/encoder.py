@@ -273,6 +273,12 @@ class Encoder:
         return layer % n
 
     # --- tokenization -------------------------------------------------------------------------
+    @property
+    def tokenizer_lock(self) -> threading.Lock:
+        """Held around every call of the wrapped tokenizer (it reconfigures itself per call): a caller
+        outside `tokenize` (the chunker of a KB write, softknn.index_builder.writes) takes it too."""
+        return self._tokenizer_lock
+
     def tokenize(
         self, texts: list[str], *, truncate: bool | list[bool] = True, max_tokens: int | None = None,
         positions: list[int] | None = None,

@@ -54,3 +54,16 @@ class ModelRuntimeError(SoftKNNError):
     """The model runtime cannot be used: an export that fails verification, a bad runtime setting."""
 
     kind = "model_runtime_error"
+
+
+class WriteRefused(SoftKNNError):
+    """A KB write this bundle cannot take (sharded, generator memory, a memory whose encoding depends
+    on every chunk): the service answers 409."""
+
+    kind = "write_refused"
+
+
+class DocumentNotFound(SoftKNNError):
+    """A document id the KB does not hold (GET or DELETE /v1/documents/{doc_id}): 404."""
+
+    kind = "not_found"

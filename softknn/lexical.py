@@ -94,10 +94,15 @@ class LexicalIndex:
 
     @classmethod
     def build(cls, texts: list[str], spec: LexicalSpec = LexicalSpec()) -> LexicalIndex:
+        analyzer = Analyzer(spec)
+        return cls.from_terms([analyzer.terms(t) for t in texts], spec)
+
+    @classmethod
+    def from_terms(cls, corpus: list[list[str]], spec: LexicalSpec = LexicalSpec()) -> LexicalIndex:
+        """`build` from each chunk's analysed terms (Analyzer.terms): a KB that takes writes keeps
+        them per chunk, so a new version re-analyses only the written chunks."""
         import bm25s
 
-        analyzer = Analyzer(spec)
-        corpus = [analyzer.terms(t) for t in texts]
         # bm25s needs ≥ 1 token per document to size its matrix: an all-stopword chunk gets the
         # empty term, which no query ever produces (Analyzer never yields "")
         corpus = [t if t else [""] for t in corpus]

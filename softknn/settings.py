@@ -92,6 +92,12 @@ class Auth(BaseModel):
     admin_token: SecretStr | None = Field(None, description="bearer token for /v1/admin/*; unset = admin off")
 
 
+class Writes(BaseModel):
+    compact_after: int = Field(1000, ge=0, description="KB writes (PUT/DELETE /v1/documents) logged before a "
+                                                        "background compaction folds them into a new base bundle; "
+                                                        "0 = only on POST /v1/admin/compact")
+
+
 class GeneratorSettings(BaseModel):
     name: str | None = Field(None, description="causal LM for /v1/generate: smollm2-135m-instruct, a folder or a "
                                                ".gguf file; unset = the one the bundle's generator memory was built with")
@@ -118,6 +124,7 @@ class Settings(BaseSettings):
     batching: Batching = Field(default_factory=Batching)
     auth: Auth = Field(default_factory=Auth)
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
+    writes: Writes = Field(default_factory=Writes)
 
     def device(self) -> str:
         if self.model.device != "auto":

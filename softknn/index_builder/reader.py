@@ -63,6 +63,14 @@ def _record(rec: object, where: str, fields: Fields, default_id: str) -> Documen
     return Document(doc_id, text, label, {**extra, **meta}, where)
 
 
+def record_document(rec: object, doc_id: str, where: str, fields: Fields = Fields()) -> Document:
+    """One KB record (a dict without its id, as a write sends it) read by the builder's own rules:
+    text required and non-empty, label a string, other fields into metadata."""
+    if isinstance(rec, dict) and fields.id:
+        rec = {k: v for k, v in rec.items() if k != fields.id}
+    return _record(rec, where, Fields(None, fields.text, fields.label), doc_id)
+
+
 def _jsonl(path: Path, fields: Fields) -> Iterator[Document]:
     for n, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():

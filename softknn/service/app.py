@@ -30,6 +30,7 @@ from softknn.service.metrics import Metrics
 from softknn.service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from softknn.service.routes import (
     admin,
+    documents,
     explorer,
     generate,
     health,
@@ -112,6 +113,7 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
     app.include_router(openai.build_router(chat_request_model(settings), embedding_request_model(settings)),
                        dependencies=[Depends(require_api_key)])
     app.include_router(admin.router, dependencies=[Depends(require_admin)])
+    app.include_router(documents.router)  # per route: writes need the admin token, reads the API key
     app.include_router(explorer.router)
     if explorer.STATIC_DIR.is_dir():
         app.mount("/static", StaticFiles(directory=explorer.STATIC_DIR), name="static")
@@ -120,7 +122,7 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.limits.max_body_bytes,
                        timeout_s=settings.limits.body_timeout_s)
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "PUT", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
                            expose_headers=["X-Request-ID", "Retry-After"])
     app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)

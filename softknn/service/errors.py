@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from softknn.errors import (
     BundleError,
+    DocumentNotFound,
     InputTooLarge,
     InvalidInput,
     KBFormatError,
@@ -27,6 +28,7 @@ from softknn.errors import (
     ShardUnavailable,
     SoftKNNError,
     UnsupportedModel,
+    WriteRefused,
 )
 
 log = logging.getLogger("softknn.service")
@@ -126,7 +128,9 @@ STATUS: dict[type[Exception], int] = {
     KBFormatError: 422,
     UnsupportedModel: 500,  # server configuration, never the client's fault
     ShardUnavailable: 503,  # a KB shard's actor died and is restarting (softknn.service.ray_serving): Retry-After
-    ModelRuntimeError: 500,  # model.runtime: an export that fails verification, a bad setting
+    ModelRuntimeError: 500,
+    WriteRefused: 409,  # a KB write this bundle does not support (sharded, generator memory)
+    DocumentNotFound: 404,  # model.runtime: an export that fails verification, a bad setting
     SoftKNNError: 400,
     Unauthorized: 401,
     Forbidden: 403,

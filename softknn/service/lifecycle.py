@@ -19,6 +19,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,9 +30,18 @@ import numpy as np
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import GROUP_SIZE, Engine, InferParams
-from softknn.errors import BundleError, InputTooLarge, SoftKNNError
+from softknn.errors import BundleError, DocumentNotFound, InputTooLarge, SoftKNNError
 from softknn.generation import GenAnswer, GenEngine, GenParams
 from softknn.generator import Generator, Step
+from softknn.index_builder.writes import (
+    KBStore,
+    WriteResult,
+    has_pending_writes,
+    recover_swap,
+    renamed,
+    version_name,
+    writable,
+)
 from softknn.rerank import Reranker
 from softknn.results import InferResult
 from softknn.service.batching import Batcher
@@ -113,6 +123,19 @@ def token_counter(encoder: Encoder):
     return tok
 
 
+def _lower_priority() -> None:
+    """Nice the calling thread (Linux sets niceness per thread) by WRITE_NICENESS; never raises."""
+    import os
+
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITE_NICENESS)
+    except (OSError, AttributeError):  # not permitted, or not Linux: writes run at normal priority
+        pass
+
+
+WRITE_NICENESS = 10
+
+
 class GenSlots:
     """At most `running` generations at once and `waiting` more queued for a slot; past that QueueFull
     (429, Retry-After). Acquired on the event loop; released from a done callback on the loop."""
@@ -165,7 +188,12 @@ class Runtime:
         self._counter = None  # token_counter(encoder), once the model is loaded
         self.model_created = 0  # when the model was loaded (Unix seconds; /v1/models)
         self._reranker: Reranker | None = None  # /v1/rerank over the bundle serving now (Runtime.rerank)
-        self._reload_lock = asyncio.Lock()
+        self._reload_lock = asyncio.Lock()  # reloads, KB writes and compactions: one at a time
+        self._stores: weakref.WeakKeyDictionary[Engine, KBStore] = weakref.WeakKeyDictionary()  # engines serving a KB with writes
+        self._compaction: asyncio.Task | None = None
+        # KB writes (encode, new version, compaction) run on one thread of lower CPU priority, so on a
+        # busy machine the inference workers get the cores first (bench/writes.py measures both)
+        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="softknn-write", initializer=_lower_priority)
         b = settings.batching
         self.batcher = Batcher(max_batch_size=b.max_batch_size, max_batch_tokens=b.max_batch_tokens,
                                max_wait_ms=b.max_wait_ms, queue_size=b.queue_size,
@@ -239,9 +267,16 @@ class Runtime:
 
     def _load_engine(self, path: Path) -> Engine:
         try:
+            recover_swap(path)
+            if has_pending_writes(path):  # acknowledged writes in its log: serve them (replayed), never the base alone
+                store = KBStore(path, self.encoder, use_gpu=self.settings.use_gpu_index)
+                engine = Engine(self.encoder, store.bundle)
+                self._stores[engine] = store
+                return engine
             bundle = load_bundle(path, expected_fingerprint=self.encoder.info.fingerprint,
                                  use_gpu=self.settings.use_gpu_index, shard_backend=self.shard_backend)
-            return Engine(self.encoder, bundle)
+            seq = int((bundle.manifest.raw.get("writes") or {}).get("seq", 0))
+            return Engine(self.encoder, renamed(bundle, version_name(bundle.version, seq)) if seq else bundle)
         except SoftKNNError:
             raise
         except Exception as e:  # a bundle that verifies but does not load is still the bundle's fault
@@ -292,6 +327,9 @@ class Runtime:
         """At shutdown, after the batcher: release what the bundle holds outside this process (a
         sharded bundle's Ray shard actors; a plain bundle holds nothing to release)."""
         self._gen_pool.shutdown(wait=False, cancel_futures=True)  # running generations end with the process
+        self._write_pool.shutdown(wait=True)  # a write in progress finishes (its client may still get the answer)
+        for store in list(self._stores.values()):
+            store.close()
         close = getattr(self.engine.bundle, "close", None) if self.engine is not None else None
         if close is not None:
             close()
@@ -411,7 +449,7 @@ class Runtime:
         if self.encoder is None or self._counter is None:
             raise NotReady("the model is still loading", headers={"Retry-After": "1"})
         if self._reload_lock.locked():
-            raise Conflict("another reload is in progress", field="bundle")
+            raise Conflict("another reload, KB write or compaction is in progress", field="bundle")
         async with self._reload_lock:
             try:
                 engine = await self.open(path)
@@ -428,6 +466,74 @@ class Runtime:
             self.metrics.reloads.labels("ok").inc()
         log.info("bundle swapped", extra={"previous_version": previous, "version_id": engine.bundle.version})
         return previous, engine
+
+    # --- KB writes (softknn.index_builder.writes) -----------------------------------------------------
+    def _store(self, engine: Engine) -> KBStore:
+        """The KBStore of the KB `engine` serves (opened on the first write, over the loaded bundle)."""
+        store = self._stores.get(engine)
+        if store is None:
+            if engine.bundle.manifest.sharded:
+                writable(engine.bundle.manifest)  # refuses, saying why
+            store = KBStore(engine.bundle.path, self.encoder, use_gpu=self.settings.use_gpu_index,
+                            base=engine.bundle)  # type: ignore[arg-type]  # not sharded: a Bundle
+        return store
+
+    def document(self, doc_id: str) -> tuple[Engine, dict]:
+        """(the engine read, one document of its KB)."""
+        engine = self.current()
+        store = self._stores.get(engine)
+        if store is not None and store.bundle is engine.bundle:
+            return engine, store.document(doc_id)
+        rows = [c for c in engine.bundle.chunks if c["doc_id"] == doc_id]
+        if not rows:
+            raise DocumentNotFound(f"no document {doc_id!r} in the KB (version {engine.bundle.version})", field="doc_id")
+        return engine, {"doc_id": doc_id, "label": rows[0].get("label"), "metadata": rows[0].get("metadata") or {},
+                        "text": rows[0]["text"] if len(rows) == 1 else None, "written": False,
+                        "chunks": [{k: c[k] for k in ("chunk_id", "start", "end", "text")} for c in rows]}
+
+    async def write(self, op: str, doc_id: str, record: dict | None = None) -> tuple[Engine, WriteResult]:
+        """Put or delete one document: durable (logged, fsynced) before it returns; then the new version
+        serves, swapped in like a reload (requests already admitted finish on the version they started with)."""
+        self.current()
+        async with self._reload_lock:
+            engine = self.current()  # after the wait: the version every earlier write left
+            loop = asyncio.get_running_loop()
+            store = await loop.run_in_executor(self._write_pool, self._store, engine)
+            if op == "put":
+                result = await loop.run_in_executor(self._write_pool, store.put, doc_id, record or {})
+            else:
+                result = await loop.run_in_executor(self._write_pool, store.delete, doc_id)
+            new = self._install_version(store, engine)
+        self.metrics.kb_writes.labels(op).inc()
+        limit = self.settings.writes.compact_after
+        if limit and store.pending_writes >= limit and (self._compaction is None or self._compaction.done()):
+            self._compaction = asyncio.create_task(self._compact_quietly())
+        return new, result
+
+    def _install_version(self, store: KBStore, engine: Engine) -> Engine:
+        new = Engine(self.encoder, store.bundle)
+        self._stores[new] = store
+        self._install(new, (self._gen, self._gen_reason))  # writes refuse generator bundles: nothing to change
+        return new
+
+    async def compact(self) -> tuple[Engine, dict]:
+        """Fold the KB's logged writes into a new base bundle (softknn.index_builder.writes.KBStore.compact)."""
+        self.current()
+        async with self._reload_lock:
+            engine = self.current()
+            loop = asyncio.get_running_loop()
+            store = await loop.run_in_executor(self._write_pool, self._store, engine)
+            result = await loop.run_in_executor(self._write_pool, store.compact)
+            new = self._install_version(store, engine) if result["writes_folded"] else engine
+        log.info("KB compacted", extra={"version_id": new.bundle.version, "writes_folded": result["writes_folded"],
+                                        "recalibrated": result["recalibrated"]})
+        return new, result
+
+    async def _compact_quietly(self) -> None:
+        try:
+            await self.compact()
+        except Exception as e:  # the log keeps every write: the next threshold crossing tries again
+            log.error("background compaction failed: %s", e, exc_info=not isinstance(e, SoftKNNError))
 
     # --- generation ---------------------------------------------------------------------------
     @property

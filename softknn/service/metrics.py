@@ -30,6 +30,7 @@ class Metrics:
         self.ready = Gauge("softknn_ready", "1 when the model and a bundle are loaded and warm", registry=r)
         self.bundle = Info("softknn_bundle", "the bundle being served", registry=r)
         self.reloads = Counter("softknn_reloads", "bundle reloads by outcome", ["outcome"], registry=r)
+        self.kb_writes = Counter("softknn_kb_writes", "acknowledged KB writes (durable) by operation", ["op"], registry=r)
         self.model = Info("softknn_model", "the serving model and its runtime", registry=r)
         # generation (/v1/generate, /v1/chat/completions)
         self.generations = Counter("softknn_generations", "generations by finish reason (stop, length, cancelled, error)",

@@ -35,8 +35,9 @@ def test_operation_ids_are_the_route_names():
     spec = json.loads(export_openapi.spec_text())
     ids = [op["operationId"] for item in spec["paths"].values() for op in item.values()]
     assert len(ids) == len(set(ids)), f"duplicate operation ids (route names): {sorted(ids)}"
-    assert sorted(ids) == ["chat_completions", "embeddings", "entry", "generate", "healthz", "index", "infer",
-                          "metrics", "models", "readyz", "reload", "rerank"]
+    assert sorted(ids) == ["chat_completions", "compact", "delete_document", "embeddings", "entry", "generate",
+                          "get_document", "healthz", "index", "infer", "metrics", "models", "put_document", "readyz",
+                          "reload", "rerank"]
 
 
 def test_app_serves_the_exported_document(inproc_app):

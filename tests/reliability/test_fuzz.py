@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -46,7 +47,9 @@ def st_command(url: str, report: Path) -> list[str]:
 
 def test_schemathesis_finds_no_server_error_and_no_schema_break(sample_bundle_path, tmp_path, write_figure):
     report, requests_log = tmp_path / "report.json", tmp_path / "requests.log"
-    with LiveServer.start(sample_bundle_path, tmp_path / "server.log", env=LIMITS) as srv:
+    bundle = tmp_path / "bundle"  # a copy: the admin token lets the fuzzer PUT and DELETE documents (KB writes)
+    shutil.copytree(sample_bundle_path, bundle)
+    with LiveServer.start(bundle, tmp_path / "server.log", env=LIMITS) as srv:
         env = {**os.environ, "SOFTKNN_FUZZ_ADMIN_TOKEN": ADMIN_TOKEN, "SOFTKNN_FUZZ_LOG": str(requests_log),
                "SCHEMATHESIS_HOOKS": "tests.reliability.st_hooks",
                "PYTHONPATH": os.pathsep.join([str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}

@@ -20,9 +20,16 @@ from .chat_completion_request_positions import ChatCompletionRequestPositions
 from .chat_completion_request_retrieval_type_0 import ChatCompletionRequestRetrievalType0
 from .chat_message import ChatMessage
 from .chat_message_role import ChatMessageRole
+from .compact_response import CompactResponse
 from .diagnostics import Diagnostics
 from .diagnostics_mixing import DiagnosticsMixing
 from .diagnostics_retrieval import DiagnosticsRetrieval
+from .document_chunk import DocumentChunk
+from .document_out import DocumentOut
+from .document_out_metadata import DocumentOutMetadata
+from .document_request import DocumentRequest
+from .document_request_metadata_type_0 import DocumentRequestMetadataType0
+from .document_response import DocumentResponse
 from .embedding_data import EmbeddingData
 from .embedding_extra import EmbeddingExtra
 from .embedding_options import EmbeddingOptions
@@ -83,6 +90,8 @@ from .usage import Usage
 from .validation_error import ValidationError
 from .validation_error_context import ValidationErrorContext
 from .versus_plain import VersusPlain
+from .write_response import WriteResponse
+from .write_response_op import WriteResponseOp
 
 __all__ = (
     "BundleSummary",
@@ -105,9 +114,16 @@ __all__ = (
     "ChatCompletionRequestRetrievalType0",
     "ChatMessage",
     "ChatMessageRole",
+    "CompactResponse",
     "Diagnostics",
     "DiagnosticsMixing",
     "DiagnosticsRetrieval",
+    "DocumentChunk",
+    "DocumentOut",
+    "DocumentOutMetadata",
+    "DocumentRequest",
+    "DocumentRequestMetadataType0",
+    "DocumentResponse",
     "EmbeddingData",
     "EmbeddingExtra",
     "EmbeddingOptions",
@@ -168,4 +184,6 @@ __all__ = (
     "ValidationError",
     "ValidationErrorContext",
     "VersusPlain",
+    "WriteResponse",
+    "WriteResponseOp",
 )
