@@ -113,6 +113,10 @@ class ShardBackend(Protocol):
         """`method(*args[j])` on shard shards[j] only, results in that order."""
         ...
 
+    def health(self) -> list[str]:
+        """Why a shard cannot answer now, one line per such shard naming it; [] when all answer."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -222,8 +222,10 @@ class ChunkIndex:
         return D, I.astype(np.int64)
 
     def similarities(self, xq: np.ndarray) -> torch.Tensor:
-        """(B, N) float32: xq @ xbᵀ over every chunk, the scores every exact answer is computed from."""
-        return torch.from_numpy(np.ascontiguousarray(xq, dtype=np.float32)) @ self._xb_t.T
+        """(B, N) float32: xq @ xbᵀ over every chunk, the scores every exact answer is computed from.
+        A read-only xq (a shard actor's argument, deserialized by Ray from its object store) is copied:
+        torch wraps only writable arrays without a warning, and the query is small."""
+        return torch.from_numpy(np.require(xq, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])) @ self._xb_t.T
 
     def rows_dot(self, ids: np.ndarray, q: np.ndarray) -> np.ndarray:
         """(len(ids),) float32: xb[ids]·q for one query q (D,), from the in-memory copy."""

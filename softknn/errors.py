@@ -47,7 +47,24 @@ class ShardUnavailable(SoftKNNError):
     no answer is computed without its chunks. The service answers 503 with Retry-After."""
 
     kind = "shard_unavailable"
-    headers = {"Retry-After": "1"}
+    headers: dict[str, str] | None = {"Retry-After": "1"}
+
+
+class ShardMismatch(ShardUnavailable):
+    """A shard answered for another version of its files than the bundle this process serves (its
+    directory was rebuilt in place and its actor reopened it): the answer is refused, never merged.
+    A retry does not help; a reload serves the new version."""
+
+    kind = "shard_version_mismatch"
+    headers = None
+
+
+class ShardsNotPlaced(ShardUnavailable):
+    """The cluster could not place a bundle's shard actors within the deadline (no room: CPUs or the
+    requested resources); nothing of that bundle is served, the one serving keeps serving."""
+
+    kind = "shards_not_placed"
+    headers = None
 
 
 class ModelRuntimeError(SoftKNNError):

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -71,17 +72,42 @@ def shard_files(dirs: Manifest | list[str], memory: str = "kv", lexical: bool = 
 
 # --- the per-shard work (in-process or inside a Ray actor) ------------------------------------------
 class Shard:
-    """One shard's index, embeddings, memory and BM25 scores; ids in and out are global rows."""
+    """One shard's index, embeddings, memory and BM25 scores; ids in and out are global rows.
 
-    def __init__(self, path: str | Path, lo: int, *, verify: bool = False, use_gpu: bool = False):
+    `version`: the shard's version_id in the sharded manifest it was opened for. A shard whose
+    directory holds another version (rebuilt in place since) refuses to open, and so does one whose
+    directory was replaced while it loaded: a shard never serves rows of a bundle other than the one
+    the serving process merges them with. `run` answers with the version it holds, for the caller's
+    own check (softknn.service.ray_serving)."""
+
+    def __init__(self, path: str | Path, lo: int, version: str | None = None, *, verify: bool = False,
+                 use_gpu: bool = False):
         from softknn.bundle import load_bundle
 
-        self.bundle = load_bundle(Path(path), verify=verify, use_gpu=use_gpu)
+        path = Path(path)
+        try:
+            inode = os.stat(path).st_ino
+        except OSError as e:
+            raise BundleError(f"{path}: shard directory unreadable: {e}") from e
+        self.bundle = load_bundle(path, verify=verify, use_gpu=use_gpu)
+        if version is not None and self.bundle.version != version:
+            raise BundleError(f"{path}: holds shard version {self.bundle.version}, but this shard was opened for "
+                              f"{version} (the bundle was rebuilt in place); reload the service to serve it")
+        if os.stat(path).st_ino != inode:
+            raise BundleError(f"{path}: replaced while this shard was loading; reload the service")
         self.lo = int(lo)
         self.n = len(self.bundle)
 
-    def ping(self) -> str:
+    @property
+    def version(self) -> str:
         return self.bundle.version
+
+    def ping(self) -> str:
+        return self.version
+
+    def run(self, method: str, args: tuple) -> tuple[str, object]:
+        """(the version this shard holds, `method(*args)`): one call of a remote caller."""
+        return self.version, getattr(self, method)(*args)
 
     def search(self, xq: np.ndarray, k: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(D, I) (B, min(k, n)): this shard's top k, I global (−1 stays −1)."""
@@ -119,6 +145,9 @@ class LocalShards:
 
     def call_some(self, method: str, shards: list[int], args: list[tuple]) -> list:
         return [getattr(self.shards[s], method)(*a) for s, a in zip(shards, args, strict=True)]
+
+    def health(self) -> list[str]:
+        return []  # in this process: they answer as long as it does
 
     def close(self) -> None:
         self.shards = []
@@ -288,13 +317,23 @@ class ShardedBundle:
 
         return bundle_summary(self.path, self.manifest)
 
+    def health(self) -> list[str]:
+        """Why a shard cannot answer now (one line per shard, naming it); [] when every shard answers."""
+        return self.backend.health()
+
     def close(self) -> None:
         self.backend.close()
 
 
+def shard_specs(path: Path, manifest: Manifest) -> list[tuple[str, int, str]]:
+    """Per shard of a sharded manifest: (its directory, its first global row, its version_id), the
+    arguments of `Shard`."""
+    return [(str(Path(path) / sh.dir), sh.rows[0], sh.version_id) for sh in manifest.shards or ()]
+
+
 def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gpu: bool = False) -> ShardedBundle:
-    """A verified sharded bundle's metadata, and its shards opened by `backend_factory(specs)`
-    (specs: [(shard dir, lo)]; default: in this process): the one place a ShardBackend is chosen."""
+    """A verified sharded bundle's metadata, and its shards opened by `backend_factory(specs, version)`
+    (specs: [(shard dir, lo, shard version_id)]; default: in this process): the one place a ShardBackend is chosen."""
     from softknn.bundle import load_npy, read_manifest
     from softknn.chunk_index import IndexSpec
     from softknn.lexical import LexicalIndex, LexicalSpec
@@ -329,9 +368,9 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
             lex_parts.append(LexicalIndex.load(d, LexicalSpec.from_manifest(manifest.lexical.settings)))
     if len(chunks) != manifest.counts.chunks:
         raise BundleError(f"{path}: the shards hold {len(chunks)} chunks, the manifest {manifest.counts.chunks}")
-    specs = [(str(path / sh.dir), sh.rows[0]) for sh in manifest.shards]
+    specs = shard_specs(path, manifest)
     if backend_factory is None:
-        backend = LocalShards([Shard(d, lo_s, use_gpu=use_gpu) for d, lo_s in specs])
+        backend = LocalShards([Shard(d, lo_s, v, use_gpu=use_gpu) for d, lo_s, v in specs])
     else:
         backend = backend_factory(specs, manifest.version_id)
     m = manifest

@@ -41,8 +41,13 @@ def _arrays(npz: bytes) -> dict[str, np.ndarray]:
 class _EncodeWorker:
     """A Ray Data actor: loads the model once, then encodes whole builder batches."""
 
-    def __init__(self, model: str | None, fingerprint: str, layer: int, cfg: BuildConfig, threads: int):
+    def __init__(self, model: str | None, fingerprint: str, layer: int, cfg: BuildConfig, threads: int,
+                 placement=None):
+        import ray
         import torch
+
+        if placement is not None:  # where this worker was placed, whether or not it gets a batch
+            ray.get(placement.add.remote(ray.get_runtime_context().get_node_id()))
 
         torch.set_num_threads(threads)
         self.encoder = Encoder(model)
@@ -51,9 +56,6 @@ class _EncodeWorker:
                               f"(fingerprint {self.encoder.info.fingerprint[:16]} ≠ {fingerprint[:16]}); "
                               "every node must run the same softknn image")
         self.layer, self.cfg = layer, cfg
-        import ray
-
-        self.node = ray.get_runtime_context().get_node_id()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         numbers, payloads = batch["batch"].tolist(), batch["payload"].tolist()
@@ -63,8 +65,20 @@ class _EncodeWorker:
             buf = io.BytesIO()
             np.savez(buf, **encode_batch(self.encoder, item["texts"], item["starts"], self.layer, self.cfg))  # type: ignore[arg-type]  # numpy stubs: savez(**arrays)
             arrays.append(buf.getvalue())
-        return {"batch": np.asarray(numbers, dtype=np.int64), "node": np.asarray([self.node] * len(numbers), dtype=object),
-                "arrays": np.asarray(arrays, dtype=object)}
+        return {"batch": np.asarray(numbers, dtype=np.int64), "arrays": np.asarray(arrays, dtype=object)}
+
+
+class _Placement:
+    """The Ray node ids the encode workers were placed on (each worker adds its own at start)."""
+
+    def __init__(self):
+        self.nodes: list[str] = []
+
+    def add(self, node: str) -> None:
+        self.nodes.append(node)
+
+    def get(self) -> list[str]:
+        return self.nodes
 
 
 class RayEncode:
@@ -82,8 +96,9 @@ class RayEncode:
         if cpus_per_worker < 1:
             raise ValueError("cpus_per_worker must be at least 1")
         self.address, self.workers, self.cpus_per_worker, self.progress = address, workers, cpus_per_worker, progress
-        self.nodes: set[str] = set()  # after a run: the Ray node ids whose workers encoded batches
+        self.nodes: set[str] = set()  # after a run: the Ray node ids the workers were placed on
         self.workers_used = 0
+        self.start_timeout_s = 600.0  # every worker must have started (model loaded) within this
 
     def __call__(self, encoder: Encoder, chunks: list[Chunk], batches: list[tuple[int, list[int]]], layer: int,
                  cfg: BuildConfig) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
@@ -110,6 +125,10 @@ class RayEncode:
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = self.progress
         ctx.enable_operator_progress_bars = self.progress
+        # the pool starts every worker before the first batch: each reports its node (self.nodes), and
+        # a cluster without room for them fails after the timeout instead of waiting forever
+        ctx.wait_for_min_actors_s = int(self.start_timeout_s)
+        placement = ray.remote(_Placement).options(num_cpus=0).remote()
         cpus = int(ray.cluster_resources().get("CPU", 1))
         workers = self.workers or max(1, cpus // self.cpus_per_worker)
         workers = min(workers, len(batches))
@@ -123,7 +142,7 @@ class RayEncode:
         ds = ray.data.from_items(items, override_num_blocks=len(items)).map_batches(
             _EncodeWorker,
             fn_constructor_kwargs={"model": model, "fingerprint": encoder.info.fingerprint, "layer": layer,
-                                   "cfg": cfg, "threads": self.cpus_per_worker},
+                                   "cfg": cfg, "threads": self.cpus_per_worker, "placement": placement},
             batch_size=1,  # one row = one builder batch: the padding is the local build's
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=workers),
@@ -135,13 +154,15 @@ class RayEncode:
             for row in ds.iter_rows():
                 s = int(row["batch"])
                 seen.add(s)
-                self.nodes.add(str(row["node"]))
                 yield s, _arrays(row["arrays"])
+            self.nodes = set(ray.get(placement.get.remote()))
         except ray.exceptions.RayError as e:
             cause = getattr(e, "cause", None)
             if isinstance(cause, BundleError):
                 raise BundleError(str(cause)) from e
             raise BundleError(f"distributed encode failed: {e}") from e
+        finally:
+            ray.kill(placement)
         missing = {s for s, _ in batches} - seen
         if missing:  # never assemble a bundle without some of its chunks
             raise BundleError(f"distributed encode returned no result for {len(missing)} batches")

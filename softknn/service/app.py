@@ -89,10 +89,13 @@ def operation_id(route: APIRoute) -> str:
     return route.name
 
 
-def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None, generator=None) -> FastAPI:
+def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None, generator=None,
+               cluster=None, echo_request_id: bool = True) -> FastAPI:
     """The service app. Pass `encoder` to share an already loaded model (tests, several apps), and
     `generator` (softknn.generator.Generator) to share a loaded causal LM the same way;
-    `shard_backend` opens a sharded bundle's shards elsewhere (softknn.service.ray_serving.RayShards.factory)."""
+    `shard_backend` opens a sharded bundle's shards elsewhere (softknn.service.ray_serving.RayShards.factory);
+    `cluster` makes the app one replica of a deployment (softknn.service.ray_serving.ReplicaLink);
+    `echo_request_id=False` when a proxy in front already echoes X-Request-ID (Ray Serve's does)."""
     check_settings(settings)
     # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's packaged copy
     # (/static-offline-docs), not a CDN: the API docs work without internet
@@ -101,7 +104,7 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.runtime = Runtime(settings, app.state.metrics, encoder=encoder, shard_backend=shard_backend,
-                                generator=generator)
+                                generator=generator, cluster=cluster)
     errors.install(app)
 
     app.include_router(health.router)
@@ -125,7 +128,7 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "PUT", "DELETE"],
                            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
                            expose_headers=["X-Request-ID", "Retry-After"])
-    app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics)
+    app.add_middleware(RequestContextMiddleware, metrics=app.state.metrics, echo=echo_request_id)
     return app
 
 

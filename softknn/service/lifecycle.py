@@ -177,9 +177,13 @@ class _Failed:
 
 class Runtime:
     def __init__(self, settings: Settings, metrics: Metrics, *, encoder: Encoder | None = None, shard_backend=None,
-                 generator: Generator | None = None):
+                 generator: Generator | None = None, cluster=None):
         self.settings = settings
         self.shard_backend = shard_backend  # where a sharded bundle's shards run (None: in this process)
+        # a Ray Serve replica's link to the deployment (softknn.service.ray_serving.ReplicaLink): what to serve
+        # comes from it, and a reload runs through it on every replica; None: this process decides
+        self.cluster = cluster
+        self._retired: list = []  # bundles swapped out, closed once requests pinned to them are done
         self.metrics = metrics
         self.encoder = encoder
         self.engine: Engine | None = None
@@ -216,6 +220,9 @@ class Runtime:
         s = self.settings
         try:
             await asyncio.to_thread(self._load_model)
+            if self.cluster is not None:
+                await self.cluster.start(self)
+                return
             if s.bundle is None:
                 self.status, self.error = "no_bundle", ("no bundle configured (--bundle, SOFTKNN_BUNDLE); "
                                                         "POST /v1/admin/reload one")
@@ -330,9 +337,31 @@ class Runtime:
         self._write_pool.shutdown(wait=True)  # a write in progress finishes (its client may still get the answer)
         for store in list(self._stores.values()):
             store.close()
-        close = getattr(self.engine.bundle, "close", None) if self.engine is not None else None
+        if self.cluster is not None:
+            self.cluster.stop()
+        for bundle in [*self._retired, *([self.engine.bundle] if self.engine is not None else [])]:
+            self._close_bundle(bundle)
+        self._retired = []
+
+    @staticmethod
+    def _close_bundle(bundle) -> None:
+        close = getattr(bundle, "close", None)
         if close is not None:
             close()
+
+    def _retire(self, bundle) -> None:
+        """Close a swapped-out bundle (its shard actors, if it owns any) once every request admitted
+        before the swap is done with it: after the request timeout."""
+        if getattr(bundle, "close", None) is None:
+            return
+        self._retired.append(bundle)
+
+        def close() -> None:
+            if bundle in self._retired:
+                self._retired.remove(bundle)
+                self._close_bundle(bundle)
+
+        asyncio.get_running_loop().call_later(self.settings.batching.request_timeout_s + 1, close)
 
     @property
     def ready(self) -> bool:
@@ -450,6 +479,17 @@ class Runtime:
             raise NotReady("the model is still loading", headers={"Retry-After": "1"})
         if self._reload_lock.locked():
             raise Conflict("another reload, KB write or compaction is in progress", field="bundle")
+        if self.cluster is not None:  # every replica of the deployment swaps, or none does
+            async with self._reload_lock:
+                try:
+                    previous, engine = await self.cluster.reload(self, Path(path))
+                except Exception:
+                    self.metrics.reloads.labels("refused").inc()
+                    raise
+                self.metrics.reloads.labels("ok").inc()
+            log.info("bundle swapped on every replica", extra={"previous_version": previous,
+                                                               "version_id": engine.bundle.version})
+            return previous, engine
         async with self._reload_lock:
             try:
                 engine = await self.open(path)
@@ -461,8 +501,11 @@ class Runtime:
             except Exception:
                 self.metrics.reloads.labels("refused").inc()
                 raise
-            previous = self.engine.bundle.version if self.engine is not None else None
+            old = self.engine
+            previous = old.bundle.version if old is not None else None
             self._install(engine, generation)
+            if old is not None:
+                self._retire(old.bundle)
             self.metrics.reloads.labels("ok").inc()
         log.info("bundle swapped", extra={"previous_version": previous, "version_id": engine.bundle.version})
         return previous, engine

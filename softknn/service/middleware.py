@@ -23,11 +23,15 @@ _QUIET = {"/healthz", "/readyz", "/metrics"}  # probes and scrapes log at debug 
 
 class RequestContextMiddleware:
     """Gives each request an id (a sane incoming X-Request-ID, else a new one), echoes it in the
-    response header, counts and times the request by route template, and writes one access line."""
+    response header, counts and times the request by route template, and writes one access line.
 
-    def __init__(self, app: ASGIApp, metrics: Metrics):
+    `echo=False` behind a proxy that echoes the id itself (Ray Serve's proxy sets X-Request-ID on the
+    request when it has none and adds it to every response): one header, not two."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, echo: bool = True):
         self.app = app
         self.metrics = metrics
+        self.echo = echo
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -44,7 +48,8 @@ class RequestContextMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                MutableHeaders(scope=message).append("X-Request-ID", rid)
+                if self.echo:
+                    MutableHeaders(scope=message).append("X-Request-ID", rid)
             await send(message)
 
         try:

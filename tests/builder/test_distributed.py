@@ -83,12 +83,12 @@ def test_the_worker_transport_carries_encode_batchs_arrays_exactly(encoder, samp
                                       encoder.max_seq_length - 8, 32)
     batches = pipeline._batches(chunks, encoder.tokenizer, 32)
     worker = _EncodeWorker.__new__(_EncodeWorker)  # the actor's state without Ray's runtime context
-    worker.encoder, worker.layer, worker.cfg, worker.node = encoder, 5, BuildConfig(), "node-a"
+    worker.encoder, worker.layer, worker.cfg = encoder, 5, BuildConfig()
     picked = [0, len(batches) - 1]  # the shortest and the longest chunks
     payload = [json.dumps({"texts": [chunks[r].text for r in batches[s]], "starts": [chunks[r].start for r in batches[s]]},
                           ensure_ascii=False) for s in picked]
     out = worker({"batch": np.asarray(picked), "payload": np.asarray(payload, dtype=object)})
-    assert out["batch"].tolist() == picked and out["node"].tolist() == ["node-a", "node-a"]
+    assert out["batch"].tolist() == picked and set(out) == {"batch", "arrays"}
     for s, npz in zip(picked, out["arrays"], strict=True):
         pipeline.write_shard(tmp_path / f"ray-{s}", batches[s], _arrays(npz))
         pipeline._encode_shard(encoder, chunks, batches[s], 5, BuildConfig(), tmp_path / f"local-{s}")
@@ -162,12 +162,9 @@ def test_softknn_build_ray_on_a_two_node_cluster_equals_the_local_build(tmp_path
                             "--no-progress", "--ray", "--address", address, "--ray-workers", "2"],
                            cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
         assert r.returncode == 0, r.stderr[-3000:]
-        # one CPU per node and two one-CPU workers: a worker on each node. The line counts the nodes whose
-        # workers encoded a batch, and on a loaded machine the first worker up can take every batch
-        # before the second has loaded its model: 1 or 2 nodes, never more, always 2 workers
-        lines = [x for x in r.stdout.splitlines() if x.startswith("encoded with Ray Data: 2 workers on ")]
-        assert lines in (["encoded with Ray Data: 2 workers on 2 node(s)"],
-                         ["encoded with Ray Data: 2 workers on 1 node(s)"]), r.stdout
+        # one CPU per node and two one-CPU workers: a worker placed on each node (the line counts the
+        # nodes the workers were placed on, whichever of them encoded the batches)
+        assert "encoded with Ray Data: 2 workers on 2 node(s)" in r.stdout.splitlines(), r.stdout
         _same_bundle(sample_bundle_path, out)
     finally:
         for proc in reversed(nodes):

@@ -22,7 +22,7 @@ def test_the_shard_backends_satisfy_their_protocol():
     from softknn.shards import LocalShards
 
     assert isinstance(LocalShards([]), ShardBackend)
-    assert all(callable(getattr(RayShards, name)) for name in ("call", "call_some", "close"))  # no actors started
+    assert all(callable(getattr(RayShards, name)) for name in ("call", "call_some", "health", "close"))  # no actors started
 
 
 def test_the_engine_retrieves_through_a_retriever_of_the_bundle_alone(engine: Engine, encoder, sample_bundle):

@@ -68,6 +68,7 @@ def _last_digit(number: str) -> float:
 
 
 def test_readme_curl_sample_is_what_the_service_answers(engine):
+    from softknn.bundle import version_id
     from softknn.engine import InferParams
 
     readme = (ROOT / "README.md").read_text()
@@ -75,7 +76,10 @@ def test_readme_curl_sample_is_what_the_service_answers(engine):
     shown = json.loads(_fence(readme, "[.spans[:2][] | .text]}]}'\n"))
     r = engine.infer(request["inputs"], InferParams(evidence=request["evidence"]))[0].to_dict()
     assert re.fullmatch(r"[0-9a-f]{16}", shown["bundle_version"])  # a content hash: it varies, and the README says so
-    assert "`bundle_version` is the bundle's content hash, which includes its build time" in readme
+    assert "`bundle_version` is the bundle's content address" in readme and "without its build time" in readme
+    raw = engine.bundle.manifest.raw  # what the README says of it: the build time is not part of it
+    assert version_id({**raw, "created_at": "1999-12-31T23:59:59+00:00"}) == raw["version_id"] == engine.bundle.version
+    assert version_id({**raw, "counts": {**raw["counts"], "chunks": raw["counts"]["chunks"] + 1}}) != raw["version_id"]
     assert shown["prediction"] == r["prediction"]
     assert shown["label_scores"] == pytest.approx(r["label_scores"], abs=1e-4)
     assert list(shown["label_scores"]) == list(r["label_scores"])

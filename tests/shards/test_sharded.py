@@ -148,3 +148,43 @@ def test_a_sharded_bundle_satisfies_the_seams(sharded):
     assert isinstance(sharded.index, ChunkSearch) and isinstance(sharded.kv, MemoryStore)
     assert isinstance(sharded.backend, ShardBackend)
 
+
+
+def test_a_shard_opens_only_the_version_it_was_created_for(sharded_bundle_path, tmp_path):
+    """A shard opened for another version of its directory (the bundle rebuilt in place) refuses to
+    open; `run` answers with the version the shard holds, and a caller expecting another refuses it."""
+    from softknn.errors import ShardMismatch
+    from softknn.service.ray_serving import RayShards
+    from softknn.shards import Shard
+
+    sh = read_manifest(sharded_bundle_path)["shards"][1]
+    d = sharded_bundle_path / sh["dir"]
+    with pytest.raises(BundleError, match=rf"holds shard version {sh['version_id']}, but this shard was opened for "
+                                          r"0123456789abcdef \(the bundle was rebuilt in place\)"):
+        Shard(d, sh["rows"][0], "0123456789abcdef")
+    shard = Shard(d, sh["rows"][0], sh["version_id"], verify=True)
+    version, (D, I) = shard.run("search", (np.zeros((1, 384), dtype=np.float32), 3))
+    assert version == sh["version_id"] and I.shape == (1, 3) and I.min() >= sh["rows"][0]
+    caller = RayShards.__new__(RayShards)  # the replica's check of an answer, without actors
+    caller.versions, caller.labels = [None, "0123456789abcdef"], ["shard 0 (shard-0000)", "shard 1 (shard-0001)"]
+    caller._check(1, "0123456789abcdef")
+    with pytest.raises(ShardMismatch, match=rf"shard 1 \(shard-0001\) holds shard version {version}, this service "
+                                            "serves 0123456789abcdef"):
+        caller._check(1, version)
+
+
+def test_a_read_only_query_is_scored_without_a_torch_warning(sharded_bundle_path):
+    """Ray hands a shard actor its query as a read-only array (from its object store): scoring it
+    must not make torch warn that the array is not writable. torch warns once per process, so the
+    check runs in a fresh one, warnings as errors."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import warnings, sys, numpy as np; warnings.simplefilter('error'); from softknn.shards import Shard; "
+            "s = Shard(sys.argv[1], 0); xq = np.ones((2, s.bundle.index.xb.shape[1]), dtype=np.float32); "
+            "xq.flags.writeable = False; print(s.similarities(xq).shape)")
+    r = subprocess.run([sys.executable, "-c", code, str(sharded_bundle_path / "shard-0000")], capture_output=True,
+                       text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == f"(2, {read_manifest(sharded_bundle_path / 'shard-0000')['counts']['chunks']})"
