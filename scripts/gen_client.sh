@@ -59,10 +59,12 @@ else
   HF_HUB_OFFLINE=1 "$PYTHON" -m scripts.export_openapi
 fi
 
-# The generator runs in $WORK, so no config of this repository's (or of the caller's) applies.
+# The generator runs in $WORK, so no config of this repository's (or of the caller's) applies. It
+# collects a literal enum's values in a set, so their order follows Python's string hashing: a
+# fixed hash seed makes the output the same on every run.
 (
   cd "$WORK"
-  PATH="$VENV/bin:$PATH" "$VENV/bin/openapi-python-client" generate --path "$OLDPWD/$SPEC" \
+  PYTHONHASHSEED=0 PATH="$VENV/bin:$PATH" "$VENV/bin/openapi-python-client" generate --path "$OLDPWD/$SPEC" \
     --meta pdm --config config.yaml --output-path client --fail-on-warning >generate.log 2>&1 \
     || { cat generate.log >&2; exit 1; }
 )

@@ -92,6 +92,11 @@ class ChunkSearch(Protocol):
         `exact`: brute force, whatever the index kind."""
         ...
 
+    def search_among(self, xq: np.ndarray, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(D, I) (B, min(k, |rows|)): the top k among the chunks `rows` (ascending ids) only, by the
+        index restricted to them (exact for flat, the index's approximation otherwise)."""
+        ...
+
     def similarities(self, xq: np.ndarray) -> torch.Tensor:
         """(B, N) float32 e_q·e_c over every chunk (the exact path's scores)."""
         ...

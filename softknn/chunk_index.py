@@ -104,6 +104,7 @@ def build_index(xb: np.ndarray, spec: IndexSpec, *, seed: int = 1234) -> faiss.I
 # The flat scan's prefilter (ChunkIndex._search_flat): below this many chunks a full scan costs
 # < 1 ms and the codes are not worth their memory (N·D bytes, a quarter of the embeddings).
 PREFILTER_MIN_CHUNKS = 8192
+FILTER_WIDEN = 16.0  # search_among: at most this many times the index's efSearch / nprobe
 PREFILTER_FACTOR = 4  # candidates k' = 4·k rescored exactly; bench/fused_forward.py reports how many rows certify
 
 
@@ -228,8 +229,14 @@ class ChunkIndex:
         return torch.from_numpy(np.require(xq, np.float32, ["C_CONTIGUOUS", "WRITEABLE"])) @ self._xb_t.T
 
     def rows_dot(self, ids: np.ndarray, q: np.ndarray) -> np.ndarray:
-        """(len(ids),) float32: xb[ids]·q for one query q (D,), from the in-memory copy."""
-        return self._xb_t.numpy()[ids] @ np.asarray(q, dtype=np.float32)
+        """(len(ids),) float32: xb[ids]·q for one query q (D,), from the in-memory copy.
+
+        By torch, as `similarities`: its thread count is the model's setting, where numpy's BLAS
+        starts a thread per core (on a loaded 2-core box a 2,500-row product took 12 ms that way,
+        1 ms on one thread), and a filter's passing chunks can be many rows."""
+        rows = torch.from_numpy(np.asarray(ids, dtype=np.int64))
+        qt = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32))
+        return (self._xb_t.index_select(0, rows) @ qt).numpy()
 
     def search_exact(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Brute force: scores = xq @ xbᵀ, top-k; ties broken by the lower id."""
@@ -245,6 +252,61 @@ class ChunkIndex:
             row = scores[b].numpy()
             cand = np.flatnonzero(row >= kth[b, 0])
             D[b], I[b] = _best(row[cand], cand, k)
+        return D, I
+
+    def search_among(self, xq: np.ndarray, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """D, I (B, k'): the k' = min(k, |rows|) chunks of `rows` (ascending ids) with the largest
+        xq·xb, by the index restricted to them (a FAISS ID selector: score desc, then id asc, exact
+        for flat; HNSW and IVF search their graph or lists keeping passing ids only, wider by N/|rows|).
+        A GPU index takes no selector: its rows are scored exactly (`search_rows_exact`)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        k = max(1, min(int(k), len(rows)))
+        xq = np.ascontiguousarray(xq, dtype=np.float32)
+        if self.on_gpu:
+            return self.search_rows_exact(xq, k, rows)
+        fx: Any = faiss  # the faiss stubs name neither SearchParametersHNSW nor the parameters' keywords
+        mask = np.zeros(self.ntotal, dtype=bool)
+        mask[rows] = True
+        bitmap = np.packbits(mask, bitorder="little")  # (⌈N/8⌉,) uint8, bit i = row i passes
+        sel = fx.IDSelectorBitmap(self.ntotal, fx.swig_ptr(bitmap))
+        kind, p = self.spec.kind, self.spec.params
+        # a graph or list search meets passing chunks at their share of the KB: its breadth is scaled
+        # by N/|rows| (at most FILTER_WIDEN×) so it finds about as many of them as an unfiltered search
+        widen = min(FILTER_WIDEN, self.ntotal / len(rows))
+        if kind == "hnsw":
+            ef = int(p.get("efSearch", 128))
+            params = fx.SearchParametersHNSW(sel=sel, efSearch=max(math.ceil(ef * widen), k))
+        elif kind in ("ivf", "ivfpq"):
+            nprobe = int(p.get("nprobe", 32))
+            params = fx.SearchParametersIVF(sel=sel, nprobe=min(int(p.get("nlist", nprobe)), math.ceil(nprobe * widen)))
+        else:
+            params = fx.SearchParameters(sel=sel)
+        if kind == "ivfpq":
+            kk = min(len(rows), k * int(p.get("rerank", 4)))
+            _, cand = self.index.search(xq, kk, params=params)
+            return self._rerank(xq, cand, k)
+        if kind != "flat":
+            return self.index.search(xq, k, params=params)
+        kk = min(k + 1, len(rows))
+        D, I = self.index.search(xq, kk, params=params)
+        tie = D[:, k - 1] == D[:, k] if kk > k else np.zeros(len(xq), dtype=bool)
+        D, I = D[:, :k], I[:, :k].astype(np.int64)
+        order = np.lexsort((I, -D), axis=1)
+        D, I = np.take_along_axis(D, order, 1), np.take_along_axis(I, order, 1)
+        for b in np.flatnonzero(tie):  # the boundary is a tie: (score desc, id asc) over every passing row
+            D[b], I[b] = self.search_rows_exact(xq[b : b + 1], k, rows)
+        return D, I
+
+    def search_rows_exact(self, xq: np.ndarray, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Brute force over `rows` only: s = xq·xb[rows], the top k by (score desc, id asc)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        k = max(1, min(int(k), len(rows)))
+        S = (torch.from_numpy(np.ascontiguousarray(xq, dtype=np.float32))
+             @ self._xb_t.index_select(0, torch.from_numpy(rows)).T).numpy()  # (B, |rows|)
+        D = np.empty((len(S), k), dtype=np.float32)
+        I = np.empty((len(S), k), dtype=np.int64)
+        for b in range(len(S)):
+            D[b], I[b] = _best(S[b], rows, k)
         return D, I
 
     def _rerank(self, xq: np.ndarray, cand: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -50,6 +50,16 @@ def _options(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show
 _settings, _encoder, _fail = settings_from, encoder_for, fail  # the names the commands below use
 
 
+def _json_arg(text: str, option: str):
+    """An option's JSON value, or InvalidInput naming the option and where the JSON breaks."""
+    from softknn.errors import InvalidInput
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidInput(f"{option}: not JSON ({e})", field=option.lstrip("-")) from None
+
+
 def _note(msg: str) -> None:
     typer.secho(f"note: {msg}", fg=typer.colors.YELLOW, err=True)
 
@@ -318,19 +328,24 @@ def query(
     evidence: Annotated[int | None, typer.Option(help="evidence items per input")] = None,
     tokens: Annotated[bool, typer.Option(help="also return per-token outputs")] = False,
     truncate: Annotated[bool, typer.Option(help="cut inputs longer than the model's limit")] = False,
+    filter_: Annotated[str | None, typer.Option("--filter", help="JSON filter: R is drawn from the chunks that pass "
+                                                 "it, e.g. '{\"field\": \"label\", \"in\": [\"a\", \"b\"]}' "
+                                                 "(docs/design.md, Filters)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result objects as JSON")] = False,
 ) -> None:
     """Run knowledge-augmented inference on TEXTS against BUNDLE; prints one result per input."""
     need_bundle(bundle)
     from softknn.bundle import load_bundle
     from softknn.engine import Engine, InferParams
+    from softknn.filters import parse_filter
 
     try:
         settings = _settings(model__name=model)
         params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--temperature: the default
             settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=temperature or None,
             kernel=kernel or None, exact=exact, threshold=threshold, evidence=evidence, return_tokens=tokens,
-            truncate=truncate, retrieval=retrieval or None, lexical_weight=lexical_weight)
+            truncate=truncate, retrieval=retrieval or None, lexical_weight=lexical_weight,
+            filter=None if filter_ is None else parse_filter(_json_arg(filter_, "--filter")))
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         results = Engine(encoder, b).infer(list(texts), params)

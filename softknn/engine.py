@@ -25,6 +25,7 @@ from softknn.errors import BundleError
 from softknn.evidence import effective_k, evidence_items, label_scores, weight_entropy
 from softknn.manifest import Manifest
 from softknn.results import Diagnostics, InferResult, Neighbour, Prediction, Token, VersusPlain
+from softknn.retrieval import best
 from softknn.search import MIXING, InferParams, Retrieval, Retriever  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
@@ -129,13 +130,19 @@ class Engine:
         fr = captured["fr"]
         return [self.result(b, batch, fr, emb, tokens, retr, params[b], plain.embedding) for b in range(len(params))]
 
-    def versus_plain(self, e_plain: np.ndarray, e_aug: np.ndarray, n: int = NEAREST_SHOWN) -> VersusPlain:
+    def versus_plain(self, e_plain: np.ndarray, e_aug: np.ndarray, n: int = NEAREST_SHOWN,
+                     rows: np.ndarray | None = None) -> VersusPlain:
         """What the KB changed in one input's output: cos(e, e') and ‖e' − e‖ between the plain
         model's embedding e and the knowledge-augmented e', and the n nearest KB chunks of each by
-        exact search (e·e_c, e'·e_c). The label scores are not here: they come from w_db over R,
+        exact search (e·e_c, e'·e_c), among `rows` only where given (a filter's). The label scores are not here: they come from w_db over R,
         which is retrieved with e and so is the same with or without the memory."""
         e, e2 = np.asarray(e_plain, dtype=np.float64), np.asarray(e_aug, dtype=np.float64)  # (D,)
-        D, I = self.retriever.index.search(np.stack([e, e2]), n, exact=True)  # (2, n)
+        if rows is None:
+            D, I = self.retriever.index.search(np.stack([e, e2]), n, exact=True)  # (2, n)
+        else:  # a filtered request: the nearest among the chunks that pass it
+            S = self.retriever.index.similarities(np.stack([e, e2]).astype(np.float32)).numpy()[:, rows]  # (2, |rows|)
+            found = [best(S[j], rows, min(n, len(rows))) for j in range(2)]
+            D, I = np.array([f[0] for f in found]), np.array([f[1] for f in found])
 
         def near(j: int) -> list[Neighbour]:
             return [Neighbour(self.bundle.chunks[i]["chunk_id"], self.bundle.chunks[i].get("label"), float(s))
@@ -177,6 +184,7 @@ class Engine:
             attention_effective_k=math.exp(h_att),
             attention_entropy_intra=float(fr.entropy_in[b][:, valid].mean()),
             truncation_bound=retr.bound[b],
+            filtered=retr.filtered[b],
             n_tokens=int(batch.n_tokens[b]),
             truncated=bool(batch.truncated[b]),
         )
@@ -198,7 +206,9 @@ class Engine:
             extra["token_embeddings"] = tokens[b, :n].float().cpu().tolist()
             extra["head_memory_share"] = mem_share_tok[:, :n].float().cpu().tolist()  # (nh, n)
             if plain_emb is not None:
-                extra["versus_plain"] = self.versus_plain(plain_emb[b].float().cpu().numpy(), emb[b].float().cpu().numpy())
+                extra["versus_plain"] = self.versus_plain(
+                    plain_emb[b].float().cpu().numpy(), emb[b].float().cpu().numpy(),
+                    rows=None if p.filter is None else self.retriever.passing(p.filter))
         return InferResult(embedding=emb[b].float().cpu().tolist(), evidence=evidence, diagnostics=diag,
                            label_scores=scores, prediction=verdict.prediction, abstained=verdict.abstained,
                            abstain_reason=verdict.abstain_reason, **extra)

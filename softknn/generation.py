@@ -18,6 +18,7 @@ import torch
 
 from softknn.engine import Engine, InferParams
 from softknn.errors import BundleError, InvalidInput
+from softknn.filters import FilterNode
 from softknn.gen_attention import MIXING, POSITIONS, GenMemory, place_memory
 from softknn.gen_memory import GeneratorStore
 from softknn.generator import Generation, Generator, Sampling, Step
@@ -45,6 +46,7 @@ class GenParams:
     context: str = "memory"  # memory: the KB in attention; prompt: the same chunks' text in the prompt (baseline)
     evidence: int = 5
     spans: int = 3
+    filter: FilterNode | None = None  # the chunks R may come from (softknn.filters)
 
     def validate(self) -> GenParams:
         if self.mixing not in MIXING:
@@ -133,7 +135,7 @@ class GenEngine:
     # --- retrieval and memory -------------------------------------------------------------------
     def retrieve(self, query: str, p: GenParams):
         ip = InferParams(k=p.k, retrieval=p.retrieval, lexical_weight=p.lexical_weight, temperature=p.knn_temperature,
-                         exact=p.exact, evidence=0)
+                         exact=p.exact, evidence=0, filter=p.filter)
         ip = self.engine.resolve([ip])[0]
         enc = self.engine.encoder
         plain = enc.forward_plain(enc.tokenize([query], truncate=[True]))
@@ -256,6 +258,7 @@ class GenEngine:
             "w_db_entropy": h_w, "w_db_effective_k": math.exp(h_w),
             "attention_effective_k": math.exp(h_att),
             "exact": p.exact,
+            "filtered": retr.filtered[0] if retr is not None else None,
         }
         usage = {"prompt_tokens": g.prompt_tokens, "completion_tokens": n, "total_tokens": g.prompt_tokens + n}
         return GenAnswer(g.text, g.finish_reason, usage, evidence, diag, tokens, self.engine.bundle.version,

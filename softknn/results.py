@@ -85,6 +85,7 @@ class Diagnostics:
     truncation_bound: float
     n_tokens: int
     truncated: bool
+    filtered: int | None = None  # chunks that pass the request's filter; None: no filter
 
 
 @dataclass(**_FROZEN)

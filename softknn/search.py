@@ -9,6 +9,7 @@ The Engine (softknn.engine) holds one and adds the model: the embedding before, 
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
@@ -17,13 +18,28 @@ import numpy as np
 from softknn.attention import KERNELS, knn_weights_row, truncation_bound_row
 from softknn.backends import ChunkSearch
 from softknn.errors import InvalidInput
-from softknn.retrieval import CANDIDATES, DEFAULT_TEMPERATURE, LEXICAL_WEIGHT, RETRIEVALS, topk_fast, topk_reference
+from softknn.filters import ChunkTable, FilterNode
+from softknn.retrieval import (
+    CANDIDATES,
+    DEFAULT_TEMPERATURE,
+    LEXICAL_WEIGHT,
+    RETRIEVALS,
+    best,
+    topk_fast,
+    topk_reference,
+)
 
 if TYPE_CHECKING:
     from softknn.bundle import Bundle
     from softknn.shards import ShardedBundle
 
 MIXING = ("fixed", "joint")
+# A filtered search scores the passing chunks by brute force up to this many (the flat index's own
+# auto limit: such a scan costs a fraction of the forward pass), and past it when they are under
+# this share of an HNSW or IVF index, whose graph or lists, searched for the passing ids only, lose
+# recall as the share falls; otherwise the index searches restricted to them (an ID selector).
+FILTER_SCAN_MAX = 20_000
+FILTER_INDEX_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,7 @@ class InferParams:
     retrieval: str | None = None  # hybrid | dense | lexical; None: hybrid where the bundle has a lexical index
     lexical_weight: float | None = None  # λ of the hybrid similarity; None: the bundle's calibrated λ, else LEXICAL_WEIGHT
     candidates: int = CANDIDATES  # m: each retriever's top m are the hybrid candidates and its normalisation
+    filter: FilterNode | None = None  # the chunks R may come from (softknn.filters); None: every chunk
 
     @classmethod
     def from_defaults(cls, defaults, **given) -> InferParams:
@@ -106,10 +123,12 @@ class Retrieval:
     bm25: list[list[float] | None]  # BM25(q, c) of each chunk in R (None: dense retrieval)
     nearest: list[float]  # the largest e_q·e_c over the KB (the abstain gate's s_1)
     words: list[list[tuple[str, str]] | None]  # the input's analysed words: (term, the word as written)
+    filtered: list[int | None]  # chunks that pass the input's filter (None: no filter)
 
     @classmethod
     def empty(cls, n: int) -> Retrieval:
-        return cls([[]] * n, [[]] * n, [[]] * n, [0.0] * n, [""] * n, [[]] * n, [None] * n, [-1.0] * n, [None] * n)
+        return cls([[]] * n, [[]] * n, [[]] * n, [0.0] * n, [""] * n, [[]] * n, [None] * n, [-1.0] * n, [None] * n,
+                   [None] * n)
 
 
 class Retriever:
@@ -120,6 +139,26 @@ class Retriever:
         assert bundle.index is not None, "a loaded bundle has its chunk search"
         self.bundle = bundle
         self.index: ChunkSearch = bundle.index
+        self._table: ChunkTable | None = None
+        self._table_lock = threading.Lock()
+
+    @property
+    def table(self) -> ChunkTable:
+        """The KB's filterable fields as columns, read from the chunks once: when a server opens the bundle
+        (warm_filters), else on the first filter."""
+        if self._table is None:
+            with self._table_lock:
+                if self._table is None:
+                    self._table = ChunkTable.of(self.bundle.chunks)
+        return self._table
+
+    def warm_filters(self) -> None:
+        """Read the filter columns now (a server opening a bundle), not on the first filtered request."""
+        _ = self.table
+
+    def passing(self, f: FilterNode) -> np.ndarray:
+        """The rows (ascending) of the chunks that pass filter f."""
+        return np.flatnonzero(self.table.mask(f))
 
     def resolve(self, params: list[InferParams]) -> list[InferParams]:
         """Validated, with the retrieval and temperature this bundle serves them with."""
@@ -132,7 +171,14 @@ class Retriever:
         n = len(self.bundle)
         out = Retrieval.empty(len(params))
         groups: dict[tuple[bool, str, int], list[int]] = {}
+        passing: dict[int, np.ndarray] = {}  # a request's inputs share one filter object: evaluated once
         for i, p in enumerate(params):
+            if p.filter is not None:
+                rows = passing.get(id(p.filter))
+                if rows is None:
+                    rows = passing[id(p.filter)] = self.passing(p.filter)
+                self._filtered(out, i, xq[i], None if texts is None else texts[i], p, rows)
+                continue
             size = p.search_size(n)
             # hybrid: the dense top m are candidates and set the normalisation; lexical: only the nearest (s₁)
             dsize = {"dense": size, "lexical": 1}.get(p.retrieval, min(n, max(size, p.candidates)))
@@ -177,6 +223,61 @@ class Retriever:
             S, ids, _ = found
             dense, nearest = index.rows_dot(ids, q), float(dense_top[0][0])
         self.select(out, i, S, ids, dense, b[ids], p, n, kind)
+        out.nearest[i], out.words[i] = nearest, [(t, text[s:e]) for t, s, e in words]
+
+    def _filtered(self, out: Retrieval, i: int, q: np.ndarray, text: str | None, p: InferParams,
+                  rows: np.ndarray) -> None:
+        """R for one input as over a KB of the chunks `rows` (ascending) alone: dense similarities, the
+        hybrid normalisation and candidates, the abstain gate's s_1 and the truncation bound over those
+        chunks; BM25 scores with the whole KB's statistics (docs/design.md, "Filters").
+
+        Up to FILTER_SCAN_MAX passing chunks (or a share below FILTER_INDEX_SHARE of an HNSW or IVF
+        index), and always with `exact`, the passing chunks are scored by brute force; past that the
+        index searches restricted to them (ChunkSearch.search_among)."""
+        n, index = len(rows), self.index
+        out.filtered[i] = n
+        out.searched[i] = "exact"
+        if n == 0:
+            return  # R = ∅: the plain layer; no chunk can be drawn on
+        size = p.search_size(n)
+        kind = index.spec.kind
+        scan = p.exact or n <= FILTER_SCAN_MAX or (kind != "flat" and n < FILTER_INDEX_SHARE * len(self.bundle))
+        d = None
+        if p.exact:
+            d = index.similarities(q[None])[0].numpy()[rows]  # (n,) the unfiltered exact path's scores
+        elif scan:
+            d = index.rows_dot(rows, q)  # (n,)
+        if not scan and kind != "flat":
+            out.searched[i] = kind
+        if p.retrieval == "dense":
+            if d is not None:
+                S, I = best(np.asarray(d, dtype=np.float32), rows, size)
+            else:
+                D, I2 = index.search_among(q[None], size, rows)
+                S, I = D[0], I2[0]
+            self.select(out, i, S, I, S, None, p, n, out.searched[i])
+            found_any = I >= 0  # an HNSW or IVF search can come back short of passing chunks
+            out.nearest[i] = float(S[found_any][0]) if found_any.any() else -1.0
+            return
+        lex = self.bundle.lexical
+        assert lex is not None and text is not None, "lexical and hybrid retrieval need the index and the text"
+        words = lex.analyzer.words(text)
+        b = lex.scores([t for t, _, _ in words])[rows]  # (n,) BM25 with the whole KB's N, df and avgdl
+        found = None
+        if d is None:
+            dsize = 1 if p.retrieval == "lexical" else min(n, max(size, p.candidates))
+            D, I2 = index.search_among(q[None], dsize, rows)
+            local = np.where(I2[0] >= 0, np.searchsorted(rows, I2[0]), -1)  # ids into rows
+            found = topk_fast(D[0], local, lambda ids: index.rows_dot(rows[ids], q), b, size, p.retrieval,
+                              p.lexical_weight, p.candidates)
+            if found is not None:
+                S, ids, _ = found
+                dense, nearest = index.rows_dot(rows[ids], q), float(D[0][0])
+        if found is None:
+            d = index.rows_dot(rows, q) if d is None else d
+            S, ids = topk_reference(d, b, size, p.retrieval, p.lexical_weight, p.candidates)
+            dense, nearest = d[ids], float(np.max(d))
+        self.select(out, i, S, rows[ids], dense, b[ids], p, n, out.searched[i])
         out.nearest[i], out.words[i] = nearest, [(t, text[s:e]) for t, s, e in words]
 
     def select(self, out: Retrieval, i: int, D: np.ndarray, I: np.ndarray, dense: np.ndarray,

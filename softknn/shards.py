@@ -114,6 +114,11 @@ class Shard:
         D, I = self.bundle.index.search(xq, min(int(k), self.n), exact=exact)
         return D, np.where(I >= 0, I + self.lo, -1)
 
+    def search_among(self, xq: np.ndarray, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(D, I): this shard's top k among the global rows `rows` (all this shard's), I global."""
+        D, I = self.bundle.index.search_among(xq, k, np.asarray(rows, dtype=np.int64) - self.lo)
+        return D, np.where(I >= 0, I + self.lo, -1)
+
     def similarities(self, xq: np.ndarray) -> np.ndarray:
         """(B, n) float32 e_q·e_c over this shard's chunks (the exact path's scores)."""
         return self.bundle.index.similarities(xq).numpy()
@@ -164,12 +169,26 @@ class _Index:
         """The global top k: every shard's top k, merged by (score desc, global id asc)."""
         k = max(1, min(int(k), self.ntotal))
         xq = np.ascontiguousarray(xq, dtype=np.float32)
-        parts = self.owner.call("search", [(xq, k, exact)] * self.owner.n_shards)
+        return self._merge(self.owner.call("search", [(xq, k, exact)] * self.owner.n_shards), k, len(xq))
+
+    def search_among(self, xq: np.ndarray, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The top k among `rows`: each shard holding some of them searches those, merged as `search`."""
+        rows = np.asarray(rows, dtype=np.int64)
+        k = max(1, min(int(k), len(rows)))
+        xq = np.ascontiguousarray(xq, dtype=np.float32)
+        groups = self.owner.split(rows)
+        todo = [s for s, pos in enumerate(groups) if len(pos)]
+        return self._merge(self.owner.call_some("search_among", todo, [(xq, k, rows[groups[s]]) for s in todo]),
+                           k, len(xq))
+
+    @staticmethod
+    def _merge(parts: list, k: int, B: int) -> tuple[np.ndarray, np.ndarray]:
+        """The shards' (D, I) merged into the global top k by (score desc, global id asc)."""
         D = np.concatenate([p[0] for p in parts], axis=1)
         I = np.concatenate([p[1] for p in parts], axis=1)
-        outD = np.full((len(xq), k), -np.inf, dtype=np.float32)
-        outI = np.full((len(xq), k), -1, dtype=np.int64)
-        for b in range(len(xq)):
+        outD = np.full((B, k), -np.inf, dtype=np.float32)
+        outI = np.full((B, k), -1, dtype=np.int64)
+        for b in range(B):
             keep = I[b] >= 0
             order = np.lexsort((I[b][keep], -D[b][keep]))[:k]
             outD[b, : len(order)], outI[b, : len(order)] = D[b][keep][order], I[b][keep][order]

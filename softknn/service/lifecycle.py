@@ -283,7 +283,9 @@ class Runtime:
             bundle = load_bundle(path, expected_fingerprint=self.encoder.info.fingerprint,
                                  use_gpu=self.settings.use_gpu_index, shard_backend=self.shard_backend)
             seq = int((bundle.manifest.raw.get("writes") or {}).get("seq", 0))
-            return Engine(self.encoder, renamed(bundle, version_name(bundle.version, seq)) if seq else bundle)
+            engine = Engine(self.encoder, renamed(bundle, version_name(bundle.version, seq)) if seq else bundle)
+            engine.retriever.warm_filters()  # at open, not on the first filtered request
+            return engine
         except SoftKNNError:
             raise
         except Exception as e:  # a bundle that verifies but does not load is still the bundle's fault

@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from softknn.engine import InferParams
 from softknn.errors import InputTooLarge, InvalidInput
+from softknn.filters import MAX_DEPTH, MAX_NODES, MAX_VALUES, CheckedFilter
 from softknn.generation import GenParams
 from softknn.settings import Settings
 
@@ -28,6 +29,9 @@ STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 # w_db is already one-hot and above it already uniform.
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
 MAX_SPANS = 256  # a chunk has at most max_seq_length tokens, so at most that many word spans
+FILTER_DOC = ("R is drawn from the chunks that pass this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, "
+              "chunk_id, label or metadata.NAME, combined with {and: [...]}, {or: [...]}, {not: ...}; "
+              f"≤ {MAX_DEPTH} levels, ≤ {MAX_NODES} objects, ≤ {MAX_VALUES} `in` values; null = every chunk")
 
 
 def _check_text(s: str) -> str:
@@ -77,6 +81,7 @@ class InferRequestBase(BaseModel):
     spans: int
     return_tokens: bool
     truncate: bool
+    filter: CheckedFilter | None
     _cut: list[int] = PrivateAttr(default_factory=list)  # inputs cut to max_chars (truncate)
 
     @property
@@ -90,7 +95,7 @@ class InferRequestBase(BaseModel):
                         kernel=self.kernel, exact=self.exact, threshold=self.threshold, hybrid_pool=hybrid_pool,
                         evidence=self.evidence, spans=self.spans, return_tokens=self.return_tokens,
                         truncate=self.truncate, retrieval=self.retrieval, lexical_weight=self.lexical_weight,
-                        candidates=candidates)
+                        candidates=candidates, filter=self.filter)
         return [p] * len(self.inputs)
 
 
@@ -138,6 +143,7 @@ def infer_request_model(settings: Settings) -> type[InferRequestBase]:
                                     "head_memory_share, and versus_plain (the change against the plain model)")
         truncate: bool = Field(False, description="cut inputs over the character or token limit instead of "
                                "refusing them (413)")
+        filter: CheckedFilter | None = Field(None, description=FILTER_DOC)
 
         @model_validator(mode="after")
         def _chars(self) -> InferRequest:
@@ -227,6 +233,8 @@ class Diagnostics(_Out):
     truncation_bound: float = Field(description="upper bound on the kernel mass lost to top-k truncation")
     n_tokens: int
     truncated: bool = Field(description="true when the input was cut to the token or character limit")
+    filtered: int | None = Field(description="chunks that pass the request's filter, the KB R was drawn from "
+                                 "(null: no filter)")
 
 
 class Token(_Out):
@@ -430,13 +438,14 @@ class GenerateFields(BaseModel):
     context: Literal["memory", "prompt"]
     evidence: int
     spans: int
+    filter: CheckedFilter | None
 
     def gen_params(self, max_tokens: int) -> GenParams:
         return GenParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                          stop=tuple(self.stop or ()), seed=self.seed, k=self.k, retrieval=self.retrieval,
                          lexical_weight=self.lexical_weight, knn_temperature=self.knn_temperature, exact=self.exact,
                          mixing=self.mixing, alpha=self.alpha, prior=self.prior, positions=self.positions, use_kb=self.use_kb,
-                         context=self.context, evidence=self.evidence, spans=self.spans)
+                         context=self.context, evidence=self.evidence, spans=self.spans, filter=self.filter)
 
 
 def _gen_fields(settings: Settings) -> dict[str, Any]:
@@ -473,6 +482,7 @@ def _gen_fields(settings: Settings) -> dict[str, Any]:
         "evidence": (Int, Field(min(d.evidence, lim.max_evidence), ge=0, le=lim.max_evidence,
                                 description="evidence items returned")),
         "spans": (Int, Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")),
+        "filter": (CheckedFilter | None, Field(None, description=FILTER_DOC)),
     }
 
 
@@ -598,6 +608,7 @@ class GenDiagnostics(_Out):
     w_db_effective_k: float
     attention_effective_k: float
     exact: bool
+    filtered: int | None = Field(description="chunks that pass the request's filter (null: no filter or no retrieval)")
 
 
 class GenerateResponse(Served):

@@ -95,6 +95,25 @@ def test_exact_joint_is_the_masked_concatenation(client, ge, generator):
     assert got["diagnostics"]["memory_source"] == "recomputed"
 
 
+def test_a_filter_limits_what_generation_draws_on(client, ge):
+    from softknn.filters import parse_filter
+
+    flt = {"field": "label", "eq": "schedules_and_delays"}
+    got = generate(client, messages=MESSAGES, k=2, filter=flt)
+    want = ge.answer(GenParams(max_tokens=TOKENS, k=2, filter=parse_filter(flt)), messages=MESSAGES)
+    assert got["text"] == want.text and [e["chunk_id"] for e in got["evidence"]] == [e.chunk_id for e in want.evidence]
+    assert {e["label"] for e in got["evidence"]} == {"schedules_and_delays"}
+    n = sum(c.get("label") == "schedules_and_delays" for c in ge.engine.bundle.chunks)
+    assert got["diagnostics"]["filtered"] == n and 2 <= n < len(ge.engine.bundle)
+    plain = generate(client, messages=MESSAGES, k=2)
+    assert plain["diagnostics"]["filtered"] is None and "schedules_and_delays" not in {e["label"] for e in plain["evidence"]}
+    chat = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": TOKENS, "k": 2, "filter": flt})
+    assert chat.status_code == 200, chat.text
+    assert [e["chunk_id"] for e in chat.json()["softknn"]["evidence"]] == [e.chunk_id for e in want.evidence]
+    bad = client.post("/v1/chat/completions", json={"messages": MESSAGES, "filter": {"field": "labels", "eq": "x"}})
+    assert bad.status_code == 422 and "unknown filter field 'labels'" in bad.json()["error"]["message"]
+
+
 def test_fixed_alpha_one_is_the_plain_model(client):
     fixed = generate(client, messages=MESSAGES, mixing="fixed", alpha=1.0)
     plain = generate(client, messages=MESSAGES, use_kb=False)

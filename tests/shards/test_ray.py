@@ -45,6 +45,16 @@ def test_ray_answers_equal_one_index(retrieval, exact, ray_sharded, sample_bundl
     assert_same(Engine(encoder, sample_bundle).infer(QUERIES, p), Engine(encoder, ray_sharded).infer(QUERIES, p))
 
 
+def test_ray_filtered_answers_equal_one_index(ray_sharded, sample_bundle, encoder, monkeypatch):
+    from softknn import search
+    from softknn.filters import parse_filter
+    from tests.shards.test_sharded import FILTER
+
+    monkeypatch.setattr(search, "FILTER_SCAN_MAX", 0)  # the shard actors' search_among, not rows_dot alone
+    p = InferParams(filter=parse_filter(FILTER))
+    assert_same(Engine(encoder, sample_bundle).infer(QUERIES, p), Engine(encoder, ray_sharded).infer(QUERIES, p))
+
+
 def _settings(bundle, port=8000):
     from softknn.settings import Settings
 

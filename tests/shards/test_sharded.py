@@ -116,6 +116,28 @@ def test_more_params_equal(sharded, sample_bundle, encoder):
     assert_same(Engine(encoder, sample_bundle).infer(QUERIES, p), Engine(encoder, sharded).infer(QUERIES, p))
 
 
+# a filter passing chunks of both shards (the sample KB's FAQ rows come first, the handbook's last)
+FILTER = {"or": [{"field": "label", "in": ["pets_and_animals", "lost_property"]},
+                 {"not": {"field": "metadata.source", "eq": "Support FAQ"}}]}
+
+
+@pytest.mark.parametrize("retrieval", ["hybrid", "dense", "lexical"])
+@pytest.mark.parametrize("path", ["exact", "scan", "selector"])
+def test_filtered_answers_equal_one_index(retrieval, path, sharded, sample_bundle, encoder, monkeypatch):
+    from softknn import search
+    from softknn.filters import parse_filter
+
+    if path == "selector":  # every filtered search through each shard's FAISS ID selector, merged
+        monkeypatch.setattr(search, "FILTER_SCAN_MAX", 0)
+    p = InferParams(retrieval=retrieval, exact=path == "exact", filter=parse_filter(FILTER))
+    one = Engine(encoder, sample_bundle).infer(QUERIES, p)
+    two = Engine(encoder, sharded).infer(QUERIES, p)
+    assert_same(one, two)
+    rows = [sample_bundle.row_of(e.chunk_id) for r in one for e in r.evidence]
+    assert min(rows) < sharded.lo[1] <= max(rows)  # R drew on both shards
+    assert {r.diagnostics.filtered for r in two} == {int(Engine(encoder, sharded).retriever.passing(p.filter).size)}
+
+
 def test_verify_names_corrupt_shard_file(sharded_bundle_path, tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(sharded_bundle_path, copy)

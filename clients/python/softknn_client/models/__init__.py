@@ -47,6 +47,10 @@ from .error_detail import ErrorDetail
 from .error_response import ErrorResponse
 from .evidence_item import EvidenceItem
 from .evidence_item_metadata import EvidenceItemMetadata
+from .filter_and import FilterAnd
+from .filter_match import FilterMatch
+from .filter_not import FilterNot
+from .filter_or import FilterOr
 from .gen_diagnostics import GenDiagnostics
 from .gen_diagnostics_mixing_type_0 import GenDiagnosticsMixingType0
 from .gen_evidence_item import GenEvidenceItem
@@ -141,6 +145,10 @@ __all__ = (
     "ErrorResponse",
     "EvidenceItem",
     "EvidenceItemMetadata",
+    "FilterAnd",
+    "FilterMatch",
+    "FilterNot",
+    "FilterOr",
     "GenDiagnostics",
     "GenDiagnosticsMixingType0",
     "GenerateRequest",

@@ -19,6 +19,10 @@ from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
     from ..models.chat_completion_message import ChatCompletionMessage
+    from ..models.filter_and import FilterAnd
+    from ..models.filter_match import FilterMatch
+    from ..models.filter_not import FilterNot
+    from ..models.filter_or import FilterOr
     from ..models.stream_options import StreamOptions
 
 
@@ -37,6 +41,9 @@ class ChatCompletionRequest:
         evidence (int | Unset): evidence items returned Default: 5.
         exact (bool | Unset): exact search, and the chunks' keys/values recomputed in float32 after this prompt's own
             prefix (the masked-concatenation contract) Default: False.
+        filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
+            this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
+            [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
         k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
         knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
         lexical_weight (float | None | Unset): λ of the hybrid similarity
@@ -70,6 +77,7 @@ class ChatCompletionRequest:
     context: ChatCompletionRequestContext | Unset = "memory"
     evidence: int | Unset = 5
     exact: bool | Unset = False
+    filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
     k: int | Unset = 4
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
@@ -92,6 +100,10 @@ class ChatCompletionRequest:
     user: None | str | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.filter_and import FilterAnd  # noqa: PLC0415
+        from ..models.filter_match import FilterMatch  # noqa: PLC0415
+        from ..models.filter_not import FilterNot  # noqa: PLC0415
+        from ..models.filter_or import FilterOr  # noqa: PLC0415
         from ..models.stream_options import StreamOptions  # noqa: PLC0415
 
         messages = []
@@ -108,6 +120,20 @@ class ChatCompletionRequest:
         evidence = self.evidence
 
         exact = self.exact
+
+        filter_: dict[str, Any] | None | Unset
+        if isinstance(self.filter_, Unset):
+            filter_ = UNSET
+        elif isinstance(self.filter_, FilterMatch):
+            filter_ = self.filter_.to_dict()
+        elif isinstance(self.filter_, FilterAnd):
+            filter_ = self.filter_.to_dict()
+        elif isinstance(self.filter_, FilterOr):
+            filter_ = self.filter_.to_dict()
+        elif isinstance(self.filter_, FilterNot):
+            filter_ = self.filter_.to_dict()
+        else:
+            filter_ = self.filter_
 
         k = self.k
 
@@ -215,6 +241,8 @@ class ChatCompletionRequest:
             field_dict["evidence"] = evidence
         if exact is not UNSET:
             field_dict["exact"] = exact
+        if filter_ is not UNSET:
+            field_dict["filter"] = filter_
         if k is not UNSET:
             field_dict["k"] = k
         if knn_temperature is not UNSET:
@@ -261,6 +289,10 @@ class ChatCompletionRequest:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         from ..models.chat_completion_message import ChatCompletionMessage  # noqa: PLC0415
+        from ..models.filter_and import FilterAnd  # noqa: PLC0415
+        from ..models.filter_match import FilterMatch  # noqa: PLC0415
+        from ..models.filter_not import FilterNot  # noqa: PLC0415
+        from ..models.filter_or import FilterOr  # noqa: PLC0415
         from ..models.stream_options import StreamOptions  # noqa: PLC0415
 
         d = dict(src_dict)
@@ -283,6 +315,47 @@ class ChatCompletionRequest:
         evidence = d.pop("evidence", UNSET)
 
         exact = d.pop("exact", UNSET)
+
+        def _parse_filter_(data: object) -> FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                filter_type_0_type_0 = FilterMatch.from_dict(data)
+
+                return filter_type_0_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                filter_type_0_type_1 = FilterAnd.from_dict(data)
+
+                return filter_type_0_type_1
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                filter_type_0_type_2 = FilterOr.from_dict(data)
+
+                return filter_type_0_type_2
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                filter_type_0_type_3 = FilterNot.from_dict(data)
+
+                return filter_type_0_type_3
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset, data)
+
+        filter_ = _parse_filter_(d.pop("filter", UNSET))
 
         k = d.pop("k", UNSET)
 
@@ -434,6 +507,7 @@ class ChatCompletionRequest:
             context=context,
             evidence=evidence,
             exact=exact,
+            filter_=filter_,
             k=k,
             knn_temperature=knn_temperature,
             lexical_weight=lexical_weight,

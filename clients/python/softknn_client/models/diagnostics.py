@@ -20,6 +20,7 @@ class Diagnostics:
         attention_entropy (float): entropy of the fused attention distribution, mean over heads/tokens
         attention_entropy_intra (float): entropy of the input's own attention alone
         candidates (int | None): hybrid/lexical: each retriever's top m considered
+        filtered (int | None): chunks that pass the request's filter, the KB R was drawn from (null: no filter)
         k (int):
         kernel (str):
         lexical_weight (float | None): λ used (hybrid only)
@@ -44,6 +45,7 @@ class Diagnostics:
     attention_entropy: float
     attention_entropy_intra: float
     candidates: int | None
+    filtered: int | None
     k: int
     kernel: str
     lexical_weight: float | None
@@ -74,6 +76,9 @@ class Diagnostics:
 
         candidates: int | None
         candidates = self.candidates
+
+        filtered: int | None
+        filtered = self.filtered
 
         k = self.k
 
@@ -120,6 +125,7 @@ class Diagnostics:
                 "attention_entropy": attention_entropy,
                 "attention_entropy_intra": attention_entropy_intra,
                 "candidates": candidates,
+                "filtered": filtered,
                 "k": k,
                 "kernel": kernel,
                 "lexical_weight": lexical_weight,
@@ -165,6 +171,13 @@ class Diagnostics:
             return cast(int | None, data)
 
         candidates = _parse_candidates(d.pop("candidates"))
+
+        def _parse_filtered(data: object) -> int | None:
+            if data is None:
+                return data
+            return cast(int | None, data)
+
+        filtered = _parse_filtered(d.pop("filtered"))
 
         k = d.pop("k")
 
@@ -216,6 +229,7 @@ class Diagnostics:
             attention_entropy=attention_entropy,
             attention_entropy_intra=attention_entropy_intra,
             candidates=candidates,
+            filtered=filtered,
             k=k,
             kernel=kernel,
             lexical_weight=lexical_weight,

@@ -17,6 +17,7 @@ class GenDiagnostics:
         alpha (float | None):
         attention_effective_k (float):
         exact (bool):
+        filtered (int | None): chunks that pass the request's filter (null: no filter or no retrieval)
         k (int):
         memory_layers (int):
         memory_share (float): mean over generated tokens of the memory's attention mass
@@ -33,6 +34,7 @@ class GenDiagnostics:
     alpha: float | None
     attention_effective_k: float
     exact: bool
+    filtered: int | None
     k: int
     memory_layers: int
     memory_share: float
@@ -52,6 +54,9 @@ class GenDiagnostics:
         attention_effective_k = self.attention_effective_k
 
         exact = self.exact
+
+        filtered: int | None
+        filtered = self.filtered
 
         k = self.k
 
@@ -87,6 +92,7 @@ class GenDiagnostics:
                 "alpha": alpha,
                 "attention_effective_k": attention_effective_k,
                 "exact": exact,
+                "filtered": filtered,
                 "k": k,
                 "memory_layers": memory_layers,
                 "memory_share": memory_share,
@@ -117,6 +123,13 @@ class GenDiagnostics:
         attention_effective_k = d.pop("attention_effective_k")
 
         exact = d.pop("exact")
+
+        def _parse_filtered(data: object) -> int | None:
+            if data is None:
+                return data
+            return cast(int | None, data)
+
+        filtered = _parse_filtered(d.pop("filtered"))
 
         k = d.pop("k")
 
@@ -162,6 +175,7 @@ class GenDiagnostics:
             alpha=alpha,
             attention_effective_k=attention_effective_k,
             exact=exact,
+            filtered=filtered,
             k=k,
             memory_layers=memory_layers,
             memory_share=memory_share,

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 
@@ -9,6 +9,13 @@ from ..models.infer_request_kernel import InferRequestKernel, check_infer_reques
 from ..models.infer_request_mixing import InferRequestMixing, check_infer_request_mixing
 from ..models.infer_request_retrieval_type_0 import InferRequestRetrievalType0, check_infer_request_retrieval_type_0
 from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.filter_and import FilterAnd
+    from ..models.filter_match import FilterMatch
+    from ..models.filter_not import FilterNot
+    from ..models.filter_or import FilterOr
+
 
 T = TypeVar("T", bound="InferRequest")
 
@@ -25,6 +32,9 @@ class InferRequest:
         evidence (int | Unset): evidence items returned per input Default: 5.
         exact (bool | Unset): exact (brute-force) search instead of the ANN index; with hybrid or lexical retrieval, the
             similarity computed over every chunk Default: False.
+        filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
+            this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
+            [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
         k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
         kernel (InferRequestKernel | Unset): k-NN kernel (seed 001) Default: 'softmax'.
         lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the bundle's calibrated λ (labelled
@@ -49,6 +59,7 @@ class InferRequest:
     alpha: float | Unset = 0.7
     evidence: int | Unset = 5
     exact: bool | Unset = False
+    filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
     k: int | Unset = 8
     kernel: InferRequestKernel | Unset = "softmax"
     lexical_weight: float | None | Unset = UNSET
@@ -61,6 +72,11 @@ class InferRequest:
     truncate: bool | Unset = False
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.filter_and import FilterAnd  # noqa: PLC0415
+        from ..models.filter_match import FilterMatch  # noqa: PLC0415
+        from ..models.filter_not import FilterNot  # noqa: PLC0415
+        from ..models.filter_or import FilterOr  # noqa: PLC0415
+
         inputs = self.inputs
 
         alpha = self.alpha
@@ -68,6 +84,20 @@ class InferRequest:
         evidence = self.evidence
 
         exact = self.exact
+
+        filter_: dict[str, Any] | None | Unset
+        if isinstance(self.filter_, Unset):
+            filter_ = UNSET
+        elif isinstance(self.filter_, FilterMatch):
+            filter_ = self.filter_.to_dict()
+        elif isinstance(self.filter_, FilterAnd):
+            filter_ = self.filter_.to_dict()
+        elif isinstance(self.filter_, FilterOr):
+            filter_ = self.filter_.to_dict()
+        elif isinstance(self.filter_, FilterNot):
+            filter_ = self.filter_.to_dict()
+        else:
+            filter_ = self.filter_
 
         k = self.k
 
@@ -124,6 +154,8 @@ class InferRequest:
             field_dict["evidence"] = evidence
         if exact is not UNSET:
             field_dict["exact"] = exact
+        if filter_ is not UNSET:
+            field_dict["filter"] = filter_
         if k is not UNSET:
             field_dict["k"] = k
         if kernel is not UNSET:
@@ -149,6 +181,11 @@ class InferRequest:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.filter_and import FilterAnd  # noqa: PLC0415
+        from ..models.filter_match import FilterMatch  # noqa: PLC0415
+        from ..models.filter_not import FilterNot  # noqa: PLC0415
+        from ..models.filter_or import FilterOr  # noqa: PLC0415
+
         d = dict(src_dict)
         inputs = cast(list[str], d.pop("inputs"))
 
@@ -157,6 +194,47 @@ class InferRequest:
         evidence = d.pop("evidence", UNSET)
 
         exact = d.pop("exact", UNSET)
+
+        def _parse_filter_(data: object) -> FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                filter_type_0_type_0 = FilterMatch.from_dict(data)
+
+                return filter_type_0_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                filter_type_0_type_1 = FilterAnd.from_dict(data)
+
+                return filter_type_0_type_1
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                filter_type_0_type_2 = FilterOr.from_dict(data)
+
+                return filter_type_0_type_2
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                filter_type_0_type_3 = FilterNot.from_dict(data)
+
+                return filter_type_0_type_3
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset, data)
+
+        filter_ = _parse_filter_(d.pop("filter", UNSET))
 
         k = d.pop("k", UNSET)
 
@@ -229,6 +307,7 @@ class InferRequest:
             alpha=alpha,
             evidence=evidence,
             exact=exact,
+            filter_=filter_,
             k=k,
             kernel=kernel,
             lexical_weight=lexical_weight,
