@@ -117,7 +117,7 @@ def finalize(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False,
     manifest.setdefault("created_at", datetime.now(UTC).isoformat(timespec="seconds"))
     manifest["version_id"] = version_id(manifest)
     atomic_write_bytes(tmp_dir / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-    _fsync_dir(tmp_dir)
+    fsync_dir(tmp_dir)
     old = None
     if out.exists():
         if not force:
@@ -125,7 +125,7 @@ def finalize(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False,
         old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
         os.replace(out, old)
     os.replace(tmp_dir, out)
-    _fsync_dir(out.parent)
+    fsync_dir(out.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     return manifest
@@ -144,7 +144,8 @@ def write_calibration(bundle: Path, calibration: dict) -> dict:
     return manifest
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a directory: the renames and creations in it survive a crash."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

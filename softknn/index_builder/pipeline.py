@@ -83,10 +83,10 @@ def _batches(chunks: list[Chunk], tokenizer, batch_size: int) -> list[list[int]]
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
-def _open_memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.memmap:
+def allocated_memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.memmap:
     """A new .npy memory map whose blocks are allocated up front.
 
-    open_memmap makes a sparse file; writing through the map into a full disk then kills the
+    numpy's open_memmap makes a sparse file; writing through the map into a full disk then kills the
     process with SIGBUS (seen on a full tmpfs) instead of raising. posix_fallocate raises ENOSPC here.
     """
     arr = np.lib.format.open_memmap(path, "w+", dtype, shape)
@@ -164,13 +164,13 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
             counts[r], where[r] = c, (s, f)
     start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     ntok = int(counts.sum())
-    emb = _open_memmap(tmp / "embeddings.npy", np.float32, (n, dim))
-    spans = _open_memmap(tmp / "token_spans.npy", np.int64, (ntok, 2))
+    emb = allocated_memmap(tmp / "embeddings.npy", np.float32, (n, dim))
+    spans = allocated_memmap(tmp / "token_spans.npy", np.int64, (ntok, 2))
     # the memory: name in the shard -> (bundle array, how a shard's rows are converted)
     mem: dict[str, tuple[np.ndarray, object]] = {}
     if memory_kind == "kv":
-        mem["keys.npy"] = (_open_memmap(tmp / "kv_keys.npy", dtype, (ntok, nh, hs)), None)
-        mem["values.npy"] = (_open_memmap(tmp / "kv_values.npy", dtype, (ntok, nh, hs)), None)
+        mem["keys.npy"] = (allocated_memmap(tmp / "kv_keys.npy", dtype, (ntok, nh, hs)), None)
+        mem["values.npy"] = (allocated_memmap(tmp / "kv_values.npy", dtype, (ntok, nh, hs)), None)
     elif memory_kind != "recompute":
         convert = None
         if memory_kind == "hidden-int8":  # one scale per channel needs every shard's max first
@@ -182,7 +182,7 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
             scale = int8_scale(absmax)
             save_array(tmp / "mem_hidden_scale.npy", scale)
             convert = lambda x: quantize_int8(np.asarray(x), scale)  # noqa: E731
-        mem["hidden.npy"] = (_open_memmap(tmp / "mem_hidden.npy", HIDDEN_DTYPES[memory_kind], (ntok, nh * hs)), convert)
+        mem["hidden.npy"] = (allocated_memmap(tmp / "mem_hidden.npy", HIDDEN_DTYPES[memory_kind], (ntok, nh * hs)), convert)
     for sh in shards:
         rows = np.load(sh / "rows.npy")
         e, sp = (np.load(sh / f, mmap_mode="r") for f in ("emb.npy", "spans.npy"))

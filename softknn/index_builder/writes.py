@@ -30,12 +30,12 @@ from typing import BinaryIO
 import faiss
 import numpy as np
 
-from softknn.bundle import Bundle, finalize, load_bundle, save_array
+from softknn.bundle import Bundle, finalize, fsync_dir, load_bundle, save_array
 from softknn.calibration import calibrate_loo
 from softknn.chunk_index import ChunkIndex, IndexSpec, build_index, choose_index
 from softknn.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
 from softknn.index_builder.chunker import chunk_documents
-from softknn.index_builder.pipeline import BuildConfig, _open_memmap, encode_batch
+from softknn.index_builder.pipeline import BuildConfig, allocated_memmap, encode_batch
 from softknn.index_builder.reader import Document, Fields, read_kb, record_document
 from softknn.lexical import Analyzer, LexicalIndex, LexicalSpec
 from softknn.manifest import Manifest
@@ -136,8 +136,8 @@ class WriteLog:
             self.path.parent.mkdir(exist_ok=True)
             self._f = open(self.path, "ab")  # noqa: SIM115 - held open for the store's life
             if new:
-                _fsync_dir(self.path.parent.parent)
-            _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent.parent)
+            fsync_dir(self.path.parent)
         f = self._f
         f.write(encode_record(rec))
         f.flush()
@@ -150,12 +150,6 @@ class WriteLog:
             self._f = None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --- rows spread over the base's arrays and the written chunks' own ------------------------------
@@ -528,7 +522,7 @@ class KBStore:
         (tmp / "index.faiss").write_bytes(faiss.serialize_index(index).tobytes())
         names = {"keys": "kv_keys.npy", "values": "kv_values.npy", "hidden": "mem_hidden.npy"}
         for key, rows in state.mem.items():
-            out = _open_memmap(tmp / names[key], rows.dtype, (len(tok_rows), *rows.shape[1:]))
+            out = allocated_memmap(tmp / names[key], rows.dtype, (len(tok_rows), *rows.shape[1:]))
             for i in range(0, len(tok_rows), 65_536):
                 out[i : i + 65_536] = rows[tok_rows[i : i + 65_536]]
             out.flush()

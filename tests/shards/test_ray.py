@@ -22,13 +22,6 @@ ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="softknn", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def ray_sharded(ray_cluster, sharded_bundle_path, encoder):
     from softknn.service.ray_serving import RayShards
 

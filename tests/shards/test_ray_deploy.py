@@ -28,13 +28,6 @@ REQUEST = {"inputs": QUERIES[:2], "exact": True, "k": 8}
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=4, include_dashboard=False, namespace="softknn", log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def kb3(sample_kb, tmp_path_factory):
     """The sample KB with one record prepended: every row of the KB moves down by one."""
     out = tmp_path_factory.mktemp("kb3") / "kb"
