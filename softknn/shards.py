@@ -75,6 +75,20 @@ def shard_files(dirs: Manifest | list[str], memory: str = "kv", lexical: bool = 
     return out
 
 
+def shard_own_files(memory: str) -> tuple[str, ...]:
+    """The files of a shard directory only the shard opens (and checks): its index, embeddings and memory."""
+    from softknn.memory_stores import memory_files
+
+    return ("embeddings.npy", "index.faiss", *memory_files(memory))
+
+
+def replica_files(m: Manifest) -> list[str]:
+    """The files of a sharded bundle the serving process opens (and checks): every shard's manifest,
+    chunks, chunk token ranges, token spans and lexical index; the rest are the shards' own."""
+    own = set(shard_own_files(m.memory))
+    return [name for name in shard_files(m) if name.split("/", 1)[1] not in own]
+
+
 # --- the per-shard work (in-process or inside a Ray actor) ------------------------------------------
 class Shard:
     """One shard's index, embeddings, memory and BM25 scores; ids in and out are global rows.
@@ -87,14 +101,19 @@ class Shard:
 
     def __init__(self, path: str | Path, lo: int, version: str | None = None, *, verify: bool = False,
                  use_gpu: bool = False):
-        from softknn.bundle import load_bundle
+        from softknn.bundle import MANIFEST, check_versions, load_bundle, read_manifest, verify_files
 
         path = Path(path)
         try:
             inode = os.stat(path).st_ino
         except OSError as e:
             raise BundleError(f"{path}: shard directory unreadable: {e}") from e
-        self.bundle = load_bundle(path, verify=verify, use_gpu=use_gpu)
+        if verify:  # its own files (the serving process checks the metadata it opens: replica_files)
+            raw = read_manifest(path)
+            m = Manifest.of(raw, path / MANIFEST)
+            verify_files(path, m, shard_own_files(m.memory))
+            check_versions(path, raw, m)
+        self.bundle = load_bundle(path, verify=False, use_gpu=use_gpu)
         if version is not None and self.bundle.version != version:
             raise BundleError(f"{path}: holds shard version {self.bundle.version}, but this shard was opened for "
                               f"{version} (the bundle was rebuilt in place); reload the service to serve it")
@@ -390,9 +409,11 @@ def shard_specs(path: Path, manifest: Manifest) -> list[tuple[str, int, str]]:
     return [(str(Path(path) / sh.dir), sh.rows[0], sh.version_id) for sh in manifest.shards or ()]
 
 
-def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gpu: bool = False) -> ShardedBundle:
-    """A verified sharded bundle's metadata, and its shards opened by `backend_factory(specs, version)`
-    (specs: [(shard dir, lo, shard version_id)]; default: in this process): the one place a ShardBackend is chosen."""
+def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gpu: bool = False,
+                 verify: bool = True) -> ShardedBundle:
+    """A sharded bundle's metadata (verified by load_bundle: replica_files), and its shards opened by
+    `backend_factory(specs, version)` (specs: [(shard dir, lo, shard version_id)]; default: in this
+    process, each checking its own files when `verify`): the one place a ShardBackend is chosen."""
     from softknn.bundle import load_npy, read_manifest
     from softknn.chunk_index import IndexSpec
     from softknn.lexical import LexicalIndex, LexicalSpec
@@ -429,7 +450,7 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
         raise BundleError(f"{path}: the shards hold {len(chunks)} chunks, the manifest {manifest.counts.chunks}")
     specs = shard_specs(path, manifest)
     if backend_factory is None:
-        backend = LocalShards([Shard(d, lo_s, v, use_gpu=use_gpu) for d, lo_s, v in specs])
+        backend = LocalShards([Shard(d, lo_s, v, verify=verify, use_gpu=use_gpu) for d, lo_s, v in specs])
     else:
         backend = backend_factory(specs, manifest.version_id)
     m = manifest
