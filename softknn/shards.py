@@ -8,7 +8,8 @@ On disk (written by `softknn build KB --out DIR --shards N`, softknn.index_build
                                and its own version_id; `files`: size + sha256 of every file of
                                every shard (shard manifests included); one version_id over all
     DIR/shard-0000/ ...        an ordinary bundle (softknn.bundle) of rows lo..hi−1 of the global
-                               chunk order: its own FAISS index, embeddings, K/V, token spans,
+                               chunk order: its own FAISS index, embeddings, memory (its token
+                               rows of the manifest's representation), token spans,
                                chunks and BM25 index
 
 Global chunk id = global row = shard's lo + local row, so the merge tie-break (score desc, id asc)
