@@ -170,14 +170,22 @@ def read_manifest(path: Path) -> dict:
 
 def verify_bundle(path: Path) -> dict:
     """Check the manifest (its fields, softknn.manifest) and every file's size and sha256; return
-    the manifest as written (the dict its version_id hashes) or raise BundleError."""
+    the manifest as written (the dict its version_id hashes) or raise BundleError. `softknn verify`;
+    loading checks only the files the loading process opens (`load_bundle`, softknn.shards)."""
     path = Path(path)
     raw = read_manifest(path)
     m = Manifest.of(raw, path / MANIFEST)
     from softknn.shards import shard_files
 
     gen = m.generator.memory if m.generator is not None else None
-    for name in shard_files(m) if m.sharded else data_files(m.memory, m.lexical is not None, gen):
+    verify_files(path, m, shard_files(m) if m.sharded else data_files(m.memory, m.lexical is not None, gen))
+    check_versions(path, raw, m)
+    return raw
+
+
+def verify_files(path: Path, m: Manifest, names) -> None:
+    """Size and sha256 of each of `names` (relative to the bundle `path`) against manifest `m`."""
+    for name in names:
         f = m.files.get(name)
         if f is None:
             raise BundleError(f"{path / MANIFEST}: no checksum recorded for {name}")
@@ -188,6 +196,10 @@ def verify_bundle(path: Path) -> dict:
             raise BundleError(f"{p}: size {p.stat().st_size} != manifest {f.bytes}")
         if sha256_file(p) != f.sha256:
             raise BundleError(f"{p}: sha256 mismatch (corrupt or modified)")
+
+
+def check_versions(path: Path, raw: dict, m: Manifest) -> None:
+    """The manifest's version_id is its content's, and (sharded) each shard manifest's is the one listed."""
     if version_id(raw) != m.version_id:
         raise BundleError(f"{path / MANIFEST}: version_id does not match its content (edited manifest)")
     for sh in m.shards or ():
@@ -195,7 +207,6 @@ def verify_bundle(path: Path) -> dict:
         if sub.get("version_id") != sh.version_id or version_id(sub) != sh.version_id:
             raise BundleError(f"{path / sh.dir / MANIFEST}: version {sub.get('version_id')}, "
                               f"the bundle's manifest says {sh.version_id}")
-    return raw
 
 
 @dataclass
@@ -277,6 +288,12 @@ def load_bundle(
 ) -> Bundle:
     """Verify (checksums) and load a bundle; refuse one built with other model weights.
 
+    `verify`: the manifest (its version_id, and a sharded bundle's shard manifests) and the size and
+    sha256 of every file this process opens, once. Of a sharded bundle that is the metadata the
+    serving process keeps (per shard: manifest, chunks, chunk token ranges, token spans, lexical
+    index; softknn.shards.replica_files); each shard checks its own bulk files where it opens them
+    (softknn.shards.Shard: embeddings, FAISS index, memory), in this process or in its Ray actor.
+
     A sharded bundle loads as a softknn.shards.ShardedBundle (the same interface), its shards in
     this process or, with `shard_backend` (softknn.service.ray_serving.RayShards.factory(...)), elsewhere.
     The one place the chunk search (softknn.backends.ChunkSearch) is chosen: the manifest's index
@@ -284,7 +301,15 @@ def load_bundle(
     import faiss
 
     path = Path(path)
-    manifest = Manifest.of(verify_bundle(path) if verify else read_manifest(path), path / MANIFEST)
+    raw = read_manifest(path)
+    manifest = Manifest.of(raw, path / MANIFEST)
+    if verify:  # the files this process opens, each once; a sharded bundle's shards check their own
+        from softknn.shards import replica_files
+
+        gen = manifest.generator.memory if manifest.generator is not None else None
+        verify_files(path, manifest, replica_files(manifest) if manifest.sharded
+                     else data_files(manifest.memory, manifest.lexical is not None, gen))
+        check_versions(path, raw, manifest)
     fp = manifest.model.fingerprint
     if expected_fingerprint is not None and fp != expected_fingerprint:
         raise BundleError(
@@ -294,7 +319,7 @@ def load_bundle(
     if manifest.sharded:
         from softknn.shards import load_sharded
 
-        return load_sharded(path, manifest, backend_factory=shard_backend, use_gpu=use_gpu)  # type: ignore[return-value]  # ShardedBundle stands in for Bundle (duck-typed)
+        return load_sharded(path, manifest, backend_factory=shard_backend, use_gpu=use_gpu, verify=verify)  # type: ignore[return-value]  # ShardedBundle stands in for Bundle (duck-typed)
     load = lambda name: load_npy(path / name)  # noqa: E731
     xb = load("embeddings.npy")
     try:

@@ -132,8 +132,6 @@ def build(
             resolve_generator(generator)
             if shards > 1:
                 raise ValueError("--generator needs --shards 1: generator memory is not sharded")
-        if shards > 1 and memory != "kv":
-            raise ValueError(f"--shards applies to memory 'kv' only for now, not {memory!r} (docs/scale.md)")
     except (SoftKNNError, ValueError) as e:
         _fail(e)
     for n in notes:

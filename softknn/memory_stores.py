@@ -37,6 +37,7 @@ from softknn.manifest import Manifest
 
 MEMORY_KINDS = ("kv", "hidden", "hidden-fp16", "hidden-int8", "recompute")
 HIDDEN_DTYPES = {"hidden": np.float32, "hidden-fp16": np.float16, "hidden-int8": np.int8}
+INT8_SCALE = "mem_hidden_scale.npy"
 MEMORY_FILES = {
     "kv": ("kv_keys.npy", "kv_values.npy"),
     "hidden": ("mem_hidden.npy",),

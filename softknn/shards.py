@@ -8,7 +8,8 @@ On disk (written by `softknn build KB --out DIR --shards N`, softknn.index_build
                                and its own version_id; `files`: size + sha256 of every file of
                                every shard (shard manifests included); one version_id over all
     DIR/shard-0000/ ...        an ordinary bundle (softknn.bundle) of rows lo..hi−1 of the global
-                               chunk order: its own FAISS index, embeddings, K/V, token spans,
+                               chunk order: its own FAISS index, embeddings, memory (its token
+                               rows of the manifest's representation), token spans,
                                chunks and BM25 index
 
 Global chunk id = global row = shard's lo + local row, so the merge tie-break (score desc, id asc)
@@ -24,8 +25,13 @@ with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engin
 - dense top k: each shard's exact (or index) top k, merged by (score desc, global id asc);
 - exact similarities and BM25 scores over the KB: the shards' vectors concatenated in row order
   (the hybrid normalisation and candidates are then computed over the whole KB, as one index);
-- memory: each shard gathers its requested rows through its own store's `gather` (the one memory
-  entry point), and the rows are placed in the padded batch exactly as one store would.
+- memory: of `kv`, each shard gathers its requested rows through its own store's `gather` (the one
+  memory entry point), and the rows are placed in the padded batch exactly as one store would; of
+  `hidden`/`hidden-fp16`/`hidden-int8`, each shard holds its token rows of the stored states (int8:
+  with the whole KB's per-channel scale, copied into every shard, so a row dequantises as in the
+  one-index bundle) and sends the requested rows as stored; the serving process dequantises and
+  projects them with its model, one GEMM over the rows in one-index order (the same K/V bit for
+  bit); `recompute` runs here on the chunk texts this process holds.
 
 The serving process keeps the KB's metadata (chunks, token spans, chunk token ranges) memory-mapped
 from disk for the evidence; the bulk (index, embeddings, K/V, BM25 postings scores) lives in the shards.
@@ -44,7 +50,7 @@ import numpy as np
 import torch
 
 from softknn.attention import MemoryBatch
-from softknn.backends import ShardBackend
+from softknn.backends import MemoryStore, ShardBackend
 from softknn.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
 from softknn.manifest import Manifest
 
@@ -70,6 +76,20 @@ def shard_files(dirs: Manifest | list[str], memory: str = "kv", lexical: bool = 
     return out
 
 
+def shard_own_files(memory: str) -> tuple[str, ...]:
+    """The files of a shard directory only the shard opens (and checks): its index, embeddings and memory."""
+    from softknn.memory_stores import memory_files
+
+    return ("embeddings.npy", "index.faiss", *memory_files(memory))
+
+
+def replica_files(m: Manifest) -> list[str]:
+    """The files of a sharded bundle the serving process opens (and checks): every shard's manifest,
+    chunks, chunk token ranges, token spans and lexical index; the rest are the shards' own."""
+    own = set(shard_own_files(m.memory))
+    return [name for name in shard_files(m) if name.split("/", 1)[1] not in own]
+
+
 # --- the per-shard work (in-process or inside a Ray actor) ------------------------------------------
 class Shard:
     """One shard's index, embeddings, memory and BM25 scores; ids in and out are global rows.
@@ -82,14 +102,19 @@ class Shard:
 
     def __init__(self, path: str | Path, lo: int, version: str | None = None, *, verify: bool = False,
                  use_gpu: bool = False):
-        from softknn.bundle import load_bundle
+        from softknn.bundle import MANIFEST, check_versions, load_bundle, read_manifest, verify_files
 
         path = Path(path)
         try:
             inode = os.stat(path).st_ino
         except OSError as e:
             raise BundleError(f"{path}: shard directory unreadable: {e}") from e
-        self.bundle = load_bundle(path, verify=verify, use_gpu=use_gpu)
+        if verify:  # its own files (the serving process checks the metadata it opens: replica_files)
+            raw = read_manifest(path)
+            m = Manifest.of(raw, path / MANIFEST)
+            verify_files(path, m, shard_own_files(m.memory))
+            check_versions(path, raw, m)
+        self.bundle = load_bundle(path, verify=False, use_gpu=use_gpu)
         if version is not None and self.bundle.version != version:
             raise BundleError(f"{path}: holds shard version {self.bundle.version}, but this shard was opened for "
                               f"{version} (the bundle was rebuilt in place); reload the service to serve it")
@@ -129,6 +154,15 @@ class Shard:
     def bm25(self, terms: list[str]) -> np.ndarray:
         """(n,) float32 BM25 of every chunk of this shard, with the whole KB's statistics."""
         return cast("LexicalIndex", self.bundle.lexical).scores(terms)  # bm25 is called on lexical bundles only
+
+    def hidden_rows(self, rows: np.ndarray) -> np.ndarray:
+        """(n, C) the stored hidden states of this shard's token rows `rows` (local), in their stored
+        dtype (memory `hidden*`; the caller dequantises and projects them: softknn.shards._HiddenRows)."""
+        return np.asarray(self.bundle.kv.hidden[np.asarray(rows, dtype=np.int64)])  # type: ignore[attr-defined]  # a HiddenStore
+
+    def memory_scale(self) -> np.ndarray | None:
+        """hidden-int8's per-channel scale (C,) (the whole KB's: every shard holds the same), else None."""
+        return getattr(self.bundle.kv, "scale", None)
 
     def gather(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """The memory of the requested rows (global ids, this shard's): key, value (nh, S, Lm, hs)
@@ -244,18 +278,15 @@ class _Spans:
 
 
 class _KV:
-    """The memory as the Engine sees it (softknn.backends.MemoryStore): `gather` fans out to the
-    shards, `start`/`count` global."""
+    """Stored K/V (memory `kv`) as the Engine sees it (softknn.backends.MemoryStore): `gather` fans
+    out to the shards, `start`/`count` global."""
 
     def __init__(self, owner: ShardedBundle, start: np.ndarray, count: np.ndarray, nh: int, hs: int):
         self.owner, self.start, self.count = owner, start, count
         self.num_heads, self.head_dim = nh, hs
 
     def attach(self, encoder, layer: int) -> None:
-        """Nothing to attach: a sharded bundle's memory is stored K/V (memory 'kv'; see the builder)."""
-        if self.owner.manifest.memory != "kv":
-            raise BundleError(f"{self.owner.path}: a sharded bundle serves memory 'kv' only, not "
-                              f"{self.owner.manifest.memory!r}")
+        """Stored K/V need no model (the other memories are `_sharded_memory`'s HiddenStore / RecomputeStore)."""
 
     def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
         """The MemoryBatch one store's `gather` builds: S = max |R|, Lm = the longest chunk, each
@@ -291,6 +322,54 @@ class _KV:
                            weight=weight.to(device))
 
 
+class _HiddenRows:
+    """The KB's stored hidden states (Ntok, C) as softknn.memory_stores.HiddenStore reads them: an
+    indexed read `h[rows]` (global token rows) fetches each row from its shard, stored dtype kept,
+    in the order asked. The replica's HiddenStore then dequantises and projects them with its own
+    model in one GEMM over the same rows in the same order as the one-index bundle's store: the
+    same K/V, bit for bit."""
+
+    ndim = 2
+
+    def __init__(self, owner: ShardedBundle, first: list[int], ntok: int, width: int, dtype):
+        self.owner, self.first = owner, np.asarray(first, dtype=np.int64)
+        self.shape, self.dtype = (ntok, width), np.dtype(dtype)
+
+    def __getitem__(self, rows) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), self.shape[1]), dtype=self.dtype)
+        which = np.searchsorted(self.first, rows, side="right") - 1
+        todo = [s for s in range(len(self.first)) if (which == s).any()]
+        res = self.owner.call_some("hidden_rows", todo, [(rows[which == s] - self.first[s],) for s in todo])
+        for s, r in zip(todo, res, strict=True):
+            out[which == s] = r
+        return out
+
+
+def _sharded_memory(b: ShardedBundle, start: np.ndarray, count: np.ndarray, first: list[int], ntok: int):
+    """The memory store of a sharded bundle, by the manifest's `memory`: stored K/V gathered on the
+    shards (`_KV`); hidden states read from the shards and projected here, where the model is
+    (HiddenStore over `_HiddenRows`, with the KB's one int8 scale, which every shard holds a copy of);
+    `recompute` here, from the chunk texts this process holds."""
+    from softknn.memory_stores import HIDDEN_DTYPES, HiddenStore, RecomputeStore, memory_kind
+
+    m = b.manifest
+    kind = memory_kind(m.memory)
+    nh, hs = m.model.num_heads, m.model.head_dim
+    if kind == "kv":
+        return _KV(b, start, count, nh, hs)
+    if kind == "recompute":
+        return RecomputeStore([c["text"] for c in b.chunks], start, count, nh, hs)
+    scale = None
+    if kind == "hidden-int8":
+        scales = b.call("memory_scale", [()] * b.n_shards)
+        if any(x is None or not np.array_equal(x, scales[0]) for x in scales):
+            raise BundleError(f"{b.path}: its shards hold different int8 scales (not the shards of one build)")
+        scale = np.asarray(scales[0], dtype=np.float32)
+    rows = _HiddenRows(b, first, ntok, nh * hs, HIDDEN_DTYPES[kind])
+    return HiddenStore(cast("np.ndarray", rows), scale, start, count, nh, hs)
+
+
 @dataclass
 class ShardedBundle:
     """A sharded bundle where the Engine expects a `Bundle` (same attributes), over `backend`'s shards."""
@@ -303,7 +382,7 @@ class ShardedBundle:
     labels: list[str] = field(default_factory=list)
     index: _Index | None = None
     lexical: _Lexical | None = None
-    kv: _KV | None = None
+    kv: MemoryStore | None = None
     token_spans: _Spans | None = None
     _by_id: dict[str, int] = field(default_factory=dict)
 
@@ -350,9 +429,11 @@ def shard_specs(path: Path, manifest: Manifest) -> list[tuple[str, int, str]]:
     return [(str(Path(path) / sh.dir), sh.rows[0], sh.version_id) for sh in manifest.shards or ()]
 
 
-def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gpu: bool = False) -> ShardedBundle:
-    """A verified sharded bundle's metadata, and its shards opened by `backend_factory(specs, version)`
-    (specs: [(shard dir, lo, shard version_id)]; default: in this process): the one place a ShardBackend is chosen."""
+def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gpu: bool = False,
+                 verify: bool = True) -> ShardedBundle:
+    """A sharded bundle's metadata (verified by load_bundle: replica_files), and its shards opened by
+    `backend_factory(specs, version)` (specs: [(shard dir, lo, shard version_id)]; default: in this
+    process, each checking its own files when `verify`): the one place a ShardBackend is chosen."""
     from softknn.bundle import load_npy, read_manifest
     from softknn.chunk_index import IndexSpec
     from softknn.lexical import LexicalIndex, LexicalSpec
@@ -389,14 +470,14 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
         raise BundleError(f"{path}: the shards hold {len(chunks)} chunks, the manifest {manifest.counts.chunks}")
     specs = shard_specs(path, manifest)
     if backend_factory is None:
-        backend = LocalShards([Shard(d, lo_s, v, use_gpu=use_gpu) for d, lo_s, v in specs])
+        backend = LocalShards([Shard(d, lo_s, v, verify=verify, use_gpu=use_gpu) for d, lo_s, v in specs])
     else:
         backend = backend_factory(specs, manifest.version_id)
     m = manifest
     b = ShardedBundle(path=path, manifest=m, backend=backend, chunks=chunks, lo=lo, labels=list(m.labels),
                       _by_id={c["chunk_id"]: i for i, c in enumerate(chunks)})
     b.index = _Index(b, IndexSpec(m.index.kind, m.index.params, m.index.reason))
-    b.kv = _KV(b, np.concatenate(starts), np.concatenate(counts), m.model.num_heads, m.model.head_dim)
+    b.kv = _sharded_memory(b, np.concatenate(starts), np.concatenate(counts), first, tok)
     b.token_spans = _Spans(spans, first)
     b.lexical = _Lexical(b, lex_parts) if lex_parts else None
     return b

@@ -229,8 +229,6 @@ def build_bundle(
         raise ValueError(f"kv_dtype must be one of {list(KV_DTYPES)}")
     if cfg.shards < 1:
         raise ValueError(f"shards must be ≥ 1, got {cfg.shards}")
-    if cfg.shards > 1 and cfg.memory != "kv":  # shards slice the stored K/V; the others are not sliced yet
-        raise ValueError(f"shards apply to memory 'kv' only for now, not {cfg.memory!r}")
     check_kind(cfg.memory)
     if cfg.memory != "kv" and cfg.kv_dtype != "float32":
         raise ValueError(f"kv_dtype {cfg.kv_dtype!r} applies to memory 'kv' only; memory {cfg.memory!r} sets its own dtype")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from softknn.memory_stores import INT8_SCALE, memory_files
 from softknn.shards import SHARD_DIR, shard_files, shard_ranges, slice_lexical
 
 
@@ -20,8 +21,11 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> d
 
     n = manifest["counts"]["chunks"]
     xb = np.load(full / "embeddings.npy", mmap_mode="r")
-    keys = np.load(full / "kv_keys.npy", mmap_mode="r")
-    values = np.load(full / "kv_values.npy", mmap_mode="r")
+    kind = manifest.get("memory", "kv")
+    # the memory's per-token arrays, sliced by token range; hidden-int8's scale is the whole KB's
+    # per-channel one, written into every shard, so a shard's rows dequantise as the one-index bundle's
+    per_token = [name for name in memory_files(kind) if name != INT8_SCALE]
+    memory = {name: np.load(full / name, mmap_mode="r") for name in per_token}
     spans = np.load(full / "token_spans.npy", mmap_mode="r")
     ct = np.load(full / "chunk_tokens.npy")
     with open(full / "chunks.jsonl", encoding="utf-8") as f:
@@ -35,8 +39,10 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> d
         part.mkdir()
         x = np.ascontiguousarray(xb[lo:hi])
         save_array(part / "embeddings.npy", x)
-        save_array(part / "kv_keys.npy", keys[t0:t1])
-        save_array(part / "kv_values.npy", values[t0:t1])
+        for name, arr in memory.items():
+            save_array(part / name, arr[t0:t1])
+        if INT8_SCALE in memory_files(kind):
+            save_array(part / INT8_SCALE, np.load(full / INT8_SCALE))
         save_array(part / "token_spans.npy", spans[t0:t1])
         save_array(part / "chunk_tokens.npy", np.stack([ct[lo:hi, 0] - t0, ct[lo:hi, 1]], axis=1))
         (part / "index.faiss").write_bytes(faiss.serialize_index(build_index(x, spec)).tobytes())

@@ -4,8 +4,9 @@
 
 - `RayShards`: one actor per shard (`softknn.shards.Shard`, the same class the in-process serving
   uses), created with `max_restarts=-1` so Ray restarts a shard whose process dies. Each actor is
-  created for one shard version: at every (re)start it checks its files' checksums and the version
-  in its manifest, and refuses to open other files (a bundle rebuilt in place: the actor stays
+  created for one shard version: at every (re)start it checks its own files' checksums (index,
+  embeddings, memory: softknn.shards.shard_own_files; the replica checks the metadata it opens)
+  and the version in its manifest, and refuses to open other files (a bundle rebuilt in place: the actor stays
   dead rather than serve the new rows to a replica merging them with the old ones). Every answer
   carries the version the shard holds, and one that is not the replica's is refused
   (`ShardMismatch`, 503). A call to a dead or restarting shard, or one that does not answer within
