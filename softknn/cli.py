@@ -104,13 +104,14 @@ def build(
     generator_memory: Annotated[str, typer.Option(help="with --generator: fp32 | fp16 | int8 | recompute (nothing stored)")] = "fp16",
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it (FAISS and BM25)."""
-    from softknn.index_builder.reader import Fields, resolve_fields
+    from softknn.index_builder.reader import Fields, read_kb, resolve_fields
 
     if out.exists() and not force:  # the checks that need no model come first
         _fail(f"{out}: already exists; pass --force to replace it")
     try:
         fields, notes = resolve_fields(kb, Fields(id=id_field, text=text_field or "text", label=label_field),
                                        text_given=text_field is not None)
+        read_kb(kb, fields)  # every record parsed (bad JSON, duplicate ids) before the model loads
         from softknn.memory_stores import check_kind
 
         check_kind(memory)  # a typo fails before the model loads

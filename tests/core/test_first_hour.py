@@ -78,6 +78,20 @@ def test_a_bad_bundle_path_is_answered_without_loading_the_model(tmp_path):
     assert "no column 'text'" in r.stderr  # build: the field check comes before the model too
 
 
+def test_an_invalid_kb_line_is_answered_before_the_model_loads_with_its_line_and_column(tmp_path):
+    kb = tmp_path / "kb.jsonl"
+    kb.write_text('{"id": "a", "text": "ok"}\n{"id": "b", "text": "also ok"}\n{"id": "c", "text": "cut off}\n',
+                  encoding="utf-8")
+    calls = [["build", str(kb), "--out", str(tmp_path / "b")]]
+    r = subprocess.run([sys.executable, "-c", PROBE, json.dumps(calls)], capture_output=True, text=True,
+                       cwd=REPO, timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["heavy"] == [] and out["build"]["code"] == 2
+    assert out["build"]["seconds"] < 1.0  # model loading alone takes 7–9 s
+    # the whole message: where the unterminated string starts, as a line and a column
+    assert f"error: {kb}:3:21: invalid JSON: Unterminated string starting at (line 3, column 21)\n" in r.stderr
+
+
 def test_not_a_bundle_folder_is_named(tmp_path):
     r = CliRunner().invoke(app, ["query", str(tmp_path), "hello"])
     assert r.exit_code == 2
