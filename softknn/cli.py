@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand
 
 from softknn.console import encoder_for, fail, need_bundle, sample_kb_path, settings_from
-from softknn.errors import SoftKNNError
+from softknn.errors import InputTooLarge, SoftKNNError
 
 
 class Command(TyperCommand):
@@ -324,6 +324,7 @@ def query(
     """Run knowledge-augmented inference on TEXTS against BUNDLE; prints one result per input."""
     need_bundle(bundle)
     from softknn.bundle import load_bundle
+    from softknn.encoder import TRUNCATE_HINT
     from softknn.engine import Engine, InferParams
 
     try:
@@ -335,6 +336,8 @@ def query(
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         results = Engine(encoder, b).infer(list(texts), params)
+    except InputTooLarge as e:  # the encoder names the HTTP field; here the flag is what to pass
+        _fail(e.message.replace(TRUNCATE_HINT, "pass --truncate to cut it"))
     except SoftKNNError as e:
         _fail(e)
     meta = {"bundle_version": b.version, "model": encoder.info.name, "model_fingerprint": encoder.info.fingerprint}

@@ -192,3 +192,15 @@ def test_the_model_loader_bar_shows_only_with_verbose(verbose):
                        text=True, cwd=REPO, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     assert ("Loading weights" in r.stderr) == verbose, r.stderr[-2000:]
+
+
+def test_the_cli_names_its_flag_for_an_input_over_the_token_limit(monkeypatch, encoder, sample_bundle_path):
+    monkeypatch.setattr("softknn.cli._encoder", lambda settings: encoder)  # the session's model, not a second load
+    long = " ".join(["ferry"] * 300)
+    r = CliRunner().invoke(app, ["query", str(sample_bundle_path), "short", long])
+    assert r.exit_code == 2
+    assert "error: input 1 has 302 tokens, more than the limit 256; pass --truncate to cut it\n" in r.output
+    assert "truncate=true" not in r.output  # that is the HTTP field the service names
+    r = CliRunner().invoke(app, ["query", str(sample_bundle_path), "--truncate", "--json", long])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["results"][0]["diagnostics"]["truncated"] is True
