@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperArgument, TyperCommand
 
 from softknn.console import encoder_for, fail, need_bundle, sample_kb_path, settings_from
-from softknn.errors import SoftKNNError
+from softknn.errors import InputTooLarge, SoftKNNError
 
 
 class Command(TyperCommand):
@@ -114,13 +114,14 @@ def build(
     generator_memory: Annotated[str, typer.Option(help="with --generator: fp32 | fp16 | int8 | recompute (nothing stored)")] = "fp16",
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it (FAISS and BM25)."""
-    from softknn.index_builder.reader import Fields, resolve_fields
+    from softknn.index_builder.reader import Fields, read_kb, resolve_fields
 
     if out.exists() and not force:  # the checks that need no model come first
         _fail(f"{out}: already exists; pass --force to replace it")
     try:
         fields, notes = resolve_fields(kb, Fields(id=id_field, text=text_field or "text", label=label_field),
                                        text_given=text_field is not None)
+        read_kb(kb, fields)  # every record parsed (bad JSON, duplicate ids) before the model loads
         from softknn.memory_stores import check_kind
 
         check_kind(memory)  # a typo fails before the model loads
@@ -334,6 +335,7 @@ def query(
     """Run knowledge-augmented inference on TEXTS against BUNDLE; prints one result per input."""
     need_bundle(bundle)
     from softknn.bundle import load_bundle
+    from softknn.encoder import TRUNCATE_HINT
     from softknn.engine import Engine, InferParams
     from softknn.filters import parse_filter
 
@@ -347,6 +349,8 @@ def query(
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         results = Engine(encoder, b).infer(list(texts), params)
+    except InputTooLarge as e:  # the encoder names the HTTP field; here the flag is what to pass
+        _fail(e.message.replace(TRUNCATE_HINT, "pass --truncate to cut it"))
     except SoftKNNError as e:
         _fail(e)
     meta = {"bundle_version": b.version, "model": encoder.info.name, "model_fingerprint": encoder.info.fingerprint}

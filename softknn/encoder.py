@@ -28,6 +28,7 @@ log = logging.getLogger("softknn.encoder")
 
 ATTN_IMPLEMENTATION = "softknn"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+TRUNCATE_HINT = "send truncate=true to cut it"  # what the service says to do about an input over the limit
 
 # fuse(query, key, value, scaling) -> out, all (B, nh, T, hs): the memory layer's replacement.
 FuseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -303,7 +304,7 @@ class Encoder:
             if n > limit and not cut[i]:
                 at = positions[i] if positions is not None else i
                 raise InputTooLarge(
-                    f"input {at} has {n} tokens, more than the limit {limit}; send truncate=true to cut it",
+                    f"input {at} has {n} tokens, more than the limit {limit}; {TRUNCATE_HINT}",
                     field=f"inputs[{at}]",
                 )
         if max(lengths) > limit:

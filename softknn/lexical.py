@@ -2,9 +2,9 @@
 
 One `Analyzer` turns text into terms for the index and for queries alike: words are
 `\\b\\w\\w+\\b` runs of the lower-cased text (bm25s's own token pattern), English stopwords
-(bm25s's list) are dropped and the rest are Snowball-stemmed (PyStemmer). Its settings and the
-BM25 parameters are stored in the manifest (`lexical`), so a bundle rebuilds and re-analyses
-from them.
+(bm25s's list; with `stopwords="en+questions"` also QUESTION_WORDS) are dropped and the rest are
+Snowball-stemmed (PyStemmer). Its settings and the BM25 parameters are stored in the manifest
+(`lexical`), so a bundle rebuilds and re-analyses from them, with the stopword list it was built with.
 
 `LexicalIndex.scores(terms)` is BM25(q, c) for every chunk c of the KB (N,), read from the
 posting lists of the query's terms (bm25s's precomputed per-(term, chunk) scores, Lucene's
@@ -41,7 +41,10 @@ class LexicalSpec:
     b: float = 0.75
     token_pattern: str = r"(?u)\b\w\w+\b"
     lowercase: bool = True
-    stopwords: str = "en"  # bm25s.stopwords.STOPWORDS_EN
+    # "en": bm25s's English list; "en+questions": that and QUESTION_WORDS (bench/question_words.py:
+    # hybrid top-1 up on the Python topics and Banking77; not the default until the README's samples,
+    # which come from the sample bundle's BM25, are retaken with it)
+    stopwords: str = "en"
     stemmer: str = "english"  # Snowball, via PyStemmer; "" for none
 
     def to_manifest(self) -> dict:
@@ -49,8 +52,34 @@ class LexicalSpec:
 
     @classmethod
     def from_manifest(cls, m: dict) -> LexicalSpec:
-        known = {k: m[k] for k in cls.__dataclass_fields__ if k in m}
+        # a bundle keeps the analyser it was built with: one stored without a stopword list had "en"
+        known = {"stopwords": "en", **{k: m[k] for k in cls.__dataclass_fields__ if k in m}}
         return cls(**known)
+
+
+# Words that shape a question rather than say what it is about: interrogatives, the auxiliaries a
+# question is built with, the asker's pronouns and "please". bm25s's English list keeps them, so
+# "what does the with statement do" matched chunks on "what", "does" and "do" rather than on its
+# subject. A bundle records the list by name ("en+questions"): changing these words means a new name,
+# so that a bundle built before keeps analysing as it was built.
+QUESTION_WORDS = frozenset({
+    "what", "which", "who", "whom", "whose", "when", "where", "why", "how",
+    "do", "does", "did", "can", "could", "would", "should", "shall", "may", "might", "must",
+    "am", "were", "been", "being", "has", "have", "had",
+    "i", "me", "my", "you", "your", "we", "us", "our",
+    "please",
+})
+
+
+def stopword_set(name: str) -> frozenset[str]:
+    """The words a spec's `stopwords` names: "en" (bm25s's list), "en+questions" (that and
+    QUESTION_WORDS) or "" (none)."""
+    from bm25s.stopwords import STOPWORDS_EN
+
+    sets = {"en": frozenset(STOPWORDS_EN), "en+questions": frozenset(STOPWORDS_EN) | QUESTION_WORDS, "": frozenset()}
+    if name not in sets:
+        raise ValueError(f"stopwords must be one of {sorted(sets)}, not {name!r}")
+    return sets[name]
 
 
 class Analyzer:
@@ -58,13 +87,10 @@ class Analyzer:
 
     def __init__(self, spec: LexicalSpec):
         import Stemmer
-        from bm25s.stopwords import STOPWORDS_EN
 
-        if spec.stopwords not in ("en", ""):
-            raise ValueError(f"stopwords must be 'en' or '', not {spec.stopwords!r}")
         self.spec = spec
         self._word = re.compile(spec.token_pattern)
-        self._stop = frozenset(STOPWORDS_EN) if spec.stopwords == "en" else frozenset()
+        self._stop = stopword_set(spec.stopwords)
         self._stem = Stemmer.Stemmer(spec.stemmer).stemWord if spec.stemmer else (lambda w: w)
 
     def words(self, text: str) -> list[tuple[str, int, int]]:

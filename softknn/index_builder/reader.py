@@ -78,7 +78,7 @@ def _jsonl(path: Path, fields: Fields) -> Iterator[Document]:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            raise KBFormatError(f"{path}:{n}: invalid JSON: {e.msg}") from e
+            raise KBFormatError(f"{path}:{n}:{e.colno}: invalid JSON: {e.msg} (line {n}, column {e.colno})") from e
         yield _record(rec, f"{path}:{n}", fields, f"{path.stem}-{n}")
 
 
@@ -86,7 +86,7 @@ def _json(path: Path, fields: Fields) -> Iterator[Document]:
     try:
         data = json.loads(_read_text(path))
     except json.JSONDecodeError as e:
-        raise KBFormatError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
+        raise KBFormatError(f"{path}:{e.lineno}:{e.colno}: invalid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from e
     if not isinstance(data, list):
         raise KBFormatError(f"{path}: expected a JSON array of records")
     for n, rec in enumerate(data):

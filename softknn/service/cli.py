@@ -82,8 +82,22 @@ def serve(
         typer.secho("error: --address, --replicas and --shard-resources need --ray", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
     # the lingering close: a client still sending when it is answered (408, 413) reads its answer, not a reset
-    uvicorn.Server(uvicorn_config(app, host=settings.host, port=settings.port,
-                                  log_level=settings.log_level.lower(), timeout_graceful_shutdown=10)).run()
+    server = uvicorn.Server(uvicorn_config(app, host=settings.host, port=settings.port,
+                                           log_level=settings.log_level.lower(), timeout_graceful_shutdown=10))
+    failed: list[str] = []
+
+    def stop(reason: str) -> None:
+        """The model or the bundle given at start-up did not open: nothing to serve, so say why on
+        stderr and exit non-zero (as TEI does) for a supervisor to see. A bundle that fails a later
+        POST /v1/admin/reload leaves the one serving in place instead."""
+        failed.append(reason)
+        typer.secho(f"error: start-up failed, exiting: {reason}", fg=typer.colors.RED, err=True)
+        server.should_exit = True
+
+    app.state.runtime.on_failed_start = stop
+    server.run()
+    if failed:
+        raise typer.Exit(2)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +189,8 @@ class Runtime:
         self.engine: Engine | None = None
         self.status = "starting"  # starting → ready | no_bundle | failed
         self.error: str | None = None
+        # called with the reason when start() fails (`softknn serve` prints it and exits); None: stay up, 503
+        self.on_failed_start: Callable[[str], None] | None = None
         self._counter = None  # token_counter(encoder), once the model is loaded
         self.model_created = 0  # when the model was loaded (Unix seconds; /v1/models)
         self._reranker: Reranker | None = None  # /v1/rerank over the bundle serving now (Runtime.rerank)
@@ -233,6 +235,8 @@ class Runtime:
         except Exception as e:
             self.status, self.error = "failed", f"{type(e).__name__}: {e}"
             log.error("startup failed: %s", self.error, exc_info=not isinstance(e, SoftKNNError))
+            if self.on_failed_start is not None:
+                self.on_failed_start(self.error)
 
     def _load_model(self) -> None:
         t0 = time.perf_counter()

@@ -78,6 +78,20 @@ def test_a_bad_bundle_path_is_answered_without_loading_the_model(tmp_path):
     assert "no column 'text'" in r.stderr  # build: the field check comes before the model too
 
 
+def test_an_invalid_kb_line_is_answered_before_the_model_loads_with_its_line_and_column(tmp_path):
+    kb = tmp_path / "kb.jsonl"
+    kb.write_text('{"id": "a", "text": "ok"}\n{"id": "b", "text": "also ok"}\n{"id": "c", "text": "cut off}\n',
+                  encoding="utf-8")
+    calls = [["build", str(kb), "--out", str(tmp_path / "b")]]
+    r = subprocess.run([sys.executable, "-c", PROBE, json.dumps(calls)], capture_output=True, text=True,
+                       cwd=REPO, timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["heavy"] == [] and out["build"]["code"] == 2
+    assert out["build"]["seconds"] < 1.0  # model loading alone takes 7–9 s
+    # the whole message: where the unterminated string starts, as a line and a column
+    assert f"error: {kb}:3:21: invalid JSON: Unterminated string starting at (line 3, column 21)\n" in r.stderr
+
+
 def test_not_a_bundle_folder_is_named(tmp_path):
     r = CliRunner().invoke(app, ["query", str(tmp_path), "hello"])
     assert r.exit_code == 2
@@ -178,3 +192,15 @@ def test_the_model_loader_bar_shows_only_with_verbose(verbose):
                        text=True, cwd=REPO, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     assert ("Loading weights" in r.stderr) == verbose, r.stderr[-2000:]
+
+
+def test_the_cli_names_its_flag_for_an_input_over_the_token_limit(monkeypatch, encoder, sample_bundle_path):
+    monkeypatch.setattr("softknn.cli._encoder", lambda settings: encoder)  # the session's model, not a second load
+    long = " ".join(["ferry"] * 300)
+    r = CliRunner().invoke(app, ["query", str(sample_bundle_path), "short", long])
+    assert r.exit_code == 2
+    assert "error: input 1 has 302 tokens, more than the limit 256; pass --truncate to cut it\n" in r.output
+    assert "truncate=true" not in r.output  # that is the HTTP field the service names
+    r = CliRunner().invoke(app, ["query", str(sample_bundle_path), "--truncate", "--json", long])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["results"][0]["diagnostics"]["truncated"] is True

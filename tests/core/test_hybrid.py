@@ -24,6 +24,24 @@ def test_analyzer_lowercases_drops_stopwords_and_stems_keeping_spans():
     assert words == [("dog", 4, 8), ("travel", 13, 23), ("dog", 27, 30), ("refund", 33, 40)]
 
 
+def test_question_words_are_not_terms_and_a_bundle_keeps_the_analyser_it_was_built_with():
+    q = "What does the with statement do, and how is it different from try?"
+    new = LexicalSpec.from_manifest({**LexicalSpec().to_manifest(), "stopwords": "en+questions"})
+    assert Analyzer(new).terms(q) == ["statement", "differ", "from", "tri"]
+    old = LexicalSpec.from_manifest({**LexicalSpec().to_manifest(), "stopwords": "en"})  # as bundles are built now
+    assert LexicalSpec().stopwords == "en"
+    assert Analyzer(old).terms(q) == ["what", "doe", "statement", "do", "how", "differ", "from", "tri"]
+    no_name = {k: v for k, v in LexicalSpec().to_manifest().items() if k != "stopwords"}
+    assert LexicalSpec.from_manifest(no_name).stopwords == "en"  # stored without one: bm25s's list, as then
+    # the index answers with its own analyser: the old one still matches the question words
+    texts = ["What does the interpreter do at exit?", "The with statement wraps a block in a context manager."]
+    for spec, best in ((new, 1), (old, 0)):
+        idx = LexicalIndex.build(texts, spec)
+        assert int(np.argmax(idx.scores(idx.analyzer.terms("what does the with statement do")))) == best
+    with pytest.raises(ValueError, match="stopwords must be one of"):
+        Analyzer(LexicalSpec(stopwords="fr"))
+
+
 def test_bm25_scores_equal_the_formula_written_out(sample_bundle):
     lex = sample_bundle.lexical
     docs = [lex.analyzer.terms(c["text"]) for c in sample_bundle.chunks]

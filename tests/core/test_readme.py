@@ -89,3 +89,24 @@ def test_readme_curl_sample_is_what_the_service_answers(engine):
         assert (s["chunk_id"], s["label"], s["spans"]) == (e["chunk_id"], e["label"], [x["text"] for x in e["spans"][:2]])
         for k in ("similarity", "weight", "mass_share"):
             assert s[k] == pytest.approx(e[k], abs=1e-4), (s["chunk_id"], k)
+
+
+def test_readme_python_client_sample_is_what_the_client_prints(engine):
+    """The sample's printed line is what the service answers with its defaults (the client prints
+    `prediction` and each evidence item's `doc_id` and `weight`, rounded to 3 places)."""
+    from softknn.engine import InferParams
+    from softknn.settings import Settings
+
+    readme = (ROOT / "README.md").read_text()
+    call = re.search(r'InferRequest\(inputs=\["(.*?)"\], evidence=(\d+)\)', readme[readme.index("## Python client") :])
+    assert call is not None and 'print(res.results[0].prediction, [(e.doc_id, round(e.weight, 3))' in readme
+    shown = re.search(r"it\nprinted `(\w+) (\[.*?\])`", readme)
+    assert shown is not None
+    session = (ROOT / "docs" / "client.md").read_text()  # the whole session the README points to
+    assert f"snippet.py      # the five lines above\n{shown.group(1)} {shown.group(2)}\n```" in session
+    label, items = shown.group(1), re.findall(r"\('([^']+)', (\d+\.\d+)\)", shown.group(2))
+    r = engine.infer([call.group(1)], [InferParams.from_defaults(Settings().defaults, evidence=int(call.group(2)))])[0]
+    assert label == r.prediction
+    assert [doc for doc, _ in items] == [e.doc_id for e in r.evidence]
+    for (_, w), e in zip(items, r.evidence, strict=True):
+        assert abs(float(w) - e.weight) <= 1.01 * _last_digit(w), (w, e.weight)

@@ -80,9 +80,8 @@ def page(browser, server) -> Iterator[Page]:
 
 
 def classic(page: Page) -> None:
-    """Leave the page's defaults (joint mixing, side by side with the plain model) for the API's:
-    fixed mixing, one pane."""
-    page.select_option("#mixing", "fixed")
+    """One pane (the page opens side by side with the plain model), in the API's default mixing."""
+    assert page.input_value("#mixing") == "fixed"
     page.uncheck("#compare")
 
 
@@ -182,11 +181,16 @@ def test_query_shows_the_evidence_tokens_and_labels_the_api_returned(page, api):
 
 
 def test_default_view_shows_what_the_kb_changed_against_the_plain_model(page, api):
-    """The page as it opens: joint mixing, side by side with the plain model (α = 1), and
-    the KB's effect on the model's own output: e against e', their nearest KB entries, the heat map."""
+    """The page as it opens: the API's default mixing (fixed, as the CLI and a request naming none
+    get), side by side with the plain model (α = 1), and the KB's effect on the model's own output:
+    e against e', their nearest KB entries, the heat map."""
     with page.expect_request(lambda q: "/v1/infer" in q.url and q.post_data_json["alpha"] == 1) as base_req:
         body = run(page)
-    assert body == {"inputs": [QUERY], "alpha": 0.7, "mixing": "joint", "k": 8, "return_tokens": True}
+    assert body == {"inputs": [QUERY], "alpha": 0.7, "mixing": "fixed", "k": 8, "return_tokens": True}
+    # the same memory share as the request with no parameters at all (the CLI's and the API's default)
+    plain_default = api.post("/v1/infer", json={"inputs": [QUERY]}).json()["results"][0]["diagnostics"]
+    shown = float(page.get_attribute(".pane[data-variant='current'] .diag dd[data-field='memory_share']", "data-value"))
+    assert shown == pytest.approx(plain_default["memory_share"], abs=TOL) == pytest.approx(0.3, abs=1e-6)
     assert base_req.value.post_data_json["mixing"] == "fixed"
     r, base = infer(api, body), infer(api, base_req.value.post_data_json)
     cur = ".pane[data-variant='current']"
@@ -212,11 +216,11 @@ def test_default_view_shows_what_the_kb_changed_against_the_plain_model(page, ap
     moved = page.eval_on_selector_all(".near li.moved", "els => els.map(e => e.dataset.chunkId)")
     assert set(moved) == set(near["nearest_plain"]) ^ set(near["nearest_augmented"]) != set()
     assert page.locator(".near li.moved").first.is_visible()
-    # the heat map is not one flat block: joint mixing spreads the memory share over heads and tokens
-    lo = float(page.get_attribute(f"{cur} .num[data-field='heat_min']", "data-value"))
-    hi = float(page.get_attribute(f"{cur} .num[data-field='heat_max']", "data-value"))
+    # the heat map: the α rule gives every head and token exactly 1 − α, and the page says where to
+    # see more (joint mixing spreads it: test_joint_mixing_heat_map_spans_the_head_range)
     flat = [x for row in r["head_memory_share"] for x in row]
-    assert (lo, hi) == pytest.approx((min(flat), max(flat)), abs=TOL) and hi - lo > 0.1
+    assert (min(flat), max(flat)) == pytest.approx((0.3, 0.3), abs=1e-5)
+    assert "joint mixing shows where the KB was used" in page.locator(f"{cur} [data-field='flat_note']").inner_text()
     # and the page says where the label scores come from
     assert "k-NN weights" in page.locator(".kb-change [data-field='labels_note']").inner_text()
     assert page.locator(f"{cur} .scores li").count() == len(r["label_scores"])
@@ -293,6 +297,7 @@ def test_joint_mixing_heat_map_spans_the_head_range(page, api):
     flat = [v for row in r["head_memory_share"] for v in row]
     assert float(page.get_attribute(".num[data-field='heat_min']", "data-value")) == pytest.approx(min(flat), abs=TOL)
     assert float(page.get_attribute(".num[data-field='heat_max']", "data-value")) == pytest.approx(max(flat), abs=TOL)
+    assert max(flat) - min(flat) > 0.1  # not one flat block: joint mixing spreads the share over heads and tokens
     assert page.get_attribute(".diag dd[data-field='alpha']", "data-value") == "null"
     screenshot(page, "explorer-1024-joint.png")
 

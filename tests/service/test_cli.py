@@ -63,3 +63,23 @@ def test_threads_default_to_one_per_worker_in_the_service_and_the_cores_elsewher
     finally:
         torch.set_num_threads(before)
         faiss.omp_set_num_threads(before_faiss)
+
+
+def test_serve_exits_with_the_reason_on_stderr_when_its_bundle_fails_verification(refused_bundles):
+    """A bundle named at start-up that does not verify: nothing to serve, so the process says why on
+    stderr (not only in a JSON log line) and exits 2, as TEI does. (A failed POST /v1/admin/reload
+    leaves the serving bundle in place: tests/service/test_reload.py.)"""
+    import subprocess
+    import sys
+
+    from softknn.service.testing import REPO, free_port
+
+    corrupt = refused_bundles["corrupt"]
+    r = subprocess.run([sys.executable, "-m", "softknn.service.cli", "--bundle", str(corrupt), "--port", str(free_port())],
+                       capture_output=True, text=True, cwd=REPO, timeout=300,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1"})
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, r.stderr[-2000:]
+    assert lines[0].startswith(f"error: start-up failed, exiting: BundleError: {corrupt}")
+    assert "sha256 mismatch" in lines[0] and "kv_values.npy" in lines[0]

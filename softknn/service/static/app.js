@@ -4,7 +4,6 @@ import { bundleLine, compareStrip, h, kbChange, pane } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 const CONTROLS = ["alpha", "mixing", "k", "temperature", "retrieval", "lexical_weight"];
-const PAGE_MIXING = "joint";
 let runSeq = 0; // a slower, older answer never overwrites a newer one
 
 // --- form values -----------------------------------------------------------------------------
@@ -33,9 +32,9 @@ async function applySchema() {
     if (p.default !== undefined) $(id).value = p.default === null ? "" : p.default; // null: "auto"
     if (p.maximum !== undefined) $(id).max = p.maximum;
   }
-  // The page's own default is joint mixing, not the API's fixed α: under the α rule every head and
-  // token gets exactly 1 − α of memory mass (a flat map); joint mixing shows where the KB was used.
-  $("mixing").value = PAGE_MIXING;
+  // The mixing the service applies to a request that names none (defaults.mixing): the page opens on
+  // the answer the CLI and the API give, and joint mixing is one choice away.
+  if (props.mixing?.default) $("mixing").value = props.mixing.default;
   if (props.retrieval?.default) $("retrieval").value = props.retrieval.default;
   syncAlpha("alpha");
   alphaHint();
