@@ -94,7 +94,7 @@ def test_keys_never_reach_a_log_record(secured, small_bundle, caplog):
 
 def test_every_admin_route_refuses_the_api_key_and_strangers(secured):
     routes = admin_routes(secured.app)
-    assert routes == [("POST", "/v1/admin/reload")]  # a new admin route lands here and is checked below
+    assert routes == [("POST", "/v1/admin/reload"), ("POST", "/v1/admin/compact")]  # a new admin route lands here and is checked below
     for method, path in routes:
         r = secured.request(method, path, json={}, headers=bearer(API_KEY))
         assert (r.status_code, r.json()["error"]["type"]) == (403, "forbidden"), path
