@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -593,7 +593,7 @@ class Runtime:
         return ge
 
     async def generate(self, ge: GenEngine, params: GenParams, prompt: str | None, messages: list[dict] | None,
-                       *, request_id: str | None = None) -> AsyncIterator[Step | GenAnswer]:
+                       *, request_id: str | None = None) -> AsyncGenerator[Step | GenAnswer, None]:
         """Wait for a slot (429 past the queue), then run `ge.stream` on a generation thread: yields
         each Step as it is chosen, then the GenAnswer. Closing this iterator early (a client gone)
         cancels the generation at its next token; the slot frees when its thread ends."""
