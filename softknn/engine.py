@@ -26,7 +26,7 @@ from softknn.evidence import effective_k, evidence_items, label_scores, weight_e
 from softknn.manifest import Manifest
 from softknn.results import Diagnostics, InferResult, Neighbour, Prediction, Token, VersusPlain
 from softknn.retrieval import best
-from softknn.search import MIXING, InferParams, Retrieval, Retriever  # noqa: F401 (re-exported)
+from softknn.search import MIXING, InferParams, ResolvedParams, Retrieval, Retriever  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from softknn.shards import ShardedBundle
@@ -67,11 +67,11 @@ class Engine:
         self.memory.attach(encoder, self.layer)  # a hidden-state or recompute memory computes K/V with this model
 
     # --- retrieval: the bundle's alone (softknn.search.Retriever) -----------------------------
-    def resolve(self, params: list[InferParams]) -> list[InferParams]:
+    def resolve(self, params: list[InferParams]) -> list[ResolvedParams]:
         """Validated, with the retrieval and temperature this bundle serves them with."""
         return self.retriever.resolve(params)
 
-    def retrieve(self, xq: np.ndarray, params: list[InferParams], texts: list[str] | None = None) -> Retrieval:
+    def retrieve(self, xq: np.ndarray, params: list[ResolvedParams], texts: list[str] | None = None) -> Retrieval:
         """R and w_db per input (params resolved): Retriever.retrieve."""
         return self.retriever.retrieve(xq, params, texts)
 
@@ -96,25 +96,25 @@ class Engine:
             params = [params] * len(texts)
         if len(params) != len(texts):
             raise ValueError("one InferParams per text")
-        params = self.resolve(params)
+        resolved = self.resolve(params)
         if len(texts) > group_size > 0:
             order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
             out: list[InferResult | None] = [None] * len(texts)
             for g in range(0, len(order), group_size):
                 idx = order[g : g + group_size]
-                for i, r in zip(idx, self._infer([texts[i] for i in idx], [params[i] for i in idx], idx), strict=True):
+                for i, r in zip(idx, self._infer([texts[i] for i in idx], [resolved[i] for i in idx], idx), strict=True):
                     out[i] = r
             return out  # type: ignore[return-value]
-        return self._infer(texts, params)
+        return self._infer(texts, resolved)
 
-    def _infer(self, texts: list[str], params: list[InferParams], positions: list[int] | None = None) -> list[InferResult]:
+    def _infer(self, texts: list[str], params: list[ResolvedParams], positions: list[int] | None = None) -> list[InferResult]:
         batch = self.encoder.tokenize(texts, truncate=[p.truncate for p in params], positions=positions)
         # the memory layer's q, k, v are kept: the fused pass reuses them (Encoder._resume)
         plain = self.encoder.forward_plain(batch, keep_hidden=True, capture_layer=self.layer)
         retr = self.retrieve(plain.embedding.float().cpu().numpy(), params, texts)
         return self.fuse(batch, plain, retr, params)
 
-    def fuse(self, batch: TokenBatch, plain: PlainPass, retr: Retrieval, params: list[InferParams]) -> list[InferResult]:
+    def fuse(self, batch: TokenBatch, plain: PlainPass, retr: Retrieval, params: list[ResolvedParams]) -> list[InferResult]:
         dev = self.encoder.device
         memory = self.memory.gather(retr.rows, retr.weights, dev)
         alpha = torch.tensor([p.alpha for p in params], device=dev)
@@ -151,7 +151,7 @@ class Engine:
         return VersusPlain(cosine=float(e @ e2 / (np.linalg.norm(e) * np.linalg.norm(e2))),
                            l2=float(np.linalg.norm(e2 - e)), nearest_plain=near(0), nearest_augmented=near(1))
 
-    def result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: InferParams, plain_emb=None) -> InferResult:
+    def result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: ResolvedParams, plain_emb=None) -> InferResult:
         """Input b's InferResult from the fused pass's outputs (`fuse`'s last step: diagnostics, evidence,
         labels; public for the benchmarks that time it)."""
         valid = batch.mask[b].to(fr.out.device)
@@ -219,7 +219,7 @@ class Engine:
         return {"dense_similarity": retr.dense[b][s], "bm25": None if bm25 is None else bm25[s],
                 "matched_terms": self.matched_words(retr, b, retr.rows[b][s])}
 
-    def _predict(self, scores: dict[str, float], p: InferParams, s_1: float) -> Prediction:
+    def _predict(self, scores: dict[str, float], p: ResolvedParams, s_1: float) -> Prediction:
         """The top label, or an explicit abstain.
 
         With the bundle's calibration (softknn calibrate): abstain when the nearest chunk's

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -72,7 +72,7 @@ class InferParams:
         values.update({name: v for name, v in given.items() if v is not None})
         return cls(**values).validate()
 
-    def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> InferParams:
+    def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> ResolvedParams:
         """With `retrieval`, `temperature` and `lexical_weight` filled in for a bundle with or without
         a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (softknn.calibration)."""
         mode = self.retrieval or ("hybrid" if has_lexical else "dense")
@@ -82,7 +82,8 @@ class InferParams:
         own = (calibrated or {}).get(mode, {})
         tau = self.temperature if self.temperature is not None else own.get("temperature", DEFAULT_TEMPERATURE[mode])
         lam = self.lexical_weight if self.lexical_weight is not None else own.get("lexical_weight", LEXICAL_WEIGHT)
-        return replace(self, retrieval=mode, temperature=tau, lexical_weight=lam)
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return ResolvedParams(**{**values, "retrieval": mode, "temperature": tau, "lexical_weight": lam})
 
     def search_size(self, n: int) -> int:
         """How many ranked chunks R is chosen from: k, or the pool when a threshold is set (≤ n)."""
@@ -108,6 +109,16 @@ class InferParams:
         if self.threshold is not None and not (0.0 < self.threshold < 1.0):
             raise InvalidInput(f"threshold must be in (0, 1), got {self.threshold}", field="threshold")
         return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedParams(InferParams):
+    """InferParams as a bundle serves them (InferParams.resolved): the retrieval, its temperature
+    and λ are set, so the retrieval code reads them without a None check."""
+
+    temperature: float
+    retrieval: str
+    lexical_weight: float
 
 
 @dataclass
@@ -160,12 +171,12 @@ class Retriever:
         """The rows (ascending) of the chunks that pass filter f."""
         return np.flatnonzero(self.table.mask(f))
 
-    def resolve(self, params: list[InferParams]) -> list[InferParams]:
+    def resolve(self, params: list[InferParams]) -> list[ResolvedParams]:
         """Validated, with the retrieval and temperature this bundle serves them with."""
         cal = self.bundle.manifest.calibration.retrieval_defaults
         return [p.validate().resolved(self.bundle.lexical is not None, cal) for p in params]
 
-    def retrieve(self, xq: np.ndarray, params: list[InferParams], texts: list[str] | None = None) -> Retrieval:
+    def retrieve(self, xq: np.ndarray, params: list[ResolvedParams], texts: list[str] | None = None) -> Retrieval:
         """R and w_db per input (params resolved). Inputs sharing (exact, retrieval, search size) are
         searched together. Lexical and hybrid retrieval need the input `texts` for BM25."""
         n = len(self.bundle)
@@ -203,7 +214,7 @@ class Retriever:
         return out
 
     def _lexical_select(self, out: Retrieval, i: int, q: np.ndarray, text: str, d_all: np.ndarray | None,
-                        dense_top: tuple[np.ndarray, np.ndarray] | None, p: InferParams, n: int, kind: str) -> None:
+                        dense_top: tuple[np.ndarray, np.ndarray] | None, p: ResolvedParams, n: int, kind: str) -> None:
         """R for one input by the hybrid or lexical similarity: from the candidates when they decide
         it (softknn.retrieval.topk_fast), else (and always with exact) by brute force over the KB."""
         lex, index = self.bundle.lexical, self.index
@@ -225,7 +236,7 @@ class Retriever:
         self.select(out, i, S, ids, dense, b[ids], p, n, kind)
         out.nearest[i], out.words[i] = nearest, [(t, text[s:e]) for t, s, e in words]
 
-    def _filtered(self, out: Retrieval, i: int, q: np.ndarray, text: str | None, p: InferParams,
+    def _filtered(self, out: Retrieval, i: int, q: np.ndarray, text: str | None, p: ResolvedParams,
                   rows: np.ndarray) -> None:
         """R for one input as over a KB of the chunks `rows` (ascending) alone: dense similarities, the
         hybrid normalisation and candidates, the abstain gate's s_1 and the truncation bound over those
@@ -281,7 +292,7 @@ class Retriever:
         out.nearest[i], out.words[i] = nearest, [(t, text[s:e]) for t, s, e in words]
 
     def select(self, out: Retrieval, i: int, D: np.ndarray, I: np.ndarray, dense: np.ndarray,
-                bm25: np.ndarray | None, p: InferParams, n: int, kind: str) -> None:
+                bm25: np.ndarray | None, p: ResolvedParams, n: int, kind: str) -> None:
         """R from the ranked (D, I) (s_c desc): the top k, or top k + threshold from the pool."""
         keep = I >= 0
         sel = np.flatnonzero(keep)

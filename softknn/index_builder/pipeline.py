@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import faiss
 import numpy as np
@@ -37,6 +38,7 @@ from softknn.retrieval import CANDIDATES
 
 log = logging.getLogger(__name__)
 KV_DTYPES = {"float32": np.float32, "float16": np.float16}
+T = TypeVar("T")
 
 # encode(encoder, chunks, [(batch number, chunk rows)], layer, cfg) -> (batch number, encode_batch's arrays)...
 EncodeStrategy = Callable[[Encoder, list[Chunk], list[tuple[int, list[int]]], int, "BuildConfig"],
@@ -83,6 +85,9 @@ def _batches(chunks: list[Chunk], tokenizer, batch_size: int) -> list[list[int]]
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
 
 
+Convert = Callable[[np.ndarray], np.ndarray]  # how a shard's memory rows become the bundle's
+
+
 def allocated_memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.memmap:
     """A new .npy memory map whose blocks are allocated up front.
 
@@ -105,6 +110,13 @@ def _write_error(e: OSError, parent: Path) -> BundleError:
                        "finished shards are kept, so rerunning the same command resumes")
 
 
+def _captured(x: T | None, what: str, layer: int) -> T:
+    """A PlainPass output that encode_batch asked the model pass for."""
+    if x is None:
+        raise RuntimeError(f"the model pass returned no {what} for the memory layer {layer}")
+    return x
+
+
 def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: int, cfg: BuildConfig) -> dict[str, np.ndarray]:
     """One model pass over one batch of chunk texts: embeddings, the document char spans of every
     memory token (`starts`: each chunk's first char in its document) and the memory (layer-`layer`
@@ -119,10 +131,10 @@ def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: i
     for b, start in enumerate(starts):
         idx = memory[b].nonzero().flatten()
         if cfg.memory == "kv":
-            keys.append(plain.key[b][:, idx].transpose(0, 1).cpu().numpy())  # (n, nh, hs)
-            values.append(plain.value[b][:, idx].transpose(0, 1).cpu().numpy())
-        elif hidden:
-            states.append(plain.hidden_states[layer][b, idx].float().cpu().numpy())  # (n, C): layer L's input
+            keys.append(_captured(plain.key, "keys", layer)[b][:, idx].transpose(0, 1).cpu().numpy())  # (n, nh, hs)
+            values.append(_captured(plain.value, "values", layer)[b][:, idx].transpose(0, 1).cpu().numpy())
+        elif hidden:  # (n, C): layer L's input
+            states.append(_captured(plain.hidden_states, "hidden states", layer)[layer][b, idx].float().cpu().numpy())
         spans.append(batch.offsets[b, idx].numpy().astype(np.int64) + start)  # doc char spans
         counts.append(len(idx))
     out = {"emb": plain.embedding.float().cpu().numpy(), "counts": np.asarray(counts, dtype=np.int64)}
@@ -167,12 +179,12 @@ def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, 
     emb = allocated_memmap(tmp / "embeddings.npy", np.float32, (n, dim))
     spans = allocated_memmap(tmp / "token_spans.npy", np.int64, (ntok, 2))
     # the memory: name in the shard -> (bundle array, how a shard's rows are converted)
-    mem: dict[str, tuple[np.ndarray, object]] = {}
+    mem: dict[str, tuple[np.memmap, Convert | None]] = {}
     if memory_kind == "kv":
         mem["keys.npy"] = (allocated_memmap(tmp / "kv_keys.npy", dtype, (ntok, nh, hs)), None)
         mem["values.npy"] = (allocated_memmap(tmp / "kv_values.npy", dtype, (ntok, nh, hs)), None)
     elif memory_kind != "recompute":
-        convert = None
+        convert: Convert | None = None
         if memory_kind == "hidden-int8":  # one scale per channel needs every shard's max first
             absmax = np.zeros(nh * hs, dtype=np.float32)
             for sh in shards:
@@ -238,13 +250,14 @@ def build_bundle(
         raise KBFormatError(f"{kb}: no chunks")
     if cfg.shards > len(chunks):
         raise ValueError(f"shards ({cfg.shards}) must not exceed the KB's {len(chunks)} chunks")
-    gen_spec = None
+    gen_spec, gen_plan = None, None
     if generator is not None:
         if cfg.shards > 1:
             raise ValueError("generator memory is not sharded: build it with --shards 1")
         gen_spec = GeneratorBuild(cfg.generator_layers, cfg.generator_memory).check()
         generator.layers(gen_spec.layers)  # a bad layer list is refused before any work
-    plan = _plan_hash(chunks, cfg, encoder, layer, plan_record(generator, gen_spec) if generator else None)
+        gen_plan = plan_record(generator, gen_spec)
+    plan = _plan_hash(chunks, cfg, encoder, layer, gen_plan)
     try:
         return _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, force=force, progress=progress,
                       encode=encode, generator=(generator, gen_spec) if generator else None)

@@ -58,7 +58,9 @@ def _record(rec: object, where: str, fields: Fields, default_id: str) -> Documen
     if label is not None and not isinstance(label, (str, int)):
         raise KBFormatError(f"{where}: label field {fields.label!r} must be a string")
     label = str(label) if label not in (None, "") else None
-    meta = rec.get("metadata") if isinstance(rec.get("metadata"), dict) else {}
+    meta = rec.get("metadata")
+    if not isinstance(meta, dict):
+        meta = {}
     extra = {k: v for k, v in rec.items() if k not in (fields.id, fields.text, fields.label, "metadata")}
     return Document(doc_id, text, label, {**extra, **meta}, where)
 
@@ -177,7 +179,7 @@ def resolve_fields(root: Path, fields: Fields, *, text_given: bool = False) -> t
             pass
         else:
             rest = [c for c in cols if c not in (fields.id, fields.label, "metadata")]
-            texty = [c for c in rest if any(isinstance(r.get(c), str) and r.get(c).strip() for r in recs)]
+            texty = [c for c in rest if any(isinstance(v := r.get(c), str) and v.strip() for r in recs)]
             if len(texty) == 1 and not text_given:
                 notes.append(f"{path.name}: no column {fields.text!r}; using {texty[0]!r} as the text "
                              f"(--text-field {texty[0]})")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -53,7 +53,8 @@ def serve(
     from softknn.settings import Settings
 
     overrides = {"bundle": bundle, "host": host, "port": port, "log_level": log_level}
-    init = {k: v for k, v in overrides.items() if v is not None}
+    # the given options as Settings' keyword arguments (pydantic validates them; the environment fills the rest)
+    init: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     if model is not None:
         init["model"] = {"name": model}  # merged with SOFTKNN_MODEL__* from the environment
     try:

@@ -8,9 +8,11 @@ share of the event loop's time (`python -m bench profile_service --clients 1`; d
 from __future__ import annotations
 
 import uuid
-from typing import Annotated
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
+from pydantic import BaseModel
 
 from softknn.engine import Engine
 from softknn.service.lifecycle import Runtime
@@ -39,3 +41,22 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 RequestIdDep = Annotated[str, Depends(get_request_id)]
+
+
+Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
+
+
+def body_model(model: type[BaseModel], param: str = "body") -> Callable[[Endpoint], Endpoint]:
+    """Under a route decorator: FastAPI validates the endpoint's `param` against `model`, a request
+    model made per app at run time (schemas.infer_request_model and the like). The endpoint
+    annotates `param` with the model's base class (schemas.InferRequestBase, ...), the static type
+    a type checker can read; the model must subclass it."""
+
+    def annotate(endpoint: Endpoint) -> Endpoint:
+        base = endpoint.__annotations__[param]
+        if not issubclass(model, base):
+            raise TypeError(f"{model.__name__} does not subclass {base.__name__}, the type of {param!r}")
+        endpoint.__annotations__[param] = model
+        return endpoint
+
+    return annotate

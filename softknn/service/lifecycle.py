@@ -20,10 +20,11 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -56,6 +57,9 @@ from softknn.service.errors import (
 )
 from softknn.service.metrics import Metrics
 from softknn.settings import Settings, apply_threads, encoder_options
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 log = logging.getLogger("softknn.service")
 
@@ -96,20 +100,29 @@ def run_engine(engine: Engine, texts: list[str], params: list[InferParams | Plai
     """The batcher's runner: one micro-batch through the core, as `softknn query` would run it
     (in length-sorted passes of at most `group_size` texts: Engine.infer); the texts that ask for
     the plain embedding only (PlainEmbed) through the plain pass alone."""
-    plain = [i for i, p in enumerate(params) if isinstance(p, PlainEmbed)]
+    plain: list[int] = []
+    plain_params: list[PlainEmbed] = []
+    rest: list[int] = []
+    rest_params: list[InferParams] = []
+    for i, p in enumerate(params):
+        if isinstance(p, PlainEmbed):
+            plain.append(i)
+            plain_params.append(p)
+        else:
+            rest.append(i)
+            rest_params.append(p)
     if not plain:
-        return list(engine.infer(texts, params, group_size=group_size))
+        return list(engine.infer(texts, rest_params, group_size=group_size))
     out: list[InferResult | np.ndarray] = [None] * len(texts)  # type: ignore[list-item]  # every slot set below
-    for i, r in zip(plain, plain_embeddings(engine, [texts[i] for i in plain], [params[i] for i in plain], group_size)):
-        out[i] = r
-    rest = [i for i, p in enumerate(params) if not isinstance(p, PlainEmbed)]
+    for i, e in zip(plain, plain_embeddings(engine, [texts[i] for i in plain], plain_params, group_size)):
+        out[i] = e
     if rest:
-        for i, r in zip(rest, engine.infer([texts[i] for i in rest], [params[i] for i in rest], group_size=group_size)):
+        for i, r in zip(rest, engine.infer([texts[i] for i in rest], rest_params, group_size=group_size)):
             out[i] = r
     return out
 
 
-def token_counter(encoder: Encoder):
+def token_counter(encoder: Encoder) -> Tokenizer:
     """A private copy of the model's fast (`tokenizers.Tokenizer`) tokenizer, truncation and padding off.
 
     A private copy because the transformers wrapper reconfigures its Rust tokenizer on every call
@@ -191,7 +204,7 @@ class Runtime:
         self.error: str | None = None
         # called with the reason when start() fails (`softknn serve` prints it and exits); None: stay up, 503
         self.on_failed_start: Callable[[str], None] | None = None
-        self._counter = None  # token_counter(encoder), once the model is loaded
+        self._counter: Tokenizer | None = None  # token_counter(encoder), once the model is loaded
         self.model_created = 0  # when the model was loaded (Unix seconds; /v1/models)
         self._reranker: Reranker | None = None  # /v1/rerank over the bundle serving now (Runtime.rerank)
         self._reload_lock = asyncio.Lock()  # reloads, KB writes and compactions: one at a time
@@ -215,6 +228,20 @@ class Runtime:
         g = settings.generator
         self.gen_slots = GenSlots(g.max_concurrent, g.max_queue, metrics)
         self._gen_pool = ThreadPoolExecutor(g.max_concurrent, thread_name_prefix="softknn-gen")
+
+    @property
+    def model(self) -> Encoder:
+        """The loaded model (_load_model sets it before any bundle is opened or request admitted)."""
+        if self.encoder is None:
+            raise NotReady("the model is still loading", headers={"Retry-After": "1"})
+        return self.encoder
+
+    @property
+    def counter(self) -> Tokenizer:
+        """The admission tokenizer (token_counter), set with the model."""
+        if self._counter is None:
+            raise NotReady("the model is still loading", headers={"Retry-After": "1"})
+        return self._counter
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -263,7 +290,7 @@ class Runtime:
         """
         t0 = time.perf_counter()
         engine = await asyncio.to_thread(self._load_engine, Path(path))
-        tokens = len(self._counter.encode(WARMUP_TEXT).ids)
+        tokens = len(self.counter.encode(WARMUP_TEXT).ids)
         try:
             await self.batcher.run(engine, [WARMUP_TEXT], [InferParams()], [tokens], [InferParams().k],
                                    timeout=max(60.0, self.settings.batching.request_timeout_s), request_id="warm-up",
@@ -280,14 +307,14 @@ class Runtime:
         try:
             recover_swap(path)
             if has_pending_writes(path):  # acknowledged writes in its log: serve them (replayed), never the base alone
-                store = KBStore(path, self.encoder, use_gpu=self.settings.use_gpu_index)
-                engine = Engine(self.encoder, store.bundle)
+                store = KBStore(path, self.model, use_gpu=self.settings.use_gpu_index)
+                engine = Engine(self.model, store.bundle)
                 self._stores[engine] = store
                 return engine
-            bundle = load_bundle(path, expected_fingerprint=self.encoder.info.fingerprint,
+            bundle = load_bundle(path, expected_fingerprint=self.model.info.fingerprint,
                                  use_gpu=self.settings.use_gpu_index, shard_backend=self.shard_backend)
             seq = int((bundle.manifest.raw.get("writes") or {}).get("seq", 0))
-            engine = Engine(self.encoder, renamed(bundle, version_name(bundle.version, seq)) if seq else bundle)
+            engine = Engine(self.model, renamed(bundle, version_name(bundle.version, seq)) if seq else bundle)
             engine.retriever.warm_filters()  # at open, not on the first filtered request
             return engine
         except SoftKNNError:
@@ -313,6 +340,8 @@ class Runtime:
     def _load_generation(self, engine: Engine) -> GenEngine:
         t0 = time.perf_counter()
         rec = engine.bundle.manifest.generator
+        if rec is None:
+            raise GeneratorUnavailable(f"bundle {engine.bundle.version} was built without a generator")
         name = self.settings.generator.name or rec.name
         gen = self._generators.get(name)
         if gen is None and not self.settings.generator.name:  # a shared generator with the bundle's weights
@@ -382,7 +411,7 @@ class Runtime:
 
     # --- requests -----------------------------------------------------------------------------
     def token_limit(self) -> int:
-        model_max = self.encoder.max_seq_length
+        model_max = self.model.max_seq_length
         return min(self.settings.limits.max_tokens or model_max, model_max)
 
     def admit(self, texts: list[str], truncate: bool, *, field: str = "inputs[{i}]",
@@ -393,9 +422,9 @@ class Runtime:
         `truncate` allows it), each text's token count after cutting, and which texts were cut.
         A refusal names the input as `field` formatted with its index i, and says `hint`.
         """
-        limit, model_max = self.token_limit(), self.encoder.max_seq_length
+        limit, model_max = self.token_limit(), self.model.max_seq_length
         out, tokens, cut = list(texts), [], []
-        for i, enc in enumerate(self._counter.encode_batch(texts)):
+        for i, enc in enumerate(self.counter.encode_batch(texts)):
             n = len(enc.ids)
             if n > limit:
                 if not truncate:
@@ -468,11 +497,11 @@ class Runtime:
         """
         start = time.monotonic()
         engine = self.current()  # pinned: a reload after this line does not change this request's bundle
-        params = engine.resolve(params)  # refused here (422), never inside a shared micro-batch
+        resolved = engine.resolve(params)  # refused here (422), never inside a shared micro-batch
         texts, tokens, cut_here = await self._admit(texts, truncate, field, hint)
         n = len(engine.bundle)
-        slots = [p.search_size(n) for p in params]
-        results = await self._run(engine, texts, params, tokens, slots, start, request_id)
+        slots = [p.search_size(n) for p in resolved]
+        results = await self._run(engine, texts, resolved, tokens, slots, start, request_id)
         for i in {*cut, *cut_here}:
             results[i] = results[i].truncated()
         for r in results:
@@ -560,7 +589,7 @@ class Runtime:
         return new, result
 
     def _install_version(self, store: KBStore, engine: Engine) -> Engine:
-        new = Engine(self.encoder, store.bundle)
+        new = Engine(self.model, store.bundle)
         self._stores[new] = store
         self._install(new, (self._gen, self._gen_reason))  # writes refuse generator bundles: nothing to change
         return new
@@ -599,7 +628,7 @@ class Runtime:
         return ge
 
     async def generate(self, ge: GenEngine, params: GenParams, prompt: str | None, messages: list[dict] | None,
-                       *, request_id: str | None = None) -> AsyncIterator[Step | GenAnswer]:
+                       *, request_id: str | None = None) -> AsyncGenerator[Step | GenAnswer, None]:
         """Wait for a slot (429 past the queue), then run `ge.stream` on a generation thread: yields
         each Step as it is chosen, then the GenAnswer. Closing this iterator early (a client gone)
         cancels the generation at its next token; the slot frees when its thread ends."""

@@ -36,9 +36,13 @@ import re
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from softknn.errors import BundleError, ShardMismatch, ShardsNotPlaced, ShardUnavailable
 from softknn.shards import Shard
+
+if TYPE_CHECKING:
+    from ray.actor import ActorClass
 
 log = logging.getLogger(__name__)
 NAMESPACE = "softknn"
@@ -82,10 +86,12 @@ class RayShards:
         self.labels = [_label(spec, s) for s, spec in enumerate(specs)]
         self.versions = list(versions) if versions is not None else [None] * len(specs)
         self.needs = {"CPU": num_cpus, **(resources or {})}
-        actor = ray.remote(actor_cls)
-        opts = {"max_restarts": -1, "max_task_retries": 0, "num_cpus": num_cpus}
+        actor: ActorClass[Any] = ray.remote(actor_cls)
+        opts: dict[str, Any] = {"max_restarts": -1, "max_task_retries": 0, "num_cpus": num_cpus}  # Ray's actor options
         opts.update({"resources": resources} if resources else {"scheduling_strategy": "SPREAD"})
-        self.handles = []
+        # Ray actor handles: Ray types a handle's method calls (h.ping.remote()) only for methods
+        # decorated with ray.method, and ray is imported only where it is used
+        self.handles: list[Any] = []
         self.owned = names is None
         for s, spec in enumerate(specs):
             named = {"name": names[s], "namespace": NAMESPACE, "lifetime": "detached"} if names else {}
@@ -585,7 +591,7 @@ def _interrupt(signum, frame):  # SIGTERM: shut down like Ctrl-C (Serve app, sha
     raise KeyboardInterrupt
 
 
-def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cpus: float | None = None,
+def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cpus: int | None = None,
               replica_cpus: float = 1.0, shard_cpus: float = 1.0, shard_resources: dict | None = None,
               place_timeout_s: float = 60.0, reload_timeout_s: float = 300.0, blocking: bool = True) -> None:
     """Start (or join, `address`) a Ray cluster and run the service as a Serve application on
@@ -615,8 +621,9 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
         ray.init(address="local", num_cpus=num_cpus, namespace=NAMESPACE, include_dashboard=False)
     kill_named_shards()  # a previous deployment's coordinator and shards (this one replaces it)
     opts = {"num_cpus": shard_cpus, "resources": shard_resources, "place_timeout_s": place_timeout_s}
-    coord = ray.remote(Coordinator).options(name=COORDINATOR, namespace=NAMESPACE, lifetime="detached", num_cpus=0,
-                                             max_restarts=0).remote(
+    # a Ray actor handle (see RayShards.handles)
+    coord: Any = ray.remote(Coordinator).options(name=COORDINATOR, namespace=NAMESPACE, lifetime="detached",
+                                                  num_cpus=0, max_restarts=0).remote(
         str(settings.bundle) if settings.bundle is not None else None, opts, reload_timeout_s)
     try:
         ray.get(coord.start.remote())  # the first shard set, before any replica needs it
@@ -628,8 +635,8 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
         link = ReplicaLink()
         return create_app(settings, shard_backend=link.shard_factory, cluster=link, echo_request_id=False)
 
-    deployment = serve.deployment(serve.ingress(build_app)(), name="softknn", num_replicas=replicas,
-                                  ray_actor_options={"num_cpus": replica_cpus})
+    deployment = serve.deployment(name="softknn", num_replicas=replicas,
+                                  ray_actor_options={"num_cpus": replica_cpus})(serve.ingress(build_app)())
     serve.start(http_options={"host": settings.host, "port": settings.port})
     if blocking:
         signal.signal(signal.SIGTERM, _interrupt)

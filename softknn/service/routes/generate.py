@@ -1,10 +1,10 @@
 """POST /v1/generate: generation with the KB in the generator's attention, one JSON answer or
 server-sent events. The body model carries this app's limits, so the router is built per app."""
 
-# No `from __future__ import annotations`: FastAPI must see the body model class itself.
+# No `from __future__ import annotations`: FastAPI must see the body model class itself (deps.body_model).
 
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator
+from typing import Any, TypeVar
 
 import orjson
 from fastapi import APIRouter
@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 
 from softknn.errors import SoftKNNError
 from softknn.generation import GenAnswer
-from softknn.service.deps import RequestIdDep, RuntimeDep
+from softknn.service.deps import RequestIdDep, RuntimeDep, body_model
 from softknn.service.errors import ServiceError, error_body, status_of
 from softknn.service.routes.infer import FastJSONResponse
 from softknn.service.schemas import (
@@ -31,6 +31,7 @@ def sse(obj) -> bytes:
 
 
 DONE = b"data: [DONE]\n\n"
+T = TypeVar("T")
 
 
 def error_event(e: BaseException) -> bytes:
@@ -46,17 +47,18 @@ class EventStream(StreamingResponse):
 
     media_type = "text/event-stream"
 
-    def __init__(self, content: AsyncIterator[bytes], **kw):
+    def __init__(self, content: AsyncGenerator[bytes, None], **kw):
         super().__init__(content, headers=SSE_HEADERS, **kw)
+        self.events = content  # the body iterator itself (an async iterable is used as it is)
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.body_iterator.aclose()
+            await self.events.aclose()
 
 
-async def first_item(stream):
+async def first_item(stream: AsyncGenerator[T, None]) -> T:
     """The stream's first item, so a refusal before the first token (queue full, bad messages)
     leaves as an ordinary error response, not as an event."""
     try:
@@ -74,7 +76,8 @@ def build_router(GenerateRequest: type[GenerateRequestBase]) -> APIRouter:
                         'stream: one `data: {"token": id, "text": piece}` event per token, then `data: <the answer '
                         'object>`, then `data: [DONE]`'}}}}},
                  summary="Generate with the KB in the generator's attention, with evidence")
-    async def generate(body: GenerateRequest, runtime: RuntimeDep, request_id: RequestIdDep):
+    @body_model(GenerateRequest)
+    async def generate(body: GenerateRequestBase, runtime: RuntimeDep, request_id: RequestIdDep):
         """409 generator_unavailable when the bundle was built without a generator; 429 when
         `generator.max_concurrent` generations run and `generator.max_queue` wait."""
         ge = runtime.generation()
@@ -86,7 +89,7 @@ def build_router(GenerateRequest: type[GenerateRequestBase]) -> APIRouter:
         stream = runtime.generate(ge, params, body.prompt, messages, request_id=request_id)
         first = await first_item(stream)
 
-        async def events() -> AsyncIterator[bytes]:
+        async def events() -> AsyncGenerator[bytes, None]:
             try:
                 item = first
                 while True:

@@ -1,7 +1,8 @@
 """POST /v1/infer. The body model carries this app's limits, so the router is built per app."""
 
-# No `from __future__ import annotations`: FastAPI must see the body model class itself, and the
-# class is local to build_router.
+# No `from __future__ import annotations`: FastAPI must see the body model class itself. The class
+# is made per app (build_router's argument): the endpoint is annotated with its base class for the
+# type checker, and deps.body_model sets the class itself for FastAPI.
 
 from typing import Any
 
@@ -9,7 +10,7 @@ import orjson
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep
+from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep, body_model
 from softknn.service.schemas import ErrorResponse, InferRequestBase, InferResponse, served
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 413, 422, 429, 503)}
@@ -30,7 +31,8 @@ def build_router(InferRequest: type[InferRequestBase]) -> APIRouter:
 
     @router.post("/infer", response_model=InferResponse, responses=ERRORS,
                  summary="Knowledge-augmented inference with evidence")
-    async def infer(body: InferRequest, runtime: RuntimeDep, settings: SettingsDep,
+    @body_model(InferRequest)
+    async def infer(body: InferRequestBase, runtime: RuntimeDep, settings: SettingsDep,
                     request_id: RequestIdDep) -> FastJSONResponse:
         params = body.to_params(settings.defaults.hybrid_pool, settings.defaults.candidates)
         engine, results = await runtime.infer(body.inputs, params, truncate=body.truncate, cut=body.cut,

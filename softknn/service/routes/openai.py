@@ -5,11 +5,11 @@ generator). softknn's chat parameters (k, mixing, alpha, use_kb, ...) are extra 
 its embedding parameters one `softknn` object: what the openai client's `extra_body` sends.
 Errors carry OpenAI's `param` and `code` next to the service's `type`, `message`, `field`."""
 
-# No `from __future__ import annotations`: FastAPI must see the body model class itself.
+# No `from __future__ import annotations`: FastAPI must see the body model class itself (deps.body_model).
 
 import base64
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from fastapi import APIRouter
 
 from softknn.errors import InvalidInput, SoftKNNError
 from softknn.generation import GenAnswer
-from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep
+from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep, body_model
 from softknn.service.errors import ModelNotFound, ServiceError
 from softknn.service.routes.generate import DONE, EventStream, error_event, first_item, sse
 from softknn.service.routes.infer import FastJSONResponse
@@ -68,7 +68,8 @@ def build_router(ChatRequest: type[ChatRequestBase], EmbeddingRequest: type[Embe
 
     @router.post("/embeddings", response_model=EmbeddingResponse, responses=ERRORS,
                  summary="OpenAI-compatible embeddings: the plain model's, or knowledge-augmented (softknn.augmented)")
-    async def embeddings(body: EmbeddingRequest, runtime: RuntimeDep, settings: SettingsDep,
+    @body_model(EmbeddingRequest)
+    async def embeddings(body: EmbeddingRequestBase, runtime: RuntimeDep, settings: SettingsDep,
                          request_id: RequestIdDep) -> FastJSONResponse:
         """`model` must be the embedding model's id (GET /v1/models) or empty: else 404 model_not_found.
         The plain embedding is the sentence-transformers model's own output (pooled, normalised);
@@ -110,7 +111,8 @@ def build_router(ChatRequest: type[ChatRequestBase], EmbeddingRequest: type[Embe
                         "then one with finish_reason and a `softknn` field, then usage when "
                         "stream_options.include_usage), then `data: [DONE]`"}}}}},
                  summary="OpenAI-compatible chat completion with the KB in the generator's attention")
-    async def chat_completions(body: ChatRequest, runtime: RuntimeDep, request_id: RequestIdDep):
+    @body_model(ChatRequest)
+    async def chat_completions(body: ChatRequestBase, runtime: RuntimeDep, request_id: RequestIdDep):
         """`model` must be the served generator's id (or empty): else 404 model_not_found. n = 1 only.
         temperature defaults to 0 (greedy), not OpenAI's 1."""
         ge = runtime.generation()
@@ -141,7 +143,7 @@ def build_router(ChatRequest: type[ChatRequestBase], EmbeddingRequest: type[Embe
                 out.setdefault("usage", None)
             return sse(out)
 
-        async def events() -> AsyncIterator[bytes]:
+        async def events() -> AsyncGenerator[bytes, None]:
             try:
                 yield chunk({"role": "assistant", "content": ""})
                 item = first

@@ -4,13 +4,13 @@ Each text's score is what the retrieval would rank it by were it a chunk of the 
 the dense cosine and BM25 with the KB's lexical statistics and λ (softknn.rerank; docs/design.md,
 "Rerank"). The body model carries this app's limits, so the router is built per app."""
 
-# No `from __future__ import annotations`: FastAPI must see the body model class itself.
+# No `from __future__ import annotations`: FastAPI must see the body model class itself (deps.body_model).
 
 from typing import Any
 
 from fastapi import APIRouter
 
-from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep
+from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep, body_model
 from softknn.service.routes.infer import FastJSONResponse
 from softknn.service.schemas import ErrorResponse, Rank, RerankRequestBase
 
@@ -22,7 +22,8 @@ def build_router(RerankRequest: type[RerankRequestBase]) -> APIRouter:
 
     @router.post("/rerank", response_model=list[Rank], responses=ERRORS,
                  summary="Rerank texts for a query by the retrieval's similarity (TEI's schema)")
-    async def rerank(body: RerankRequest, runtime: RuntimeDep, settings: SettingsDep,
+    @body_model(RerankRequest)
+    async def rerank(body: RerankRequestBase, runtime: RuntimeDep, settings: SettingsDep,
                      request_id: RequestIdDep) -> FastJSONResponse:
         """One `{index, score}` per text (with `text` when return_text), by score high to low, ties
         by index; `top_n` keeps the best n. The bundle's retrieval decides the similarity: hybrid
@@ -32,7 +33,7 @@ def build_router(RerankRequest: type[RerankRequestBase]) -> APIRouter:
         order = sorted(range(len(s)), key=lambda i: (-s[i], i))
         if body.top_n is not None:
             order = order[: body.top_n]
-        out = [{"index": i, "score": float(s[i])} for i in order]
+        out: list[dict[str, Any]] = [{"index": i, "score": float(s[i])} for i in order]
         if body.return_text:
             for item in out:
                 item["text"] = body.texts[item["index"]]
