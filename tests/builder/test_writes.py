@@ -82,7 +82,10 @@ def assert_same_as_fresh_build(store: KBStore, records: dict[str, dict], encoder
 
 
 def random_ops(rng: random.Random, records: dict[str, dict], n: int) -> list[tuple[str, str, dict | None]]:
-    """n puts (replacing, new, re-adding a deleted id) and deletes, drawn by `rng`."""
+    """n puts (replacing, new, re-adding a deleted id) and deletes, drawn by `rng`. Every text put is
+    new to the KB (a drawn serial number in it): two chunks of one text tie exactly in a fresh build, and
+    which of them ranks first then rides on the last bits of two embeddings computed in different
+    batches, so such a tie would compare noise, not the write path (a CI machine flipped one)."""
     ids = list(records)
     texts = [r["text"] for r in records.values()]
     ops = []
@@ -95,13 +98,14 @@ def random_ops(rng: random.Random, records: dict[str, dict], n: int) -> list[tup
             live.pop(doc)
         elif r < 0.6:
             doc = rng.choice(list(live))
-            new = {"text": rng.choice(texts) + " Update " + str(i) + ": the harbourmaster's bicycle rule.",
+            new = {"text": rng.choice(texts) + f" Update {rng.randrange(10**6)}: the harbourmaster's bicycle rule.",
                    "label": rng.choice([None, "tickets_and_fares", "a_new_label"]), "metadata": {"n": i}}
             ops.append(("put", doc, new))
             live[doc] = new
         else:
             doc = rng.choice([f"new-{i}", rng.choice(ids)])
-            new = {"text": " ".join(rng.choice(texts).split()[: rng.randint(3, 400)]), "label": None, "metadata": {}}
+            words = rng.choice(texts).split()[: rng.randint(3, 400)]
+            new = {"text": " ".join(words) + f" (copy {rng.randrange(10**6)})", "label": None, "metadata": {}}
             ops.append(("put", doc, new))
             live[doc] = new  # a new id, or a deleted one coming back: at the end; a live one keeps its place
     return ops
