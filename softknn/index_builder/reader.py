@@ -55,7 +55,7 @@ def _record(rec: object, where: str, fields: Fields, default_id: str) -> Documen
         raise KBFormatError(f"{where}: id field {fields.id!r} must be a string or number")
     doc_id = str(raw_id) if raw_id is not None and str(raw_id).strip() else default_id
     label = rec.get(fields.label) if fields.label else None
-    if label is not None and not isinstance(label, (str, int)):
+    if label is not None and (not isinstance(label, (str, int)) or isinstance(label, bool)):
         raise KBFormatError(f"{where}: label field {fields.label!r} must be a string")
     label = str(label) if label not in (None, "") else None
     meta = rec.get("metadata")

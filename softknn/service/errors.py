@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 
 from softknn.errors import (
     BundleError,
@@ -226,6 +227,23 @@ def validation_response(exc: RequestValidationError, *, openai: bool = False) ->
     return error_response(422, "validation_error", "; ".join(parts) or "invalid request", first, openai=openai)
 
 
+def allowed_methods(request: Request, first: str | None) -> str:
+    """Every method the service serves on this path, for a 405's Allow header. Starlette's 405 names
+    only the first route that matched the path (`first`), and one path can have several (GET, PUT and
+    DELETE /v1/documents/{doc_id}); the OpenAPI document lists them all (GET answers HEAD too)."""
+    app = request.app
+    table = getattr(app.state, "route_methods", None)
+    if table is None:
+        table = [(compile_path(path)[0], {m.upper() for m in ops})
+                 for path, ops in app.openapi().get("paths", {}).items()]
+        app.state.route_methods = table
+    methods = {m.strip() for m in (first or "").split(",") if m.strip()}
+    for regex, ops in table:
+        if regex.match(request.url.path):
+            methods |= ops | ({"HEAD"} if "GET" in ops else set())
+    return ", ".join(sorted(methods))
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers that turn every exception into the one shape."""
 
@@ -250,10 +268,11 @@ def install(app: FastAPI) -> None:
             kind, message = "malformed_json", f"request body is not valid JSON: {parse_failure(exc.__cause__)}"
         if exc.status_code == 404 and message == "Not Found":
             message = f"no route {request.url.path}"
-        elif exc.status_code == 405:
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
             message = f"method {request.method} not allowed on {request.url.path}"
-        return error_response(exc.status_code, kind, message, headers=getattr(exc, "headers", None),
-                              openai=_openai(request))
+            headers = {**(headers or {}), "Allow": allowed_methods(request, (headers or {}).get("Allow"))}
+        return error_response(exc.status_code, kind, message, headers=headers, openai=_openai(request))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from softknn.engine import InferParams
@@ -903,13 +911,21 @@ class Rank(_Out):
     score: float = Field(description="s_t, the retrieval's similarity for this text (docs/design.md, \"Rerank\")")
     text: str | None = Field(None, description="the text, with return_text")
 # --- KB writes (PUT/DELETE/GET /v1/documents/{doc_id}) --------------------------------------------
+def _label(v: Any) -> Any:
+    """A string or an integer, as the builder reads a label: never a boolean read as 0 or 1."""
+    if v is not None and (isinstance(v, bool) or not isinstance(v, str | int)):
+        raise PydanticCustomError("label_type", "must be a string or an integer")
+    return v
+
+
 class DocumentRequest(BaseModel):
     """A KB record without its id, as the builder reads one: fields other than these become metadata."""
 
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     text: str = Field(min_length=1, description="the document's text; its chunks replace the old ones")
-    label: str | int | None = Field(None, description="the document's label (a labelled KB's class)")
+    label: Annotated[str | int | None, BeforeValidator(_label)] = Field(
+        None, description="the document's label (a labelled KB's class)")
     metadata: dict[str, Any] | None = Field(None, description="kept with every chunk, returned with its evidence")
 
 

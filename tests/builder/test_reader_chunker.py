@@ -37,6 +37,7 @@ def test_jsonl_csv_and_text_folders_are_read_with_labels_and_metadata(tmp_path):
         ("kb.jsonl", '{"id": "a", "text": "ok"}\n{"id": "a", "text": "again"}\n', r"kb.jsonl:2: duplicate id 'a' \(first at .*kb.jsonl:1\)"),
         ("kb.jsonl", '{"id": "a", "text": "ok"}\n{not json\n', r"kb.jsonl:2:2: invalid JSON: Expecting property name enclosed in double quotes \(line 2, column 2\)$"),
         ("kb.jsonl", "", r"kb.jsonl:1: empty file"),
+        ("kb.jsonl", '{"id": "a", "text": "ok", "label": true}\n', r"kb.jsonl:1: label field 'label' must be a string"),
         ("kb.jsonl", '{"id": "a", "text": "   "}\n', r"kb.jsonl:1: missing or empty text"),
         ("kb.csv", "body\nx\n", r"kb.csv:1: no column 'text'"),
         ("doc.txt", "", r"doc.txt:1: empty file"),

@@ -56,6 +56,11 @@ def test_writes_through_http_answer_as_a_fresh_build(bundle, encoder, sample_kb,
         assert bad.status_code == 422 and bad.json()["error"]["type"] == "kb_format_error", bad.text
         bad = c.put("/v1/documents/x", json={"label": "a"}, headers=ADMIN)
         assert bad.status_code == 422 and bad.json()["error"]["field"] == "text", bad.text
+        for label in (False, 1.5, ["a"]):  # a string or an integer; a boolean is not silently the label 0 or 1
+            bad = c.put("/v1/documents/x", json={"text": "a", "label": label}, headers=ADMIN)
+            assert bad.status_code == 422 and bad.json()["error"]["field"] == "label", (label, bad.text)
+        options = c.options("/v1/documents/x")  # one path, three routes: the 405 names all their methods
+        assert options.status_code == 405 and options.headers["allow"] == "DELETE, GET, HEAD, PUT", options.headers
         missing = c.delete("/v1/documents/nope", headers=ADMIN)
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found", missing.text
         new = {"text": "Bicycles ride free on the Amber Line after 7pm, racks on the upper deck.", "label": "luggage_and_pets"}

@@ -99,6 +99,8 @@ def test_unknown_route_and_wrong_method(api):
     r = api.get("/v1/infer")
     assert (r.status_code, r.json()) == (405, err("method_not_allowed", "method GET not allowed on /v1/infer"))
     assert r.headers["allow"] == "POST"
+    r = api.delete("/v1/index")
+    assert (r.status_code, r.headers["allow"]) == (405, "GET, HEAD")
 
 
 def test_body_over_the_limit_is_413_declared_or_streamed(running_app, make_settings):
