@@ -57,6 +57,13 @@ def _word_spans(spans: np.ndarray, mass: np.ndarray) -> list[tuple[int, int, flo
     return words
 
 
+def _readable(word: str) -> bool:
+    """A word a reader can use: it holds a letter or a digit. Runs of punctuation and markup
+    ('---------------', '**********', '+-----') draw mass (a run of touching tokens sums theirs) but
+    are not offered as spans; their mass still counts in the chunk's share."""
+    return any(ch.isalnum() for ch in word)
+
+
 def evidence_items(
     fr: FusedResult,
     b: int,
@@ -97,7 +104,7 @@ def evidence_items(
         c = bundle.chunks[rows[s]]
         st, n = int(bundle.kv.start[rows[s]]), int(bundle.kv.count[rows[s]])
         tspans = np.asarray(bundle.token_spans[st : st + n])
-        words = _word_spans(tspans, mass_np[s, :n])
+        words = [w for w in _word_spans(tspans, mass_np[s, :n]) if _readable(c["text"][w[0] - c["start"] : w[1] - c["start"]])]
         words.sort(key=lambda w: -w[2])
         words = words[:n_spans]
         # per span, its pull from every query token (n_words, n); top 3 by (pull rounded to 1e-9, index)

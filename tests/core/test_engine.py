@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.engine import InferParams
+from softknn.bundle import load_bundle
+from softknn.engine import Engine, InferParams
+from softknn.evidence import _word_spans
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.reference import reference_embedding
 
 QUERY = "Can I bring my dog on the Coral Line ferry to Brindlewick?"
@@ -223,3 +226,27 @@ def test_a_too_long_input_in_a_grouped_batch_is_named_by_its_own_index(engine):
     with pytest.raises(InputTooLarge) as e:
         engine.infer(texts, InferParams(truncate=False), group_size=2)
     assert e.value.field == "inputs[4]" and str(e.value).startswith("input 4 has ")
+
+
+def test_spans_are_words_a_reader_can_use_never_markup(encoder, tmp_path):
+    """Documentation markup (rules, tables, emphasis runs) sums its tokens' mass into one 'word';
+    evidence spans offer only words holding a letter or digit, all of them when asked for all."""
+    doc = ("Ferry timetable\n===============\n+-------+---------+\n| Route | Departs |\n+-------+---------+\n"
+           "| Amber | 09:00   |\n**********\nBicycles ride free on the Amber Line after 7pm.")
+    kb = tmp_path / "kb.jsonl"
+    kb.write_text(json.dumps({"id": "timetable", "text": doc}) + "\n"
+                  + json.dumps({"id": "other", "text": "Lost property is kept at the terminal for a month."}) + "\n")
+    build_bundle(kb, tmp_path / "b", BuildConfig(), encoder, progress=False)
+    bundle = load_bundle(tmp_path / "b")
+    row = next(i for i, c in enumerate(bundle.chunks) if c["doc_id"] == "timetable")
+    c = bundle.chunks[row]
+    st, n = int(bundle.kv.start[row]), int(bundle.kv.count[row])
+    tok = np.asarray(bundle.token_spans[st : st + n])
+    merged = [(s, e) for s, e, _, _ in _word_spans(tok, np.zeros(n))]
+    texts = [c["text"][s - c["start"] : e - c["start"]] for s, e in merged]
+    readable = sorted(t for t in texts if any(ch.isalnum() for ch in t))
+    assert len(readable) < len(texts) and "===============" in texts  # the chunk has markup runs
+    (r,) = Engine(encoder, bundle).infer(["when does the amber ferry depart?"], InferParams(evidence=2, spans=1000))
+    ev = next(e for e in r.evidence if e.doc_id == "timetable")
+    assert sorted(sp.text for sp in ev.spans) == readable
+    assert sum(sp.weight for sp in ev.spans) < ev.mass_share  # the markup's mass counts in the share only
