@@ -93,6 +93,11 @@ def serve(
     if ray:
         import json
 
+        if len(settings.kbs()) > 1:
+            typer.secho("error: --ray serves one KB: several named bundles are not served on Ray yet",
+                        fg=typer.colors.RED, err=True)
+            raise typer.Exit(2)
+
         from softknn.console import need_ray
 
         need_ray()

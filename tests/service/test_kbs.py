@@ -1,6 +1,9 @@
 """Several named KBs in one app (softknn.service.kbs): each answers as it does served alone, writes and
 reloads touch one KB only, and keys scoped to a KB see nothing of the others: a foreign KB's name
-answers byte for byte as a name no KB has, on every route of the OpenAPI schema."""
+answers byte for byte as a name no KB has, on every route of the OpenAPI schema.
+
+One app for the module (two bundles and their warm-up are the cost): the tests that change it
+write and reload the small KB only, and each compares before and after itself."""
 
 from __future__ import annotations
 
@@ -28,13 +31,13 @@ def without_id(payload: dict) -> dict:
     return {k: v for k, v in payload.items() if k != "request_id"}
 
 
-@pytest.fixture
-def small_copy(bundle_b, tmp_path):
+@pytest.fixture(scope="module")
+def small_copy(bundle_b, tmp_path_factory):
     """The small KB copied, so that writes to it leave the session's bundle as it was."""
-    return shutil.copytree(bundle_b, tmp_path / "small")
+    return shutil.copytree(bundle_b, tmp_path_factory.mktemp("kbs") / "small")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_kbs(running_app, make_settings, bundle_dir, small_copy):
     settings = make_settings(None, bundles={"sample": bundle_dir, "small": small_copy},
                              auth={"admin_token": ADMIN_TOKEN, "api_key": API_KEY, "keys": KEYS})
@@ -196,3 +199,27 @@ def test_kb_settings_and_the_cli_bundle_option():
         Settings(bundles={"a/b": "/b"})
     with pytest.raises(ValueError, match="scopes must include read"):
         Settings(bundles={"faq": "/b"}, auth={"keys": [{"key": "12345678", "kbs": ["faq"], "scopes": ["write"]}]})
+
+
+def test_every_key_is_compared_in_constant_time_and_none_is_logged(two_kbs, monkeypatch, caplog):
+    import hmac
+    import logging
+
+    import softknn.service.auth
+
+    calls, real = [], hmac.compare_digest
+
+    def spy(a, b):
+        calls.append(b)
+        return real(a, b)
+
+    monkeypatch.setattr(softknn.service.auth.hmac, "compare_digest", spy)
+    secrets = [ADMIN_TOKEN, API_KEY, SAMPLE_READ, SMALL_WRITE]
+    with caplog.at_level(logging.DEBUG):
+        for token in (SMALL_WRITE, "wrong-key-wrong-key"):
+            calls.clear()
+            two_kbs.get("/v1/index", params={"kb": "small"}, headers=bearer(token))
+            assert sorted(calls) == sorted(s.encode() for s in secrets)  # every one, the match no early exit
+        two_kbs.put("/v1/documents/x", params={"kb": "sample"}, json={"text": "a"}, headers=bearer(SAMPLE_READ))
+    logged = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
+    assert caplog.records and not [s for s in secrets if s in logged]
