@@ -325,7 +325,7 @@ class Runtime:
             raise
         except Exception as e:
             raise BundleError(f"{path}: warm-up pass failed: {type(e).__name__}: {e}", field="bundle") from e
-        log.info("bundle opened", extra={"bundle": str(path), "version_id": engine.bundle.version,
+        log.info("bundle opened", extra={"kb": self.kb, "bundle": str(path), "version_id": engine.bundle.version,
                                          "chunks": len(engine.bundle), "seconds": round(time.perf_counter() - t0, 2)})
         return engine
 
@@ -548,7 +548,7 @@ class Runtime:
                     self.metrics.reloads.labels(self.kb, "refused").inc()
                     raise
                 self.metrics.reloads.labels(self.kb, "ok").inc()
-            log.info("bundle swapped on every replica", extra={"previous_version": previous,
+            log.info("bundle swapped on every replica", extra={"kb": self.kb, "previous_version": previous,
                                                                "version_id": engine.bundle.version})
             return previous, engine
         async with self._reload_lock:
@@ -568,7 +568,7 @@ class Runtime:
             if old is not None:
                 self._retire(old.bundle)
             self.metrics.reloads.labels(self.kb, "ok").inc()
-        log.info("bundle swapped", extra={"previous_version": previous, "version_id": engine.bundle.version})
+        log.info("bundle swapped", extra={"kb": self.kb, "previous_version": previous, "version_id": engine.bundle.version})
         return previous, engine
 
     # --- KB writes (softknn.index_builder.writes) -----------------------------------------------------
@@ -629,7 +629,7 @@ class Runtime:
             store = await loop.run_in_executor(self._write_pool, self._store, engine)
             result = await loop.run_in_executor(self._write_pool, store.compact)
             new = self._install_version(store, engine) if result["writes_folded"] else engine
-        log.info("KB compacted", extra={"version_id": new.bundle.version, "writes_folded": result["writes_folded"],
+        log.info("KB compacted", extra={"kb": self.kb, "version_id": new.bundle.version, "writes_folded": result["writes_folded"],
                                         "recalibrated": result["recalibrated"]})
         return new, result
 

@@ -52,6 +52,9 @@ def infer(client, kb: str, token: str = API_KEY) -> dict:
 
 
 def test_each_kb_answers_exactly_as_it_does_served_alone(two_kbs, inproc, running_app, make_settings, bundle_b):
+    first, second = two_kbs.app.state.kbs
+    assert (first.kb, second.kb) == ("sample", "small")
+    assert second.encoder is first.encoder and second.batcher is first.batcher  # one model, one batcher
     alone_sample = inproc.post("/v1/infer", json=QUERY)
     assert alone_sample.status_code == 200
     assert infer(two_kbs, "sample") == without_id(alone_sample.json())
@@ -223,3 +226,27 @@ def test_every_key_is_compared_in_constant_time_and_none_is_logged(two_kbs, monk
         two_kbs.put("/v1/documents/x", params={"kb": "sample"}, json={"text": "a"}, headers=bearer(SAMPLE_READ))
     logged = "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
     assert caplog.records and not [s for s in secrets if s in logged]
+
+
+def test_the_model_is_loaded_once_for_every_kb(encoder, make_settings, bundle_b, monkeypatch):
+    from fastapi.testclient import TestClient
+
+    import softknn.service.lifecycle as lifecycle
+    from softknn.service.app import create_app
+    from softknn.service.testing import wait_ready
+
+    loads = []
+
+    def load(*args, **kw):
+        loads.append(args)
+        return encoder
+
+    monkeypatch.setattr(lifecycle, "Encoder", load)
+    settings = make_settings(bundle_b, bundles={"a": bundle_b, "b": bundle_b})
+    with TestClient(create_app(settings)) as client:  # no encoder given: the app loads its own
+        wait_ready(client, 60)
+        assert [rt.kb for rt in client.app.state.kbs] == ["default", "a", "b"]
+        assert {rt.status for rt in client.app.state.kbs} == {"ready"}
+        r = client.post("/v1/infer", json={"inputs": ["dogs?"], "kb": "b"})
+        assert r.status_code == 200
+    assert len(loads) == 1

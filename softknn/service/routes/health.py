@@ -26,7 +26,7 @@ async def healthz(kbs: KBsDep) -> dict:
 @router.get("/readyz", summary="Readiness: model and bundle loaded and warm",
             responses={503: {"model": ErrorResponse}})
 async def readyz(kbs: KBsDep, runtime: RuntimeDep) -> dict:
-    """Ready when every KB is; `bundle_version` is the default KB's (the only one, or `default`)."""
+    """Ready when every KB is; `bundle_version` is the KB named `default`'s, else the first KB's."""
     for rt in kbs:  # no KB names here: these routes take no key
         engine = rt.current()  # NotReady → 503 until then
         if not rt.ready:
