@@ -101,9 +101,8 @@ async def require_admin(settings: SettingsDep, creds: BearerDep) -> Principal:
     found = principal(auth, _token(creds, "admin token"))
     if found is ADMIN:
         return found
-    if found is not None:
-        who = "the API key" if found.who == "the API key" else "this key"
-        raise Forbidden(f"{who} does not grant admin routes; use the admin token")
+    if found is not None:  # the API key or a scoped key
+        raise Forbidden(f"{found.who} does not grant admin routes; use the admin token")
     raise _invalid("admin token")
 
 

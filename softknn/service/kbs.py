@@ -63,7 +63,7 @@ class KBs:
         first = self.first
         first.on_failed_start = self._failed(first)
         await first.start()
-        if first.encoder is None or first._counter is None:  # the model did not load: every KB fails with it
+        if first.encoder is None:  # the model did not load: every KB fails with it
             for rt in self.runtimes.values():
                 if rt is not first:
                     rt.status, rt.error = first.status, first.error
