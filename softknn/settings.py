@@ -6,10 +6,11 @@ Every field is also an environment variable: prefix `SOFTKNN_`, nested sections 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT
@@ -87,9 +88,41 @@ class Batching(BaseModel):
     request_timeout_s: float = Field(30.0, gt=0, description="a request waiting longer gets 503")
 
 
+KB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+DEFAULT_KB = "default"
+
+
+class ScopedKey(BaseModel):
+    """One bearer key limited to some KBs and to reading, or reading and writing (docs/security.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: SecretStr = Field(description="the bearer token")
+    kbs: list[str] = Field(min_length=1, description='KB names the key may use; ["*"] = every KB')
+    scopes: list[Literal["read", "write"]] = Field(["read"], description='["read"] or ["read", "write"]')
+
+    @model_validator(mode="after")
+    def _scopes(self):
+        if "read" not in self.scopes:
+            raise ValueError(f"a key's scopes must include read: {self.scopes}")
+        if len(self.key.get_secret_value()) < 8:
+            raise ValueError("a scoped key must be at least 8 characters")
+        return self
+
+
 class Auth(BaseModel):
-    api_key: SecretStr | None = Field(None, description="bearer key for /v1/*; unset = open")
-    admin_token: SecretStr | None = Field(None, description="bearer token for /v1/admin/*; unset = admin off")
+    api_key: SecretStr | None = Field(None, description="bearer key for /v1/* reads of every KB; unset (and no "
+                                      "`keys`) = reads open")
+    admin_token: SecretStr | None = Field(None, description="bearer token for /v1/admin/* and KB writes, every KB; "
+                                          "unset = admin off")
+    keys: list[ScopedKey] = Field(default_factory=list, description='keys scoped to KBs, JSON: [{"key": "...", '
+                                  '"kbs": ["faq"], "scopes": ["read", "write"]}] (docs/security.md); any key set '
+                                  "closes /v1/* reads to callers without one")
+
+    @property
+    def reads_open(self) -> bool:
+        """No API key and no scoped key: /v1/* reads need no token (as before keys existed)."""
+        return self.api_key is None and not self.keys
 
 
 class Writes(BaseModel):
@@ -112,7 +145,10 @@ class GeneratorSettings(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SOFTKNN_", env_nested_delimiter="__", extra="ignore")
 
-    bundle: Path | None = Field(None, description="bundle directory the service loads")
+    bundle: Path | None = Field(None, description="bundle directory the service loads, as the KB named `default`")
+    bundles: dict[str, Path] = Field(default_factory=dict, description='named KBs the service loads besides, JSON: '
+                                     '{"faq": "DIR", "regs": "DIR2"} (`softknn serve --bundle faq=DIR`); requests '
+                                     "pick one with `kb`")
     host: str = Field("127.0.0.1", description="interface the service binds")
     port: int = Field(8000, ge=0, le=65535, description="TCP port of the service")
     log_level: str = Field("info", description="debug | info | warning | error")
@@ -125,6 +161,28 @@ class Settings(BaseSettings):
     auth: Auth = Field(default_factory=Auth)
     generator: GeneratorSettings = Field(default_factory=GeneratorSettings)
     writes: Writes = Field(default_factory=Writes)
+
+    @model_validator(mode="after")
+    def _kb_names(self):
+        for name in self.bundles:
+            if not KB_NAME.fullmatch(name):
+                raise ValueError(f"KB name {name!r}: use 1-64 letters, digits, '_', '.', '-' (a letter or digit first)")
+        if self.bundle is not None and DEFAULT_KB in self.bundles:
+            raise ValueError(f"bundle and bundles[{DEFAULT_KB!r}] both name the KB {DEFAULT_KB!r}: give one")
+        known = self.kbs()
+        for i, k in enumerate(self.auth.keys):
+            unknown = [n for n in k.kbs if n != "*" and n not in known]
+            if unknown:
+                raise ValueError(f"auth.keys[{i}].kbs names {unknown}, not among the KBs served: {sorted(known)}")
+        return self
+
+    def kbs(self) -> dict[str, Path | None]:
+        """The KBs served, by name: `bundles`, and `bundle` as the KB named `default` (also when it is
+        unset and no `bundles` are given: one KB, waiting for POST /v1/admin/reload)."""
+        out: dict[str, Path | None] = dict(self.bundles)
+        if self.bundle is not None or not out:
+            out = {DEFAULT_KB: self.bundle, **out}
+        return out
 
     def device(self) -> str:
         if self.model.device != "auto":

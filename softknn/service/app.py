@@ -2,6 +2,7 @@
 
     uvicorn --factory softknn.service.app:app_from_env      (settings from SOFTKNN_* variables)
     softknn serve --bundle DIR                      (softknn.service.cli.serve)
+    softknn serve --bundle faq=DIR --bundle regs=DIR2  (several KBs: softknn.service.kbs)
 
 Loading runs in the background (Runtime.start, from the lifespan), so the server answers at once:
 /healthz 200, /readyz and /v1/* 503 not_ready until the model, the bundle and a warm-up pass are
@@ -25,6 +26,7 @@ import softknn
 from softknn.encoder import Encoder
 from softknn.service import errors
 from softknn.service.auth import require_admin, require_api_key
+from softknn.service.kbs import KBs
 from softknn.service.lifecycle import Runtime
 from softknn.service.metrics import Metrics
 from softknn.service.middleware import BodyLimitMiddleware, RequestContextMiddleware
@@ -47,7 +49,7 @@ from softknn.service.schemas import (
     infer_request_model,
     rerank_request_model,
 )
-from softknn.settings import Settings
+from softknn.settings import DEFAULT_KB, Settings
 
 log = logging.getLogger("softknn.service")
 
@@ -68,17 +70,17 @@ def check_settings(settings: Settings) -> None:
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    runtime: Runtime = app.state.runtime
-    runtime.batcher.start()
-    loading = asyncio.create_task(runtime.start())
+    kbs: KBs = app.state.kbs
+    kbs.first.batcher.start()  # one batcher, shared by every KB
+    loading = asyncio.create_task(kbs.start())
     try:
         yield
     finally:
         loading.cancel()  # shutdown while loading: stop waiting (a loading thread finishes on its own)
         with contextlib.suppress(asyncio.CancelledError):
             await loading
-        await asyncio.to_thread(runtime.batcher.close)
-        await asyncio.to_thread(runtime.close)
+        await asyncio.to_thread(kbs.first.batcher.close)
+        await asyncio.to_thread(kbs.close)
         log.info("stopped")
 
 
@@ -87,6 +89,22 @@ def operation_id(route: APIRoute) -> str:
     `infer_v1_infer_post`. The generated client (clients/python) names its modules after these, so
     route names must be unique (tests/deploy/test_openapi_drift.py checks) and renaming one is an API change."""
     return route.name
+
+
+def make_kbs(settings: Settings, metrics: Metrics, *, encoder: Encoder | None = None, shard_backend=None,
+             generator=None, cluster=None) -> KBs:
+    """One Runtime per KB of settings.kbs(), sharing one model, batcher and generation threads."""
+    named = settings.kbs()
+    if cluster is not None and len(named) > 1:
+        raise ValueError(f"several KBs ({', '.join(named)}) are not served on Ray yet: serve one per deployment")
+    first: Runtime | None = None
+    runtimes: dict[str, Runtime] = {}
+    for name, path in named.items():
+        rt = Runtime(settings, metrics, encoder=encoder, shard_backend=shard_backend, generator=generator,
+                     cluster=cluster, kb=name, bundle=path, shared=first.shared if first is not None else None)
+        first = first or rt
+        runtimes[name] = rt
+    return KBs(runtimes)
 
 
 def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None, generator=None,
@@ -103,8 +121,10 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
                                   lifespan=lifespan, generate_unique_id_function=operation_id)
     app.state.settings = settings
     app.state.metrics = Metrics()
-    app.state.runtime = Runtime(settings, app.state.metrics, encoder=encoder, shard_backend=shard_backend,
-                                generator=generator, cluster=cluster)
+    app.state.kbs = make_kbs(settings, app.state.metrics, encoder=encoder, shard_backend=shard_backend,
+                             generator=generator, cluster=cluster)
+    # the KB named default (else the first): what a single-KB caller of app.state.runtime means
+    app.state.runtime = app.state.kbs.runtimes.get(DEFAULT_KB, app.state.kbs.first)
     errors.install(app)
 
     app.include_router(health.router)

@@ -12,9 +12,31 @@ from typing import Annotated, Any
 import typer
 
 
+def split_bundles(values: list[str]) -> tuple[Path | None, dict[str, Path]]:
+    """--bundle values: (the plain DIR, if one; {NAME: DIR} of the NAME=DIR ones). NAME=DIR needs a
+    valid KB name before the first '=' (no '/': so ./a=b is a directory)."""
+    from softknn.settings import KB_NAME
+
+    plain: Path | None = None
+    named: dict[str, Path] = {}
+    for v in values:
+        name, eq, path = v.partition("=")
+        if eq and KB_NAME.fullmatch(name):
+            if name in named:
+                raise typer.BadParameter(f"two bundles for the KB {name!r}", param_hint="--bundle")
+            named[name] = Path(path)
+        elif plain is not None:
+            raise typer.BadParameter(f"two plain bundle directories ({plain}, {v}): name them NAME=DIR",
+                                     param_hint="--bundle")
+        else:
+            plain = Path(v)
+    return plain, named
+
+
 def serve(
-    bundle: Annotated[Path | None, typer.Option("--bundle", help="bundle directory to serve "
-                                                   "(SOFTKNN_BUNDLE)")] = None,
+    bundle: Annotated[list[str] | None, typer.Option("--bundle", help="bundle directory to serve (SOFTKNN_BUNDLE), "
+                                                       "or NAME=DIR, repeated, for several named KBs "
+                                                       "(SOFTKNN_BUNDLES); a plain DIR is the KB named default")] = None,
     host: Annotated[str | None, typer.Option(help="interface to bind (SOFTKNN_HOST, default 127.0.0.1)")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port (SOFTKNN_PORT, default 8000)")] = None,
     model: Annotated[str | None, typer.Option("--model", help="sentence-transformers model path "
@@ -39,11 +61,15 @@ def serve(
     # contention: 13.9x a plain encode's p50 beside a CPU hog with 2 spinning threads, 0.42x passive).
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    given = bundle if bundle is not None else os.environ.get("SOFTKNN_BUNDLE")
+    plain, named = split_bundles(bundle or [])
+    given = [*([plain] if plain is not None else []), *named.values()]
+    if not given and os.environ.get("SOFTKNN_BUNDLE"):
+        given = [Path(os.environ["SOFTKNN_BUNDLE"])]
     if given:  # answered before FastAPI, torch and the model load
         from softknn.console import need_bundle
 
-        need_bundle(Path(given))
+        for path in given:
+            need_bundle(path)
     import uvicorn
     from pydantic import ValidationError
 
@@ -52,7 +78,7 @@ def serve(
     from softknn.service.server import uvicorn_config
     from softknn.settings import Settings
 
-    overrides = {"bundle": bundle, "host": host, "port": port, "log_level": log_level}
+    overrides = {"bundle": plain, "bundles": named or None, "host": host, "port": port, "log_level": log_level}
     # the given options as Settings' keyword arguments (pydantic validates them; the environment fills the rest)
     init: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
     if model is not None:
@@ -66,6 +92,11 @@ def serve(
     configure_logging(settings.log_level)
     if ray:
         import json
+
+        if len(settings.kbs()) > 1:
+            typer.secho("error: --ray serves one KB: several named bundles are not served on Ray yet",
+                        fg=typer.colors.RED, err=True)
+            raise typer.Exit(2)
 
         from softknn.console import need_ray
 
@@ -95,7 +126,7 @@ def serve(
         typer.secho(f"error: start-up failed, exiting: {reason}", fg=typer.colors.RED, err=True)
         server.should_exit = True
 
-    app.state.runtime.on_failed_start = stop
+    app.state.kbs.on_failed_start = stop
     server.run()
     if failed:
         raise typer.Exit(2)

@@ -11,11 +11,13 @@ import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 from pydantic import BaseModel
 
 from softknn.engine import Engine
+from softknn.service.kbs import KBs
 from softknn.service.lifecycle import Runtime
+from softknn.service.schemas import KB_DOC
 from softknn.settings import Settings
 
 
@@ -25,6 +27,10 @@ async def get_settings(request: Request) -> Settings:
 
 async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
+
+
+async def get_kbs(request: Request) -> KBs:
+    return request.app.state.kbs
 
 
 async def get_engine(runtime: Annotated[Runtime, Depends(get_runtime)]) -> Engine:
@@ -41,6 +47,8 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 EngineDep = Annotated[Engine, Depends(get_engine)]
 RequestIdDep = Annotated[str, Depends(get_request_id)]
+KBsDep = Annotated[KBs, Depends(get_kbs)]
+KBQuery = Annotated[str | None, Query(min_length=1, max_length=256, description=KB_DOC)]
 
 
 Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])

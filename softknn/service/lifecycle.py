@@ -188,16 +188,46 @@ class _Failed:
         self.exc = exc
 
 
+class Shared:
+    """What every KB of one app shares: the batcher (every forward pass of the process), the
+    generation slots and threads, the KB-write thread, the loaded generators."""
+
+    def __init__(self, settings: Settings, metrics: Metrics, generator: Generator | None = None):
+        b = settings.batching
+        self.batcher = Batcher(max_batch_size=b.max_batch_size, max_batch_tokens=b.max_batch_tokens,
+                               max_wait_ms=b.max_wait_ms, queue_size=b.queue_size,
+                               runner=functools.partial(run_engine, group_size=b.group_size),
+                               slot_unit=settings.defaults.k, metrics=metrics, workers=b.workers)
+        self.generators: dict[str, Generator] = {}
+        if generator is not None:
+            self.generators[generator.info.name] = generator  # shared, like `encoder` (tests, several apps)
+        g = settings.generator
+        self.gen_slots = GenSlots(g.max_concurrent, g.max_queue, metrics)
+        self.gen_pool = ThreadPoolExecutor(g.max_concurrent, thread_name_prefix="softknn-gen")
+        # KB writes (encode, new version, compaction) run on one thread of lower CPU priority, so on a
+        # busy machine the inference workers get the cores first (bench/writes.py measures both)
+        self.write_pool = ThreadPoolExecutor(1, thread_name_prefix="softknn-write", initializer=_lower_priority)
+
+
 class Runtime:
+    """One KB served: its engine, version, reloads, write store and generation. `kb` is its name
+    (requests' `kb`, the metrics' label); `bundle` what it opens at start (default settings.bundle);
+    `shared` what it shares with the app's other KBs (made here when not given)."""
+
     def __init__(self, settings: Settings, metrics: Metrics, *, encoder: Encoder | None = None, shard_backend=None,
-                 generator: Generator | None = None, cluster=None):
+                 generator: Generator | None = None, cluster=None, kb: str = "default",
+                 bundle: Path | None = None, shared: Shared | None = None):
         self.settings = settings
+        self.kb = kb
+        self.bundle_path = bundle if bundle is not None else (settings.bundle if shared is None else None)
+        self.shared = shared if shared is not None else Shared(settings, metrics, generator)
         self.shard_backend = shard_backend  # where a sharded bundle's shards run (None: in this process)
         # a Ray Serve replica's link to the deployment (softknn.service.ray_serving.ReplicaLink): what to serve
         # comes from it, and a reload runs through it on every replica; None: this process decides
         self.cluster = cluster
         self._retired: list = []  # bundles swapped out, closed once requests pinned to them are done
         self.metrics = metrics
+        metrics.ready.labels(kb).set(0)
         self.encoder = encoder
         self.engine: Engine | None = None
         self.status = "starting"  # starting → ready | no_bundle | failed
@@ -210,24 +240,15 @@ class Runtime:
         self._reload_lock = asyncio.Lock()  # reloads, KB writes and compactions: one at a time
         self._stores: weakref.WeakKeyDictionary[Engine, KBStore] = weakref.WeakKeyDictionary()  # engines serving a KB with writes
         self._compaction: asyncio.Task | None = None
-        # KB writes (encode, new version, compaction) run on one thread of lower CPU priority, so on a
-        # busy machine the inference workers get the cores first (bench/writes.py measures both)
-        self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="softknn-write", initializer=_lower_priority)
-        b = settings.batching
-        self.batcher = Batcher(max_batch_size=b.max_batch_size, max_batch_tokens=b.max_batch_tokens,
-                               max_wait_ms=b.max_wait_ms, queue_size=b.queue_size,
-                               runner=functools.partial(run_engine, group_size=b.group_size),
-                               slot_unit=settings.defaults.k, metrics=metrics, workers=b.workers)
+        self._write_pool = self.shared.write_pool
+        self.batcher = self.shared.batcher
         # generation: the GenEngine of the bundle serving now (None: why not, in _gen_reason)
-        self._generators: dict[str, Generator] = {}
-        if generator is not None:
-            self._generators[generator.info.name] = generator  # shared, like `encoder` (tests, several apps)
+        self._generators = self.shared.generators
         self._gen: GenEngine | None = None
         self.generation_created = 0  # when the served generator was installed (Unix seconds; /v1/models)
         self._gen_reason = "the model and bundle are still loading"
-        g = settings.generator
-        self.gen_slots = GenSlots(g.max_concurrent, g.max_queue, metrics)
-        self._gen_pool = ThreadPoolExecutor(g.max_concurrent, thread_name_prefix="softknn-gen")
+        self.gen_slots = self.shared.gen_slots
+        self._gen_pool = self.shared.gen_pool
 
     @property
     def model(self) -> Encoder:
@@ -246,18 +267,17 @@ class Runtime:
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
         """Model, bundle, warm-up; then ready. The lifespan runs it in the background. Never raises."""
-        s = self.settings
         try:
             await asyncio.to_thread(self._load_model)
             if self.cluster is not None:
                 await self.cluster.start(self)
                 return
-            if s.bundle is None:
+            if self.bundle_path is None:
                 self.status, self.error = "no_bundle", ("no bundle configured (--bundle, SOFTKNN_BUNDLE); "
                                                         "POST /v1/admin/reload one")
                 log.warning(self.error)
                 return
-            engine = await self.open(s.bundle)
+            engine = await self.open(self.bundle_path)
             self._install(engine, await self.open_generation(engine))
         except Exception as e:
             self.status, self.error = "failed", f"{type(e).__name__}: {e}"
@@ -265,7 +285,13 @@ class Runtime:
             if self.on_failed_start is not None:
                 self.on_failed_start(self.error)
 
+    def share_model(self, other: Runtime) -> None:
+        """Serve with `other`'s loaded model (one encoder for every KB of an app; call before start)."""
+        self.encoder, self._counter, self.model_created = other.model, other.counter, other.model_created
+
     def _load_model(self) -> None:
+        if self._counter is not None:  # shared from another KB (share_model): loaded once per app
+            return
         t0 = time.perf_counter()
         threads = apply_threads(self.settings, serving=True)
         if self.encoder is None:
@@ -299,7 +325,7 @@ class Runtime:
             raise
         except Exception as e:
             raise BundleError(f"{path}: warm-up pass failed: {type(e).__name__}: {e}", field="bundle") from e
-        log.info("bundle opened", extra={"bundle": str(path), "version_id": engine.bundle.version,
+        log.info("bundle opened", extra={"kb": self.kb, "bundle": str(path), "version_id": engine.bundle.version,
                                          "chunks": len(engine.bundle), "seconds": round(time.perf_counter() - t0, 2)})
         return engine
 
@@ -362,8 +388,8 @@ class Runtime:
         self.metrics.generator.info({"name": info.name, "fingerprint": info.fingerprint} if info else {})
         self.engine = engine  # the atomic swap: one reference assignment
         self.status, self.error = "ready", None
-        self.metrics.set_bundle(engine.bundle.summary(), engine.encoder.info.name)
-        self.metrics.ready.set(1)
+        self.metrics.set_bundle(self.kb, engine.bundle.summary(), engine.encoder.info.name)
+        self.metrics.ready.labels(self.kb).set(1)
 
     def close(self) -> None:
         """At shutdown, after the batcher: release what the bundle holds outside this process (a
@@ -519,10 +545,10 @@ class Runtime:
                 try:
                     previous, engine = await self.cluster.reload(self, Path(path))
                 except Exception:
-                    self.metrics.reloads.labels("refused").inc()
+                    self.metrics.reloads.labels(self.kb, "refused").inc()
                     raise
-                self.metrics.reloads.labels("ok").inc()
-            log.info("bundle swapped on every replica", extra={"previous_version": previous,
+                self.metrics.reloads.labels(self.kb, "ok").inc()
+            log.info("bundle swapped on every replica", extra={"kb": self.kb, "previous_version": previous,
                                                                "version_id": engine.bundle.version})
             return previous, engine
         async with self._reload_lock:
@@ -530,19 +556,19 @@ class Runtime:
                 engine = await self.open(path)
                 generation = await self.open_generation(engine)
             except BundleError as e:
-                self.metrics.reloads.labels("refused").inc()
+                self.metrics.reloads.labels(self.kb, "refused").inc()
                 e.field = e.field or "bundle"  # the request field that named it
                 raise
             except Exception:
-                self.metrics.reloads.labels("refused").inc()
+                self.metrics.reloads.labels(self.kb, "refused").inc()
                 raise
             old = self.engine
             previous = old.bundle.version if old is not None else None
             self._install(engine, generation)
             if old is not None:
                 self._retire(old.bundle)
-            self.metrics.reloads.labels("ok").inc()
-        log.info("bundle swapped", extra={"previous_version": previous, "version_id": engine.bundle.version})
+            self.metrics.reloads.labels(self.kb, "ok").inc()
+        log.info("bundle swapped", extra={"kb": self.kb, "previous_version": previous, "version_id": engine.bundle.version})
         return previous, engine
 
     # --- KB writes (softknn.index_builder.writes) -----------------------------------------------------
@@ -582,7 +608,7 @@ class Runtime:
             else:
                 result = await loop.run_in_executor(self._write_pool, store.delete, doc_id)
             new = self._install_version(store, engine)
-        self.metrics.kb_writes.labels(op).inc()
+        self.metrics.kb_writes.labels(self.kb, op).inc()
         limit = self.settings.writes.compact_after
         if limit and store.pending_writes >= limit and (self._compaction is None or self._compaction.done()):
             self._compaction = asyncio.create_task(self._compact_quietly())
@@ -603,7 +629,7 @@ class Runtime:
             store = await loop.run_in_executor(self._write_pool, self._store, engine)
             result = await loop.run_in_executor(self._write_pool, store.compact)
             new = self._install_version(store, engine) if result["writes_folded"] else engine
-        log.info("KB compacted", extra={"version_id": new.bundle.version, "writes_folded": result["writes_folded"],
+        log.info("KB compacted", extra={"kb": self.kb, "version_id": new.bundle.version, "writes_folded": result["writes_folded"],
                                         "recalibrated": result["recalibrated"]})
         return new, result
 

@@ -27,10 +27,13 @@ class Metrics:
                                       buckets=tuple(i / 20 for i in range(1, 21)), registry=r)
         self.rejected = Counter("softknn_rejected", "requests refused without inference, by reason",
                                 ["reason"], registry=r)
-        self.ready = Gauge("softknn_ready", "1 when the model and a bundle are loaded and warm", registry=r)
-        self.bundle = Info("softknn_bundle", "the bundle being served", registry=r)
-        self.reloads = Counter("softknn_reloads", "bundle reloads by outcome", ["outcome"], registry=r)
-        self.kb_writes = Counter("softknn_kb_writes", "acknowledged KB writes (durable) by operation", ["op"], registry=r)
+        # per KB (label `kb`: the name it is served under; `default` for a single --bundle)
+        self.ready = Gauge("softknn_ready", "1 when the model and the KB's bundle are loaded and warm", ["kb"],
+                           registry=r)
+        self.bundle = Info("softknn_bundle", "the bundle each KB serves", ["kb"], registry=r)
+        self.reloads = Counter("softknn_reloads", "bundle reloads by KB and outcome", ["kb", "outcome"], registry=r)
+        self.kb_writes = Counter("softknn_kb_writes", "acknowledged KB writes (durable) by KB and operation",
+                                 ["kb", "op"], registry=r)
         self.model = Info("softknn_model", "the serving model and its runtime", registry=r)
         # generation (/v1/generate, /v1/chat/completions)
         self.generations = Counter("softknn_generations", "generations by finish reason (stop, length, cancelled, error)",
@@ -49,8 +52,8 @@ class Metrics:
         self.model.info({"name": info.name, "fingerprint": info.fingerprint, "runtime": info.runtime,
                          "precision": info.precision})
 
-    def set_bundle(self, summary: dict, model_name: str) -> None:
-        self.bundle.info({
+    def set_bundle(self, kb: str, summary: dict, model_name: str) -> None:
+        self.bundle.labels(kb).info({
             "version_id": summary["version_id"],
             "path": summary["path"],
             "model": model_name,

@@ -68,6 +68,8 @@ def _integral(v: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(_integral)]
+KB_DOC = ("the KB to use, by name; empty = the only KB this key may use, else the one named `default` "
+          "(a name this key may not use answers 404 as one that does not exist)")
 
 
 class InferRequestBase(BaseModel):
@@ -90,6 +92,7 @@ class InferRequestBase(BaseModel):
     return_tokens: bool
     truncate: bool
     filter: CheckedFilter | None
+    kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
     _cut: list[int] = PrivateAttr(default_factory=list)  # inputs cut to max_chars (truncate)
 
     @property
@@ -171,6 +174,7 @@ class ReloadRequest(BaseModel):
     model_config = STRICT
 
     bundle: str = Field(min_length=1, max_length=4096, description="bundle directory, as the server sees it")
+    kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
 
 
 # --- responses -------------------------------------------------------------------------------
@@ -447,6 +451,7 @@ class GenerateFields(BaseModel):
     evidence: int
     spans: int
     filter: CheckedFilter | None
+    kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
 
     def gen_params(self, max_tokens: int) -> GenParams:
         return GenParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
@@ -724,6 +729,7 @@ class EmbeddingRequestBase(BaseModel):
     dimensions: int | None
     user: str | None
     softknn: EmbeddingOptionsBase | None
+    kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
     _cut: list[int] = PrivateAttr(default_factory=list)
 
     @property
@@ -847,6 +853,7 @@ class RerankRequestBase(BaseModel):
     retrieval: Literal["hybrid", "dense", "lexical"] | None
     lexical_weight: float | None
     exact: bool
+    kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
 
     def to_params(self, candidates: int) -> InferParams:
         return InferParams(retrieval=self.retrieval, lexical_weight=self.lexical_weight, exact=self.exact,

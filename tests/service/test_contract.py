@@ -107,7 +107,7 @@ def test_health_ready_metrics_and_the_explorer_page(api, engine):
                  "softknn_queue_depth", "softknn_batch_size_bucket", "softknn_inference_seconds_bucket",
                  "softknn_memory_share_bucket", "softknn_queue_wait_seconds_bucket"):
         assert name in text, name
-    assert f'softknn_bundle_info{{chunks="{len(engine.bundle)}",index="flat",model="{engine.encoder.info.name}"' in text
+    assert f'softknn_bundle_info{{chunks="{len(engine.bundle)}",index="flat",kb="default",model="{engine.encoder.info.name}"' in text
     assert f'version_id="{engine.bundle.version}"' in text
     assert 'softknn_http_requests_total{method="POST",route="/v1/infer",status="200"}' in text
     page = api.get("/")

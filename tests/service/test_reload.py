@@ -134,7 +134,7 @@ def test_refused_reload_keeps_the_old_bundle_serving(running_app, make_settings,
                                       "message": f"{tmp_path / 'missing'}: not a bundle (no manifest.json)"}}
         assert client.get("/readyz").json()["bundle_version"] == version_a
         assert client.post("/v1/infer", json={"inputs": ["still here?"]}).json()["bundle_version"] == version_a
-        assert 'softknn_reloads_total{outcome="refused"} 4.0' in client.get("/metrics").text
+        assert 'softknn_reloads_total{kb="default",outcome="refused"} 4.0' in client.get("/metrics").text
 
 
 def test_reload_request_is_strict(inproc, admin_headers):

@@ -12,7 +12,8 @@ from fastapi.responses import StreamingResponse
 
 from softknn.errors import SoftKNNError
 from softknn.generation import GenAnswer
-from softknn.service.deps import RequestIdDep, RuntimeDep, body_model
+from softknn.service.auth import ReaderDep
+from softknn.service.deps import KBsDep, RequestIdDep, body_model
 from softknn.service.errors import ServiceError, error_body, status_of
 from softknn.service.routes.infer import FastJSONResponse
 from softknn.service.schemas import (
@@ -22,7 +23,7 @@ from softknn.service.schemas import (
     generation_payload,
 )
 
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 409, 413, 422, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422, 429, 503)}
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the events
 
 
@@ -77,9 +78,10 @@ def build_router(GenerateRequest: type[GenerateRequestBase]) -> APIRouter:
                         'object>`, then `data: [DONE]`'}}}}},
                  summary="Generate with the KB in the generator's attention, with evidence")
     @body_model(GenerateRequest)
-    async def generate(body: GenerateRequestBase, runtime: RuntimeDep, request_id: RequestIdDep):
+    async def generate(body: GenerateRequestBase, kbs: KBsDep, who: ReaderDep, request_id: RequestIdDep):
         """409 generator_unavailable when the bundle was built without a generator; 429 when
         `generator.max_concurrent` generations run and `generator.max_queue` wait."""
+        runtime = kbs.pick(body.kb, who)
         ge = runtime.generation()
         params = body.gen_params(body.max_tokens)
         messages = [m.model_dump() for m in body.messages] if body.messages is not None else None

@@ -7,7 +7,7 @@ import asyncio
 
 from fastapi import APIRouter
 
-from softknn.service.deps import RuntimeDep
+from softknn.service.deps import KBsDep, RuntimeDep
 from softknn.service.errors import NotReady, StartupFailed
 from softknn.service.schemas import ErrorResponse
 
@@ -16,21 +16,25 @@ router = APIRouter(tags=["health"])
 
 @router.get("/healthz", summary="Liveness: the process answers (503 only if startup failed)",
             responses={503: {"model": ErrorResponse}})
-async def healthz(runtime: RuntimeDep) -> dict:
-    if runtime.status == "failed":
-        raise StartupFailed(f"startup failed: {runtime.error}")
+async def healthz(kbs: KBsDep) -> dict:
+    for rt in kbs:  # no KB names here: these routes take no key
+        if rt.status == "failed":
+            raise StartupFailed(f"startup failed: {rt.error}")
     return {"status": "ok"}
 
 
 @router.get("/readyz", summary="Readiness: model and bundle loaded and warm",
             responses={503: {"model": ErrorResponse}})
-async def readyz(runtime: RuntimeDep) -> dict:
-    engine = runtime.current()  # NotReady → 503 until then
-    if not runtime.ready:
-        raise NotReady(runtime.error or runtime.status)
-    health = getattr(engine.bundle, "health", None)  # a sharded bundle: do its shards answer?
-    if health is not None:
-        problems = await asyncio.to_thread(health)
-        if problems:
-            raise NotReady("not every KB shard answers: " + "; ".join(problems))
+async def readyz(kbs: KBsDep, runtime: RuntimeDep) -> dict:
+    """Ready when every KB is; `bundle_version` is the KB named `default`'s, else the first KB's."""
+    for rt in kbs:  # no KB names here: these routes take no key
+        engine = rt.current()  # NotReady → 503 until then
+        if not rt.ready:
+            raise NotReady(rt.error or rt.status)
+        health = getattr(engine.bundle, "health", None)  # a sharded bundle: do its shards answer?
+        if health is not None:
+            problems = await asyncio.to_thread(health)
+            if problems:
+                raise NotReady("not every KB shard answers: " + "; ".join(problems))
+    engine = runtime.current()
     return {"status": "ready", "bundle_version": engine.bundle.version, "model": engine.encoder.info.name}

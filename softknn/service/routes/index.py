@@ -6,23 +6,26 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from softknn.service.deps import EngineDep, RequestIdDep
+from softknn.service.auth import ReaderDep
+from softknn.service.deps import KBQuery, KBsDep, RequestIdDep
 from softknn.service.errors import NotFound
 from softknn.service.schemas import EntryResponse, ErrorResponse, IndexResponse, entry_payload, runtime_payload, served
 
 router = APIRouter(prefix="/v1", tags=["index"])
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 404, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 404, 422, 503)}
 
 
 @router.get("/index", response_model=IndexResponse, responses=ERRORS, summary="The served bundle's summary")
-async def index(engine: EngineDep, request_id: RequestIdDep) -> dict:
+async def index(kbs: KBsDep, who: ReaderDep, request_id: RequestIdDep, kb: KBQuery = None) -> dict:
+    engine = kbs.pick(kb, who).current()
     return {**served(request_id, engine), "index": engine.bundle.summary(), "runtime": runtime_payload(engine.encoder)}
 
 
 # chunk ids may contain '/', e.g. "handbook/01_crew_safety_drills.md#0" (a '#' must be sent as %23)
 @router.get("/entries/{chunk_id:path}", response_model=EntryResponse, responses=ERRORS,
             summary="One KB chunk with its provenance")
-async def entry(chunk_id: str, engine: EngineDep, request_id: RequestIdDep) -> dict:
+async def entry(chunk_id: str, kbs: KBsDep, who: ReaderDep, request_id: RequestIdDep, kb: KBQuery = None) -> dict:
+    engine = kbs.pick(kb, who).current()
     row = engine.bundle.row_of(chunk_id)
     if row is None:
         raise NotFound(f"no chunk {chunk_id!r} in bundle {engine.bundle.version}", field="chunk_id")

@@ -10,10 +10,11 @@ import orjson
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
-from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep, body_model
+from softknn.service.auth import ReaderDep
+from softknn.service.deps import KBsDep, RequestIdDep, SettingsDep, body_model
 from softknn.service.schemas import ErrorResponse, InferRequestBase, InferResponse, served
 
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 413, 422, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 429, 503)}
 
 
 class FastJSONResponse(JSONResponse):
@@ -32,8 +33,9 @@ def build_router(InferRequest: type[InferRequestBase]) -> APIRouter:
     @router.post("/infer", response_model=InferResponse, responses=ERRORS,
                  summary="Knowledge-augmented inference with evidence")
     @body_model(InferRequest)
-    async def infer(body: InferRequestBase, runtime: RuntimeDep, settings: SettingsDep,
+    async def infer(body: InferRequestBase, kbs: KBsDep, who: ReaderDep, settings: SettingsDep,
                     request_id: RequestIdDep) -> FastJSONResponse:
+        runtime = kbs.pick(body.kb, who)
         params = body.to_params(settings.defaults.hybrid_pool, settings.defaults.candidates)
         engine, results = await runtime.infer(body.inputs, params, truncate=body.truncate, cut=body.cut,
                                               request_id=request_id)

@@ -17,7 +17,8 @@ from fastapi import APIRouter
 
 from softknn.errors import InvalidInput, SoftKNNError
 from softknn.generation import GenAnswer
-from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep, body_model
+from softknn.service.auth import ReaderDep
+from softknn.service.deps import KBQuery, KBsDep, RequestIdDep, SettingsDep, body_model
 from softknn.service.errors import ModelNotFound, ServiceError
 from softknn.service.routes.generate import DONE, EventStream, error_event, first_item, sse
 from softknn.service.routes.infer import FastJSONResponse
@@ -54,9 +55,11 @@ def encode(vector: np.ndarray | list[float], encoding_format: str) -> list[float
 def build_router(ChatRequest: type[ChatRequestBase], EmbeddingRequest: type[EmbeddingRequestBase]) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["openai"])
 
-    @router.get("/models", response_model=ModelList, responses={s: {"model": ErrorResponse} for s in (401, 503)},
+    @router.get("/models", response_model=ModelList, responses={s: {"model": ErrorResponse} for s in (401, 404, 422, 503)},
                 summary="OpenAI-compatible: the embedding model, and the served generator if any")
-    async def models(runtime: RuntimeDep) -> dict:
+    async def models(kbs: KBsDep, who: ReaderDep, kb: KBQuery = None) -> dict:
+        """The generator listed is the one of the KB `kb` names (or the default KB)."""
+        runtime = kbs.pick(kb, who)
         engine = runtime.current()
         data = [{"id": engine.encoder.info.name, "object": "model", "created": runtime.model_created,
                  "owned_by": "softknn"}]
@@ -69,12 +72,13 @@ def build_router(ChatRequest: type[ChatRequestBase], EmbeddingRequest: type[Embe
     @router.post("/embeddings", response_model=EmbeddingResponse, responses=ERRORS,
                  summary="OpenAI-compatible embeddings: the plain model's, or knowledge-augmented (softknn.augmented)")
     @body_model(EmbeddingRequest)
-    async def embeddings(body: EmbeddingRequestBase, runtime: RuntimeDep, settings: SettingsDep,
+    async def embeddings(body: EmbeddingRequestBase, kbs: KBsDep, who: ReaderDep, settings: SettingsDep,
                          request_id: RequestIdDep) -> FastJSONResponse:
         """`model` must be the embedding model's id (GET /v1/models) or empty: else 404 model_not_found.
         The plain embedding is the sentence-transformers model's own output (pooled, normalised);
         with `softknn: {"augmented": true, ...}` it is /v1/infer's knowledge-augmented `embedding`
-        with those parameters (k, alpha, mixing, retrieval, ...)."""
+        with those parameters (k, alpha, mixing, retrieval, ...) over the KB `kb` names."""
+        runtime = kbs.pick(body.kb, who)
         engine = runtime.current()
         info = engine.encoder.info
         if body.model and body.model != info.name:
@@ -112,9 +116,10 @@ def build_router(ChatRequest: type[ChatRequestBase], EmbeddingRequest: type[Embe
                         "stream_options.include_usage), then `data: [DONE]`"}}}}},
                  summary="OpenAI-compatible chat completion with the KB in the generator's attention")
     @body_model(ChatRequest)
-    async def chat_completions(body: ChatRequestBase, runtime: RuntimeDep, request_id: RequestIdDep):
+    async def chat_completions(body: ChatRequestBase, kbs: KBsDep, who: ReaderDep, request_id: RequestIdDep):
         """`model` must be the served generator's id (or empty): else 404 model_not_found. n = 1 only.
         temperature defaults to 0 (greedy), not OpenAI's 1."""
+        runtime = kbs.pick(body.kb, who)
         ge = runtime.generation()
         name = ge.generator.info.name
         if body.model and body.model != name:

@@ -10,11 +10,12 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from softknn.service.deps import RequestIdDep, RuntimeDep, SettingsDep, body_model
+from softknn.service.auth import ReaderDep
+from softknn.service.deps import KBsDep, RequestIdDep, SettingsDep, body_model
 from softknn.service.routes.infer import FastJSONResponse
 from softknn.service.schemas import ErrorResponse, Rank, RerankRequestBase
 
-ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 413, 422, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 429, 503)}
 
 
 def build_router(RerankRequest: type[RerankRequestBase]) -> APIRouter:
@@ -23,11 +24,12 @@ def build_router(RerankRequest: type[RerankRequestBase]) -> APIRouter:
     @router.post("/rerank", response_model=list[Rank], responses=ERRORS,
                  summary="Rerank texts for a query by the retrieval's similarity (TEI's schema)")
     @body_model(RerankRequest)
-    async def rerank(body: RerankRequestBase, runtime: RuntimeDep, settings: SettingsDep,
+    async def rerank(body: RerankRequestBase, kbs: KBsDep, who: ReaderDep, settings: SettingsDep,
                      request_id: RequestIdDep) -> FastJSONResponse:
         """One `{index, score}` per text (with `text` when return_text), by score high to low, ties
         by index; `top_n` keeps the best n. The bundle's retrieval decides the similarity: hybrid
         where it has a lexical index (λ as calibrated), else dense (`retrieval` overrides it)."""
+        runtime = kbs.pick(body.kb, who)
         _, s = await runtime.rerank(body.query, body.texts, body.to_params(settings.defaults.candidates),
                                     truncate=body.truncate, raw=body.raw_scores, request_id=request_id)
         order = sorted(range(len(s)), key=lambda i: (-s[i], i))
