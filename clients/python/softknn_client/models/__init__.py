@@ -64,7 +64,6 @@ from .generate_request_retrieval_type_0 import GenerateRequestRetrievalType0
 from .generate_response import GenerateResponse
 from .generate_response_finish_reason import GenerateResponseFinishReason
 from .healthz_response_healthz import HealthzResponseHealthz
-from .http_validation_error import HTTPValidationError
 from .index_response import IndexResponse
 from .infer_request import InferRequest
 from .infer_request_kernel import InferRequestKernel
@@ -91,8 +90,6 @@ from .stream_options import StreamOptions
 from .text_part import TextPart
 from .token import Token
 from .usage import Usage
-from .validation_error import ValidationError
-from .validation_error_context import ValidationErrorContext
 from .versus_plain import VersusPlain
 from .write_response import WriteResponse
 from .write_response_op import WriteResponseOp
@@ -162,7 +159,6 @@ __all__ = (
     "GenSpan",
     "GenTokenItem",
     "HealthzResponseHealthz",
-    "HTTPValidationError",
     "IndexResponse",
     "InferRequest",
     "InferRequestKernel",
@@ -189,8 +185,6 @@ __all__ = (
     "TextPart",
     "Token",
     "Usage",
-    "ValidationError",
-    "ValidationErrorContext",
     "VersusPlain",
     "WriteResponse",
     "WriteResponseOp",

@@ -29,6 +29,8 @@ class EmbeddingRequest:
             served, another value is refused (422)
         encoding_format (EmbeddingRequestEncodingFormat | Unset): float: a list of numbers; base64: the little-endian
             float32 bytes, base64-encoded Default: 'float'.
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
+            `default` (a name this key may not use answers 404 as one that does not exist)
         model (None | str | Unset): the embedding model's id (GET /v1/models lists it); empty = it; another → 404
             model_not_found
         softknn (EmbeddingOptions | None | Unset): softknn's extension: the knowledge-augmented embedding, truncation
@@ -38,6 +40,7 @@ class EmbeddingRequest:
     input_: list[int] | list[list[int]] | list[str] | str
     dimensions: int | None | Unset = UNSET
     encoding_format: EmbeddingRequestEncodingFormat | Unset = "float"
+    kb: None | str | Unset = UNSET
     model: None | str | Unset = UNSET
     softknn: EmbeddingOptions | None | Unset = UNSET
     user: None | str | Unset = UNSET
@@ -72,6 +75,12 @@ class EmbeddingRequest:
         if not isinstance(self.encoding_format, Unset):
             encoding_format = self.encoding_format
 
+        kb: None | str | Unset
+        if isinstance(self.kb, Unset):
+            kb = UNSET
+        else:
+            kb = self.kb
+
         model: None | str | Unset
         if isinstance(self.model, Unset):
             model = UNSET
@@ -103,6 +112,8 @@ class EmbeddingRequest:
             field_dict["dimensions"] = dimensions
         if encoding_format is not UNSET:
             field_dict["encoding_format"] = encoding_format
+        if kb is not UNSET:
+            field_dict["kb"] = kb
         if model is not UNSET:
             field_dict["model"] = model
         if softknn is not UNSET:
@@ -168,6 +179,15 @@ class EmbeddingRequest:
         else:
             encoding_format = check_embedding_request_encoding_format(_encoding_format)
 
+        def _parse_kb(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        kb = _parse_kb(d.pop("kb", UNSET))
+
         def _parse_model(data: object) -> None | str | Unset:
             if data is None:
                 return data
@@ -207,6 +227,7 @@ class EmbeddingRequest:
             input_=input_,
             dimensions=dimensions,
             encoding_format=encoding_format,
+            kb=kb,
             model=model,
             softknn=softknn,
             user=user,

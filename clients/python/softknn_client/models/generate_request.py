@@ -40,6 +40,8 @@ class GenerateRequest:
             this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
             [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
         k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
+            `default` (a name this key may not use answers 404 as one that does not exist)
         knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
         lexical_weight (float | None | Unset): λ of the hybrid similarity
         max_tokens (int | Unset): tokens generated at most Default: 64.
@@ -71,6 +73,7 @@ class GenerateRequest:
     exact: bool | Unset = False
     filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
     k: int | Unset = 4
+    kb: None | str | Unset = UNSET
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     max_tokens: int | Unset = 64
@@ -119,6 +122,12 @@ class GenerateRequest:
             filter_ = self.filter_
 
         k = self.k
+
+        kb: None | str | Unset
+        if isinstance(self.kb, Unset):
+            kb = UNSET
+        else:
+            kb = self.kb
 
         knn_temperature: float | None | Unset
         if isinstance(self.knn_temperature, Unset):
@@ -210,6 +219,8 @@ class GenerateRequest:
             field_dict["filter"] = filter_
         if k is not UNSET:
             field_dict["k"] = k
+        if kb is not UNSET:
+            field_dict["kb"] = kb
         if knn_temperature is not UNSET:
             field_dict["knn_temperature"] = knn_temperature
         if lexical_weight is not UNSET:
@@ -309,6 +320,15 @@ class GenerateRequest:
         filter_ = _parse_filter_(d.pop("filter", UNSET))
 
         k = d.pop("k", UNSET)
+
+        def _parse_kb(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        kb = _parse_kb(d.pop("kb", UNSET))
 
         def _parse_knn_temperature(data: object) -> float | None | Unset:
             if data is None:
@@ -437,6 +457,7 @@ class GenerateRequest:
             exact=exact,
             filter_=filter_,
             k=k,
+            kb=kb,
             knn_temperature=knn_temperature,
             lexical_weight=lexical_weight,
             max_tokens=max_tokens,

@@ -36,6 +36,8 @@ class InferRequest:
             this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
             [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
         k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
+            `default` (a name this key may not use answers 404 as one that does not exist)
         kernel (InferRequestKernel | Unset): k-NN kernel (seed 001) Default: 'softmax'.
         lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the bundle's calibrated λ (labelled
             KBs) or the default
@@ -61,6 +63,7 @@ class InferRequest:
     exact: bool | Unset = False
     filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
     k: int | Unset = 8
+    kb: None | str | Unset = UNSET
     kernel: InferRequestKernel | Unset = "softmax"
     lexical_weight: float | None | Unset = UNSET
     mixing: InferRequestMixing | Unset = "fixed"
@@ -100,6 +103,12 @@ class InferRequest:
             filter_ = self.filter_
 
         k = self.k
+
+        kb: None | str | Unset
+        if isinstance(self.kb, Unset):
+            kb = UNSET
+        else:
+            kb = self.kb
 
         kernel: str | Unset = UNSET
         if not isinstance(self.kernel, Unset):
@@ -158,6 +167,8 @@ class InferRequest:
             field_dict["filter"] = filter_
         if k is not UNSET:
             field_dict["k"] = k
+        if kb is not UNSET:
+            field_dict["kb"] = kb
         if kernel is not UNSET:
             field_dict["kernel"] = kernel
         if lexical_weight is not UNSET:
@@ -238,6 +249,15 @@ class InferRequest:
 
         k = d.pop("k", UNSET)
 
+        def _parse_kb(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        kb = _parse_kb(d.pop("kb", UNSET))
+
         _kernel = d.pop("kernel", UNSET)
         kernel: InferRequestKernel | Unset
         if isinstance(_kernel, Unset):
@@ -309,6 +329,7 @@ class InferRequest:
             exact=exact,
             filter_=filter_,
             k=k,
+            kb=kb,
             kernel=kernel,
             lexical_weight=lexical_weight,
             mixing=mixing,

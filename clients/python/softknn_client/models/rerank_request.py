@@ -23,6 +23,8 @@ class RerankRequest:
         query (str): the query: non-empty, ≤ 20000 characters (or truncate)
         texts (list[str]): 1..64 non-empty texts to score
         exact (bool | Unset): the dense range over every chunk instead of the ANN index's top m Default: False.
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
+            `default` (a name this key may not use answers 404 as one that does not exist)
         lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the bundle's calibrated λ or the
             default
         raw_scores (bool | Unset): false: s_t, in [0, 1] (a KB chunk's text scores its retrieval similarity); true: the
@@ -40,6 +42,7 @@ class RerankRequest:
     query: str
     texts: list[str]
     exact: bool | Unset = False
+    kb: None | str | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     raw_scores: bool | Unset = False
     retrieval: None | RerankRequestRetrievalType0 | Unset = UNSET
@@ -54,6 +57,12 @@ class RerankRequest:
         texts = self.texts
 
         exact = self.exact
+
+        kb: None | str | Unset
+        if isinstance(self.kb, Unset):
+            kb = UNSET
+        else:
+            kb = self.kb
 
         lexical_weight: float | None | Unset
         if isinstance(self.lexical_weight, Unset):
@@ -95,6 +104,8 @@ class RerankRequest:
         )
         if exact is not UNSET:
             field_dict["exact"] = exact
+        if kb is not UNSET:
+            field_dict["kb"] = kb
         if lexical_weight is not UNSET:
             field_dict["lexical_weight"] = lexical_weight
         if raw_scores is not UNSET:
@@ -120,6 +131,15 @@ class RerankRequest:
         texts = cast(list[str], d.pop("texts"))
 
         exact = d.pop("exact", UNSET)
+
+        def _parse_kb(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        kb = _parse_kb(d.pop("kb", UNSET))
 
         def _parse_lexical_weight(data: object) -> float | None | Unset:
             if data is None:
@@ -173,6 +193,7 @@ class RerankRequest:
             query=query,
             texts=texts,
             exact=exact,
+            kb=kb,
             lexical_weight=lexical_weight,
             raw_scores=raw_scores,
             retrieval=retrieval,

@@ -53,6 +53,11 @@ def _parse_response(
 
         return response_403
 
+    if response.status_code == 404:
+        response_404 = ErrorResponse.from_dict(response.json())
+
+        return response_404
+
     if response.status_code == 409:
         response_409 = ErrorResponse.from_dict(response.json())
 
@@ -97,8 +102,9 @@ def sync_detailed(
 ) -> Response[ErrorResponse | ReloadResponse]:
     """Swap to another bundle
 
-     A bundle that fails verification or was built for other model weights is refused (422,
-    bundle_error) and the old bundle keeps serving.
+     The KB `kb` names (or the default KB) swaps; the others keep serving as they were. A bundle
+    that fails verification or was built for other model weights is refused (422, bundle_error) and
+    the old bundle keeps serving.
 
     Args:
         body (ReloadRequest):
@@ -129,8 +135,9 @@ def sync(
 ) -> ErrorResponse | ReloadResponse | None:
     """Swap to another bundle
 
-     A bundle that fails verification or was built for other model weights is refused (422,
-    bundle_error) and the old bundle keeps serving.
+     The KB `kb` names (or the default KB) swaps; the others keep serving as they were. A bundle
+    that fails verification or was built for other model weights is refused (422, bundle_error) and
+    the old bundle keeps serving.
 
     Args:
         body (ReloadRequest):
@@ -156,8 +163,9 @@ async def asyncio_detailed(
 ) -> Response[ErrorResponse | ReloadResponse]:
     """Swap to another bundle
 
-     A bundle that fails verification or was built for other model weights is refused (422,
-    bundle_error) and the old bundle keeps serving.
+     The KB `kb` names (or the default KB) swaps; the others keep serving as they were. A bundle
+    that fails verification or was built for other model weights is refused (422, bundle_error) and
+    the old bundle keeps serving.
 
     Args:
         body (ReloadRequest):
@@ -186,8 +194,9 @@ async def asyncio(
 ) -> ErrorResponse | ReloadResponse | None:
     """Swap to another bundle
 
-     A bundle that fails verification or was built for other model weights is refused (422,
-    bundle_error) and the old bundle keeps serving.
+     The KB `kb` names (or the default KB) swaps; the others keep serving as they were. A bundle
+    that fails verification or was built for other model weights is refused (422, bundle_error) and
+    the old bundle keeps serving.
 
     Args:
         body (ReloadRequest):

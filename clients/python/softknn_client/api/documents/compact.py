@@ -7,14 +7,29 @@ from ... import errors
 from ...client import AuthenticatedClient, Client
 from ...models.compact_response import CompactResponse
 from ...models.error_response import ErrorResponse
-from ...types import Response
+from ...types import UNSET, Response, Unset
 
 
-def _get_kwargs() -> dict[str, Any]:
+def _get_kwargs(
+    *,
+    kb: None | str | Unset = UNSET,
+) -> dict[str, Any]:
+
+    params: dict[str, Any] = {}
+
+    json_kb: None | str | Unset
+    if isinstance(kb, Unset):
+        json_kb = UNSET
+    else:
+        json_kb = kb
+    params["kb"] = json_kb
+
+    params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
 
     _kwargs: dict[str, Any] = {
         "method": "post",
         "url": "/v1/admin/compact",
+        "params": params,
     }
 
     return _kwargs
@@ -88,8 +103,14 @@ def _build_response(
 def sync_detailed(
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> Response[CompactResponse | ErrorResponse]:
     """Fold logged KB writes into a new base bundle
+
+    Args:
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -99,7 +120,9 @@ def sync_detailed(
         Response[CompactResponse | ErrorResponse]
     """
 
-    kwargs = _get_kwargs()
+    kwargs = _get_kwargs(
+        kb=kb,
+    )
 
     response = client.get_httpx_client().request(
         **kwargs,
@@ -111,8 +134,14 @@ def sync_detailed(
 def sync(
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> CompactResponse | ErrorResponse | None:
     """Fold logged KB writes into a new base bundle
+
+    Args:
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -124,14 +153,21 @@ def sync(
 
     return sync_detailed(
         client=client,
+        kb=kb,
     ).parsed
 
 
 async def asyncio_detailed(
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> Response[CompactResponse | ErrorResponse]:
     """Fold logged KB writes into a new base bundle
+
+    Args:
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -141,7 +177,9 @@ async def asyncio_detailed(
         Response[CompactResponse | ErrorResponse]
     """
 
-    kwargs = _get_kwargs()
+    kwargs = _get_kwargs(
+        kb=kb,
+    )
 
     response = await client.get_async_httpx_client().request(**kwargs)
 
@@ -151,8 +189,14 @@ async def asyncio_detailed(
 async def asyncio(
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> CompactResponse | ErrorResponse | None:
     """Fold logged KB writes into a new base bundle
+
+    Args:
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -165,5 +209,6 @@ async def asyncio(
     return (
         await asyncio_detailed(
             client=client,
+            kb=kb,
         )
     ).parsed

@@ -8,18 +8,32 @@ from ... import errors
 from ...client import AuthenticatedClient, Client
 from ...models.error_response import ErrorResponse
 from ...models.write_response import WriteResponse
-from ...types import Response
+from ...types import UNSET, Response, Unset
 
 
 def _get_kwargs(
     doc_id: str,
+    *,
+    kb: None | str | Unset = UNSET,
 ) -> dict[str, Any]:
+
+    params: dict[str, Any] = {}
+
+    json_kb: None | str | Unset
+    if isinstance(kb, Unset):
+        json_kb = UNSET
+    else:
+        json_kb = kb
+    params["kb"] = json_kb
+
+    params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
 
     _kwargs: dict[str, Any] = {
         "method": "delete",
         "url": "/v1/documents/{doc_id}".format(
             doc_id=quote(str(doc_id), safe=""),
         ),
+        "params": params,
     }
 
     return _kwargs
@@ -94,6 +108,7 @@ def sync_detailed(
     doc_id: str,
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> Response[ErrorResponse | WriteResponse]:
     """Delete one KB document
 
@@ -101,6 +116,9 @@ def sync_detailed(
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -112,6 +130,7 @@ def sync_detailed(
 
     kwargs = _get_kwargs(
         doc_id=doc_id,
+        kb=kb,
     )
 
     response = client.get_httpx_client().request(
@@ -125,6 +144,7 @@ def sync(
     doc_id: str,
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> ErrorResponse | WriteResponse | None:
     """Delete one KB document
 
@@ -132,6 +152,9 @@ def sync(
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -144,6 +167,7 @@ def sync(
     return sync_detailed(
         doc_id=doc_id,
         client=client,
+        kb=kb,
     ).parsed
 
 
@@ -151,6 +175,7 @@ async def asyncio_detailed(
     doc_id: str,
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> Response[ErrorResponse | WriteResponse]:
     """Delete one KB document
 
@@ -158,6 +183,9 @@ async def asyncio_detailed(
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -169,6 +197,7 @@ async def asyncio_detailed(
 
     kwargs = _get_kwargs(
         doc_id=doc_id,
+        kb=kb,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -180,6 +209,7 @@ async def asyncio(
     doc_id: str,
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> ErrorResponse | WriteResponse | None:
     """Delete one KB document
 
@@ -187,6 +217,9 @@ async def asyncio(
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -200,5 +233,6 @@ async def asyncio(
         await asyncio_detailed(
             doc_id=doc_id,
             client=client,
+            kb=kb,
         )
     ).parsed

@@ -8,18 +8,32 @@ from ... import errors
 from ...client import AuthenticatedClient, Client
 from ...models.document_response import DocumentResponse
 from ...models.error_response import ErrorResponse
-from ...types import Response
+from ...types import UNSET, Response, Unset
 
 
 def _get_kwargs(
     doc_id: str,
+    *,
+    kb: None | str | Unset = UNSET,
 ) -> dict[str, Any]:
+
+    params: dict[str, Any] = {}
+
+    json_kb: None | str | Unset
+    if isinstance(kb, Unset):
+        json_kb = UNSET
+    else:
+        json_kb = kb
+    params["kb"] = json_kb
+
+    params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
 
     _kwargs: dict[str, Any] = {
         "method": "get",
         "url": "/v1/documents/{doc_id}".format(
             doc_id=quote(str(doc_id), safe=""),
         ),
+        "params": params,
     }
 
     return _kwargs
@@ -94,11 +108,15 @@ def sync_detailed(
     doc_id: str,
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> Response[DocumentResponse | ErrorResponse]:
     """One KB document and its chunks
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -110,6 +128,7 @@ def sync_detailed(
 
     kwargs = _get_kwargs(
         doc_id=doc_id,
+        kb=kb,
     )
 
     response = client.get_httpx_client().request(
@@ -123,11 +142,15 @@ def sync(
     doc_id: str,
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> DocumentResponse | ErrorResponse | None:
     """One KB document and its chunks
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -140,6 +163,7 @@ def sync(
     return sync_detailed(
         doc_id=doc_id,
         client=client,
+        kb=kb,
     ).parsed
 
 
@@ -147,11 +171,15 @@ async def asyncio_detailed(
     doc_id: str,
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> Response[DocumentResponse | ErrorResponse]:
     """One KB document and its chunks
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -163,6 +191,7 @@ async def asyncio_detailed(
 
     kwargs = _get_kwargs(
         doc_id=doc_id,
+        kb=kb,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -174,11 +203,15 @@ async def asyncio(
     doc_id: str,
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> DocumentResponse | ErrorResponse | None:
     """One KB document and its chunks
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -192,5 +225,6 @@ async def asyncio(
         await asyncio_detailed(
             doc_id=doc_id,
             client=client,
+            kb=kb,
         )
     ).parsed

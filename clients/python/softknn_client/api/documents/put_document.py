@@ -9,21 +9,34 @@ from ...client import AuthenticatedClient, Client
 from ...models.document_request import DocumentRequest
 from ...models.error_response import ErrorResponse
 from ...models.write_response import WriteResponse
-from ...types import Response
+from ...types import UNSET, Response, Unset
 
 
 def _get_kwargs(
     doc_id: str,
     *,
     body: DocumentRequest,
+    kb: None | str | Unset = UNSET,
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
+
+    params: dict[str, Any] = {}
+
+    json_kb: None | str | Unset
+    if isinstance(kb, Unset):
+        json_kb = UNSET
+    else:
+        json_kb = kb
+    params["kb"] = json_kb
+
+    params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
 
     _kwargs: dict[str, Any] = {
         "method": "put",
         "url": "/v1/documents/{doc_id}".format(
             doc_id=quote(str(doc_id), safe=""),
         ),
+        "params": params,
     }
 
     _kwargs["json"] = body.to_dict()
@@ -104,6 +117,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient,
     body: DocumentRequest,
+    kb: None | str | Unset = UNSET,
 ) -> Response[ErrorResponse | WriteResponse]:
     """Add or replace one KB document
 
@@ -113,6 +127,9 @@ def sync_detailed(
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
         body (DocumentRequest): A KB record without its id, as the builder reads one: fields other
             than these become metadata.
 
@@ -127,6 +144,7 @@ def sync_detailed(
     kwargs = _get_kwargs(
         doc_id=doc_id,
         body=body,
+        kb=kb,
     )
 
     response = client.get_httpx_client().request(
@@ -141,6 +159,7 @@ def sync(
     *,
     client: AuthenticatedClient,
     body: DocumentRequest,
+    kb: None | str | Unset = UNSET,
 ) -> ErrorResponse | WriteResponse | None:
     """Add or replace one KB document
 
@@ -150,6 +169,9 @@ def sync(
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
         body (DocumentRequest): A KB record without its id, as the builder reads one: fields other
             than these become metadata.
 
@@ -165,6 +187,7 @@ def sync(
         doc_id=doc_id,
         client=client,
         body=body,
+        kb=kb,
     ).parsed
 
 
@@ -173,6 +196,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient,
     body: DocumentRequest,
+    kb: None | str | Unset = UNSET,
 ) -> Response[ErrorResponse | WriteResponse]:
     """Add or replace one KB document
 
@@ -182,6 +206,9 @@ async def asyncio_detailed(
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
         body (DocumentRequest): A KB record without its id, as the builder reads one: fields other
             than these become metadata.
 
@@ -196,6 +223,7 @@ async def asyncio_detailed(
     kwargs = _get_kwargs(
         doc_id=doc_id,
         body=body,
+        kb=kb,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -208,6 +236,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient,
     body: DocumentRequest,
+    kb: None | str | Unset = UNSET,
 ) -> ErrorResponse | WriteResponse | None:
     """Add or replace one KB document
 
@@ -217,6 +246,9 @@ async def asyncio(
 
     Args:
         doc_id (str):
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
         body (DocumentRequest): A KB record without its id, as the builder reads one: fields other
             than these become metadata.
 
@@ -233,5 +265,6 @@ async def asyncio(
             doc_id=doc_id,
             client=client,
             body=body,
+            kb=kb,
         )
     ).parsed

@@ -56,6 +56,8 @@ def sync_detailed(
 ) -> Response[ErrorResponse | ReadyzResponseReadyz]:
     """Readiness: model and bundle loaded and warm
 
+     Ready when every KB is; `bundle_version` is the KB named `default`'s, else the first KB's.
+
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
@@ -79,6 +81,8 @@ def sync(
 ) -> ErrorResponse | ReadyzResponseReadyz | None:
     """Readiness: model and bundle loaded and warm
 
+     Ready when every KB is; `bundle_version` is the KB named `default`'s, else the first KB's.
+
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
@@ -97,6 +101,8 @@ async def asyncio_detailed(
     client: AuthenticatedClient | Client,
 ) -> Response[ErrorResponse | ReadyzResponseReadyz]:
     """Readiness: model and bundle loaded and warm
+
+     Ready when every KB is; `bundle_version` is the KB named `default`'s, else the first KB's.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -118,6 +124,8 @@ async def asyncio(
     client: AuthenticatedClient | Client,
 ) -> ErrorResponse | ReadyzResponseReadyz | None:
     """Readiness: model and bundle loaded and warm
+
+     Ready when every KB is; `bundle_version` is the KB named `default`'s, else the first KB's.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.

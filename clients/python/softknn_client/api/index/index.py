@@ -7,14 +7,29 @@ from ... import errors
 from ...client import AuthenticatedClient, Client
 from ...models.error_response import ErrorResponse
 from ...models.index_response import IndexResponse
-from ...types import Response
+from ...types import UNSET, Response, Unset
 
 
-def _get_kwargs() -> dict[str, Any]:
+def _get_kwargs(
+    *,
+    kb: None | str | Unset = UNSET,
+) -> dict[str, Any]:
+
+    params: dict[str, Any] = {}
+
+    json_kb: None | str | Unset
+    if isinstance(kb, Unset):
+        json_kb = UNSET
+    else:
+        json_kb = kb
+    params["kb"] = json_kb
+
+    params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
 
     _kwargs: dict[str, Any] = {
         "method": "get",
         "url": "/v1/index",
+        "params": params,
     }
 
     return _kwargs
@@ -37,6 +52,11 @@ def _parse_response(
         response_404 = ErrorResponse.from_dict(response.json())
 
         return response_404
+
+    if response.status_code == 422:
+        response_422 = ErrorResponse.from_dict(response.json())
+
+        return response_422
 
     if response.status_code == 503:
         response_503 = ErrorResponse.from_dict(response.json())
@@ -63,8 +83,14 @@ def _build_response(
 def sync_detailed(
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> Response[ErrorResponse | IndexResponse]:
     """The served bundle's summary
+
+    Args:
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -74,7 +100,9 @@ def sync_detailed(
         Response[ErrorResponse | IndexResponse]
     """
 
-    kwargs = _get_kwargs()
+    kwargs = _get_kwargs(
+        kb=kb,
+    )
 
     response = client.get_httpx_client().request(
         **kwargs,
@@ -86,8 +114,14 @@ def sync_detailed(
 def sync(
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> ErrorResponse | IndexResponse | None:
     """The served bundle's summary
+
+    Args:
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -99,14 +133,21 @@ def sync(
 
     return sync_detailed(
         client=client,
+        kb=kb,
     ).parsed
 
 
 async def asyncio_detailed(
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> Response[ErrorResponse | IndexResponse]:
     """The served bundle's summary
+
+    Args:
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -116,7 +157,9 @@ async def asyncio_detailed(
         Response[ErrorResponse | IndexResponse]
     """
 
-    kwargs = _get_kwargs()
+    kwargs = _get_kwargs(
+        kb=kb,
+    )
 
     response = await client.get_async_httpx_client().request(**kwargs)
 
@@ -126,8 +169,14 @@ async def asyncio_detailed(
 async def asyncio(
     *,
     client: AuthenticatedClient,
+    kb: None | str | Unset = UNSET,
 ) -> ErrorResponse | IndexResponse | None:
     """The served bundle's summary
+
+    Args:
+        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use,
+            else the one named `default` (a name this key may not use answers 404 as one that does not
+            exist)
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -140,5 +189,6 @@ async def asyncio(
     return (
         await asyncio_detailed(
             client=client,
+            kb=kb,
         )
     ).parsed

@@ -105,7 +105,7 @@ def sync_detailed(
      `model` must be the embedding model's id (GET /v1/models) or empty: else 404 model_not_found.
     The plain embedding is the sentence-transformers model's own output (pooled, normalised);
     with `softknn: {"augmented": true, ...}` it is /v1/infer's knowledge-augmented `embedding`
-    with those parameters (k, alpha, mixing, retrieval, ...).
+    with those parameters (k, alpha, mixing, retrieval, ...) over the KB `kb` names.
 
     Args:
         body (EmbeddingRequest): OpenAI-compatible embeddings of one text or a list of texts.
@@ -139,7 +139,7 @@ def sync(
      `model` must be the embedding model's id (GET /v1/models) or empty: else 404 model_not_found.
     The plain embedding is the sentence-transformers model's own output (pooled, normalised);
     with `softknn: {"augmented": true, ...}` it is /v1/infer's knowledge-augmented `embedding`
-    with those parameters (k, alpha, mixing, retrieval, ...).
+    with those parameters (k, alpha, mixing, retrieval, ...) over the KB `kb` names.
 
     Args:
         body (EmbeddingRequest): OpenAI-compatible embeddings of one text or a list of texts.
@@ -168,7 +168,7 @@ async def asyncio_detailed(
      `model` must be the embedding model's id (GET /v1/models) or empty: else 404 model_not_found.
     The plain embedding is the sentence-transformers model's own output (pooled, normalised);
     with `softknn: {"augmented": true, ...}` it is /v1/infer's knowledge-augmented `embedding`
-    with those parameters (k, alpha, mixing, retrieval, ...).
+    with those parameters (k, alpha, mixing, retrieval, ...) over the KB `kb` names.
 
     Args:
         body (EmbeddingRequest): OpenAI-compatible embeddings of one text or a list of texts.
@@ -200,7 +200,7 @@ async def asyncio(
      `model` must be the embedding model's id (GET /v1/models) or empty: else 404 model_not_found.
     The plain embedding is the sentence-transformers model's own output (pooled, normalised);
     with `softknn: {"augmented": true, ...}` it is /v1/infer's knowledge-augmented `embedding`
-    with those parameters (k, alpha, mixing, retrieval, ...).
+    with those parameters (k, alpha, mixing, retrieval, ...) over the KB `kb` names.
 
     Args:
         body (EmbeddingRequest): OpenAI-compatible embeddings of one text or a list of texts.
