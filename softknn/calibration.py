@@ -238,7 +238,8 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
 # re-indexed for BM25) is the one right answer. The query's words are gone from its chunk, so
 # BM25 can only find it through the vocabulary the rest of the chunk shares with it, as it finds a
 # user's chunk. A chunk of one sentence makes no pseudo-query (halves of one sentence share
-# too little for either retriever: on Banking77 utterances both found the right half in < 1%).
+# too little for either retriever: on Banking77 utterances, MRR@10 ≈ 0.005 at every λ in a first
+# run of bench/unlabelled_lambda.py).
 # Other chunks that hold the query verbatim (the chunker's overlap, duplicated text) are left out
 # of that query's search. λ is the smallest grid value (nearest dense) whose mean reciprocal rank
 # of the right chunk in the top 10 is within two standard errors (of the paired difference) of the
@@ -248,7 +249,7 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
 # without labels nothing scores the weights w_db it sets.
 # With fewer than PSEUDO_MIN pseudo-queries nothing is measured: the fixed LEXICAL_WEIGHT stays.
 PSEUDO_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
-PSEUDO_QUERIES = 200  # held-out sentences: seconds of encoding at build time
+PSEUDO_QUERIES = 200  # held-out sentences: 400 texts encoded at build time (bench: 30–145 s at load 12)
 PSEUDO_MIN = 20  # fewer usable chunks: λ stays at the fixed default
 PSEUDO_MIN_WORDS = 3  # a query and a stand-in keep at least this many words
 PSEUDO_SE = 2.0  # how many standard errors below the best a smaller λ may score and still be chosen

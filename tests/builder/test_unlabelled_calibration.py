@@ -114,3 +114,21 @@ def test_an_unlabelled_build_records_its_choice_and_a_request_without_lexical_we
     assert (own.diagnostics.retrieval, own.diagnostics.lexical_weight, own.diagnostics.temperature) == ("hybrid", lam, 0.25)
     assert given.diagnostics.lexical_weight == 0.6
     assert own.abstained is False
+
+
+def test_a_kb_write_and_a_compaction_keep_the_lambda_the_build_chose(unlabelled_bundle, encoder, tmp_path):
+    import shutil
+
+    from softknn.bundle import read_manifest
+    from softknn.index_builder.writes import KBStore
+
+    copy = tmp_path / "b"
+    shutil.copytree(unlabelled_bundle, copy)
+    built = read_manifest(copy)["calibration"]
+    store = KBStore(copy, encoder)
+    store.put("pier-0", {"text": "Timetables for the pier are posted weekly. Printed copies sit at the ticket desk.",
+                         "label": None})
+    assert store.bundle.manifest.raw["calibration"] == built
+    assert store.compact()["recalibrated"] is False
+    store.close()
+    assert read_manifest(copy)["calibration"] == built
