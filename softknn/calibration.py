@@ -28,6 +28,7 @@ retrieval defaults it chose (`retrieval_defaults`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -229,3 +230,118 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
             "s1_quantiles": {f"{q:g}": float(np.quantile(s1, q)) for q in (0.005, 0.01, 0.05, 0.5)},
         },
     }
+
+
+# --- an unlabelled KB: λ from pseudo-queries --------------------------------------------------
+# An unlabelled KB has no right answers to leave one out with, so it makes its own: a sentence held
+# out of a chunk is the query, and the chunk minus that sentence (its stand-in, re-embedded and
+# re-indexed for BM25) is the one right answer. The query's words are gone from its chunk, so
+# BM25 can only find it through the vocabulary the rest of the chunk shares with it, as it finds a
+# user's chunk. A chunk of one sentence makes no pseudo-query (halves of one sentence share
+# too little for either retriever: on Banking77 utterances, MRR@10 ≈ 0.005 at every λ in a first
+# run of bench/unlabelled_lambda.py).
+# Other chunks that hold the query verbatim (the chunker's overlap, duplicated text) are left out
+# of that query's search. λ is the smallest grid value (nearest dense) whose mean reciprocal rank
+# of the right chunk in the top 10 is within two standard errors (of the paired difference) of the
+# best λ's: pseudo-queries are sentences of the KB, not users' questions, so a λ must beat dense
+# clearly on them to be chosen; where they cannot tell, the dense side is the one users' questions
+# favoured (bench/unlabelled_lambda.py). τ is not chosen: the ranking does not depend on it, and
+# without labels nothing scores the weights w_db it sets.
+# With fewer than PSEUDO_MIN pseudo-queries nothing is measured: the fixed LEXICAL_WEIGHT stays.
+PSEUDO_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
+PSEUDO_QUERIES = 200  # held-out sentences: 400 texts encoded at build time (bench: 30–145 s at load 12)
+PSEUDO_MIN = 20  # fewer usable chunks: λ stays at the fixed default
+PSEUDO_MIN_WORDS = 3  # a query and a stand-in keep at least this many words
+PSEUDO_SE = 2.0  # how many standard errors below the best a smaller λ may score and still be chosen
+PSEUDO_TOP = 10
+PSEUDO_METHOD = "pseudo-queries: held-out sentences of the KB's own chunks (softknn.calibration)"
+_SENTENCE = re.compile(r"(?<=[.!?:;])\s+|\n+")
+
+
+def held_out(text: str, rng: np.random.Generator) -> tuple[str, str] | None:
+    """(query, stand-in) from one chunk text: a seeded sentence and the rest; None when the chunk
+    has fewer than two sentences of ≥ PSEUDO_MIN_WORDS words."""
+    parts = [s.strip() for s in _SENTENCE.split(text) if len(s.split()) >= PSEUDO_MIN_WORDS]
+    if len(parts) < 2:
+        return None
+    i = int(rng.integers(len(parts)))
+    return parts[i], " ".join(parts[:i] + parts[i + 1 :])
+
+
+def pseudo_queries(texts: list[str], max_queries: int = PSEUDO_QUERIES, seed: int = 0) -> list[tuple[int, str, str]]:
+    """[(chunk row, query, stand-in)] for up to max_queries chunks, a seeded sample, in row order."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in rng.permutation(len(texts)).tolist():
+        pair = held_out(texts[c], rng)
+        if pair is not None:
+            out.append((c, *pair))
+            if len(out) == max_queries:
+                break
+    return sorted(out)
+
+
+def calibrate_unlabelled(xb: np.ndarray, texts: list[str], spec, embed, *, candidates: int,
+                         weights=PSEUDO_WEIGHTS, max_queries: int = PSEUDO_QUERIES, min_queries: int = PSEUDO_MIN,
+                         se_width: float = PSEUDO_SE, seed: int = 0) -> dict:
+    """The manifest's calibration record of an unlabelled KB with a lexical index (comment above).
+
+    spec: the bundle's LexicalSpec; embed(texts) -> (n, D) float32 embeddings as the build computes them."""
+    from softknn.lexical import LexicalIndex
+    from softknn.retrieval import LEXICAL_WEIGHT
+
+    pq = pseudo_queries(texts, max_queries, seed)
+    base = {"abstain_threshold": None, "source": "pseudo-queries", "method": PSEUDO_METHOD}
+    if len(pq) < min_queries:
+        return {**base, "retrieval_defaults": {},
+                "pseudo_queries": {"n": len(pq), "note": f"fewer than {min_queries} chunks with a sentence to hold out: "
+                                   f"λ stays at the fixed default {LEXICAL_WEIGHT}"}}
+    rows = np.array([c for c, _, _ in pq])
+    emb = np.asarray(embed([q for _, q, _ in pq] + [s for _, _, s in pq]), dtype=np.float32)
+    eq, es = emb[: len(pq)], emb[len(pq) :]
+    kb = np.array(xb, dtype=np.float32)
+    kb[rows] = es
+    kb_texts = list(texts)
+    for c, _, s in pq:
+        kb_texts[c] = s
+    lex = LexicalIndex.build(kb_texts, spec)
+    rr = np.zeros((len(weights), len(pq)))
+    dense_rr = np.zeros(len(pq))
+    for j, (c, q, _) in enumerate(pq):
+        keep = np.array([i == c or q not in t for i, t in enumerate(kb_texts)])
+        d = (kb @ eq[j]).astype(np.float64)[keep]
+        b = lex.scores(lex.analyzer.terms(q)).astype(np.float64)[keep]
+        target = int(np.count_nonzero(keep[:c]))
+        dense_rr[j] = _reciprocal_rank(d, target)
+        d_hat = norm_top(d, float(d.max()), kth_largest(d, candidates))
+        b_hat = norm_top(b, float(b.max()), kth_largest(b, candidates))
+        for w, lam in enumerate(weights):
+            rr[w, j] = _reciprocal_rank(mix(d_hat, b_hat, lam), target)
+    mean = rr.mean(1)
+    chosen, top, se = choose_weight(rr, se_width)
+    lam = float(weights[chosen])
+    return {**base, "retrieval_defaults": {"hybrid": {"lexical_weight": lam}},
+            "params": {"retrieval": "hybrid", "lexical_weight": lam},
+            "pseudo_queries": {
+                "n": len(pq), "seed": seed, "candidates": candidates, "metric": f"MRR@{PSEUDO_TOP}",
+                "rule": f"the smallest λ within {se_width:g} standard errors of the best MRR",
+                "dense_mrr": round(float(dense_rr.mean()), 6), "best_lexical_weight": float(weights[top]),
+                "grid": [{"lexical_weight": float(x), "mrr": round(float(m), 6), "top1": round(float((rr[w] == 1).mean()), 6),
+                          "se_to_best": round(float(se[w]), 6)} for w, (x, m) in enumerate(zip(weights, mean, strict=True))],
+                "temperature": "not chosen: the default (the ranking does not depend on it; no labels score w_db)"}}
+
+
+def choose_weight(rr: np.ndarray, se_width: float = PSEUDO_SE) -> tuple[int, int, np.ndarray]:
+    """rr (W, n): each grid λ's reciprocal ranks over the same n queries. Returns (the chosen row:
+    the first whose mean is within `se` standard errors of the paired difference to the best row,
+    the best row (the first of equal means), the standard errors (W,))."""
+    mean = rr.mean(1)
+    top = int(np.argmax(mean))
+    se = np.array([np.std(rr[w] - rr[top]) / np.sqrt(rr.shape[1]) for w in range(len(rr))])
+    return next(w for w in range(len(rr)) if mean[w] >= mean[top] - se_width * se[w] - 1e-12), top, se
+
+
+def _reciprocal_rank(s: np.ndarray, target: int) -> float:
+    """1/rank of row `target` by (score desc, row asc) if within PSEUDO_TOP, else 0."""
+    ahead = int(np.count_nonzero(s > s[target]) + np.count_nonzero(s[:target] == s[target]))
+    return 1.0 / (ahead + 1) if ahead < PSEUDO_TOP else 0.0

@@ -179,6 +179,11 @@ def build(
 def _report_loo(cal: dict) -> None:
     """Say how many labelled chunks the build's abstain thresholds come from, and warn below the
     number at which the loss budget could pay for one refused right answer."""
+    pq = cal.get("pseudo_queries")
+    if pq:
+        lam = (cal.get("retrieval_defaults") or {}).get("hybrid", {}).get("lexical_weight")
+        typer.echo(f"hybrid lexical_weight {lam}: chosen from {pq['n']} pseudo-queries (held-out sentences of the "
+                   f"KB's chunks; {pq['rule']})" if lam is not None else f"hybrid lexical_weight: {pq['note']}")
     loo = cal.get("leave_one_out")
     if not loo:
         return

@@ -28,8 +28,9 @@ RETRIEVALS = ("hybrid", "dense", "lexical")
 # - τ: the hybrid and lexical scores lie in [0, 1] with the best at 1, a wider scale than the
 #   dense cosine's top k, so their bandwidth is wider: τ 0.25 was best on average over the
 #   λ × m cells of the Banking77 leave-one-out (dense: 0.05, unchanged).
-# A labelled KB gets its own λ and τ by leave-one-out at build time (softknn.calibration),
-# stored in the manifest's calibration.retrieval_defaults; these are the fallbacks.
+# A labelled KB gets its own λ and τ by leave-one-out at build time, an unlabelled one its own λ
+# from held-out sentences of its chunks (softknn.calibration), stored in the manifest's
+# calibration.retrieval_defaults; these are the fallbacks (bundles built before, too few sentences).
 DEFAULT_TEMPERATURE = {"dense": 0.05, "hybrid": 0.25, "lexical": 0.25}
 LEXICAL_WEIGHT = 0.6
 CANDIDATES = 200

@@ -58,7 +58,7 @@ class InferParams:
     truncate: bool = False
     abstain_threshold: float | None = None  # None: the bundle's calibrated value
     retrieval: str | None = None  # hybrid | dense | lexical; None: hybrid where the bundle has a lexical index
-    lexical_weight: float | None = None  # λ of the hybrid similarity; None: the bundle's calibrated λ, else LEXICAL_WEIGHT
+    lexical_weight: float | None = None  # λ of the hybrid similarity; None: the λ the bundle's build chose (softknn.calibration), else LEXICAL_WEIGHT
     candidates: int = CANDIDATES  # m: each retriever's top m are the hybrid candidates and its normalisation
     filter: FilterNode | None = None  # the chunks R may come from (softknn.filters); None: every chunk
 

@@ -51,7 +51,8 @@ class InferDefaults(BaseModel):
         None, description="similarity of the external k-NN; empty = hybrid where the bundle has a lexical index, else dense")
     lexical_weight: float | None = Field(None, ge=0, le=1, description="λ of the hybrid similarity (1−λ)·dense + λ·BM25, "
                                          f"each min-max normalised over its top `candidates`; empty = the bundle's "
-                                         f"calibrated λ (labelled KBs), else {LEXICAL_WEIGHT}")
+                                         "λ chosen at build time (labelled KBs by leave-one-out, unlabelled by pseudo-queries), "
+                                         f"else {LEXICAL_WEIGHT}")
     candidates: int = Field(CANDIDATES, ge=1, description="hybrid/lexical: each retriever's top m, the candidates and the "
                             "range of its normalisation")
     kernel: Literal["softmax", "epanechnikov", "uniform"] = Field("softmax", description="k-NN kernel (seed 001), bandwidth h² = τ")

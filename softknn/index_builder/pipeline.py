@@ -23,7 +23,7 @@ import numpy as np
 from tqdm import tqdm
 
 from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
-from softknn.calibration import calibrate_loo
+from softknn.calibration import calibrate_loo, calibrate_unlabelled
 from softknn.chunk_index import build_index, choose_index
 from softknn.encoder import Encoder
 from softknn.engine import InferParams
@@ -57,7 +57,7 @@ class BuildConfig:
     memory: str = "kv"  # the memory representation: softknn.memory_stores.MEMORY_KINDS
     fields: Fields = field(default_factory=Fields)
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
-    calibrate: bool = True  # a labelled KB: choose λ, τ and the abstain rule by leave-one-out (softknn.calibration)
+    calibrate: bool = True  # labelled: λ, τ and the abstain rule by leave-one-out; unlabelled: λ from pseudo-queries (softknn.calibration)
     shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.shards)
     generator_layers: str = "all"  # with a generator: its memory layers (softknn.index_builder.generator_memory)
     generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)
@@ -144,6 +144,16 @@ def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: i
     elif hidden:
         out["hidden"] = np.concatenate(states).astype(np.float32)
     out["spans"] = np.concatenate(spans)
+    return out
+
+
+def embed_texts(encoder: Encoder, texts: list[str], batch_size: int = 32) -> np.ndarray:
+    """e (n, D) float32 of texts as the service embeds an input (truncated), batched by length."""
+    out = np.zeros((len(texts), encoder.info.dim), dtype=np.float32)
+    order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
+    for s in range(0, len(order), batch_size):
+        rows = order[s : s + batch_size]
+        out[rows] = encoder.forward_plain(encoder.tokenize([texts[i] for i in rows], truncate=True)).embedding.float().cpu().numpy()
     return out
 
 
@@ -314,6 +324,9 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
         if cfg.calibrate and manifest["labels"]:
             manifest["calibration"] = calibrate_loo(xb, [c.label for c in chunks], texts, lex,
                                                     k=InferParams().k, candidates=CANDIDATES)
+        elif cfg.calibrate and lex is not None:  # unlabelled: λ from held-out sentences of its own chunks
+            manifest["calibration"] = calibrate_unlabelled(xb, texts, lex.spec, lambda t: embed_texts(encoder, t, cfg.batch_size),
+                                                           candidates=CANDIDATES)
         if generator is not None:
             gen, spec = generator
             manifest["generator"] = write_generator_memory(tmp, texts, gen, spec, work, progress=progress)

@@ -479,6 +479,10 @@ class KBStore:
         return choose_index(n, d, "auto")
 
     def _calibration(self, xb, labels, texts, lexical, counts: dict, seq: int) -> dict:
+        base = self.base_raw.get("calibration") or {}
+        if not counts and base.get("source") == "pseudo-queries":
+            # an unlabelled KB keeps the λ its build chose (it needs the encoder again: `softknn build`)
+            return dict(base)
         if not counts or not self.calibrate:
             return {"abstain_threshold": None}
         if len(labels) > RECALIBRATE_MAX_CHUNKS:

@@ -146,7 +146,7 @@ def infer_request_model(settings: Settings) -> type[InferRequestBase]:
             "(1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid where the bundle "
             "has a lexical index, else dense")
         lexical_weight: float | None = Field(d.lexical_weight, ge=0, le=1, description="λ of the hybrid similarity; "
-                                             "null = the bundle's calibrated λ (labelled KBs) or the default")
+                                             "null = the λ the bundle's build chose (labelled or not) or the default")
         evidence: Int = Field(min(d.evidence, lim.max_evidence), ge=0, le=lim.max_evidence,
                               description="evidence items returned per input")
         spans: Int = Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")
@@ -892,7 +892,7 @@ def rerank_request_model(settings: Settings) -> type[RerankRequestBase]:
             settings.defaults.retrieval, description="the similarity: hybrid, dense or lexical, as /v1/infer's; "
             "null = hybrid where the bundle has a lexical index, else dense")
         lexical_weight: float | None = Field(settings.defaults.lexical_weight, ge=0, le=1, description="λ of the "
-                                             "hybrid similarity; null = the bundle's calibrated λ or the default")
+                                             "hybrid similarity; null = the λ the bundle's build chose or the default")
         exact: bool = Field(False, description="the dense range over every chunk instead of the ANN index's top m")
 
         @model_validator(mode="after")
