@@ -44,11 +44,11 @@ def sharded_sample(path: Path) -> Path:
     return path
 
 
-def server(name: str, bundle: Path, ray: bool) -> LiveServer:
+def server(name: str, bundle: Path, ray: bool, env: dict[str, str] | None = None) -> LiveServer:
     port = free_port()
     cmd = LiveServer.command(bundle, port, log_level="warning") + (["--ray"] if ray else [])
     return LiveServer.spawn(cmd, Path(tempfile.gettempdir()) / f"bench_ray_http_{name}.log", port=port,
-                            env={"HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1"})
+                            env={"HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1", **(env or {})})
 
 
 def queries(n: int) -> list[str]:
@@ -64,6 +64,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--bundle", type=Path, default=None, help="a 2-shard bundle (default: the sample KB's, built)")
     ap.add_argument("--ready-timeout", type=float, default=600.0)
+    ap.add_argument("--ray-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="an environment variable of the --ray server (and so of its Ray processes); repeatable")
 
 
 def _timed(c, method: str, path: str, body: dict | None) -> tuple[float, dict | None]:
@@ -76,7 +78,8 @@ def _timed(c, method: str, path: str, body: dict | None) -> tuple[float, dict | 
 
 def run(args: argparse.Namespace) -> dict:
     bundle = sharded_sample(args.bundle or CACHE / "sample2")
-    srv = {"single": server("single", bundle, False), "ray_2_shards": server("ray", bundle, True)}
+    ray_env = dict(kv.split("=", 1) for kv in args.ray_env)
+    srv = {"single": server("single", bundle, False), "ray_2_shards": server("ray", bundle, True, ray_env)}
     lat: dict[str, dict[str, list[float]]] = {m: {s: [] for s in SIDES} for m in (*MODES, "healthz")}
     same, delta = {m: True for m in MODES}, {m: 0.0 for m in MODES}
     try:
@@ -112,7 +115,7 @@ def run(args: argparse.Namespace) -> dict:
                          "ratio_p95": round(p["ray_2_shards"]["p95_ms"] / p["single"]["p95_ms"], 3)}
         if mode in MODES:
             figures[mode] |= {"same_evidence_ids_and_order": bool(same[mode]), "max_abs_delta_score": delta[mode]}
-    out = write("ray_http", {"command": args.command, "bundle": str(bundle), "queries": args.queries,
+    out = write("ray_http", {"command": args.command, "bundle": str(bundle), "queries": args.queries, "ray_env": ray_env,
                              "warmup": args.warmup, "figures": figures,
                              "latencies_ms": {m: {s: [round(x * 1e3, 3) for x in v] for s, v in per.items()}
                                               for m, per in lat.items()}})
