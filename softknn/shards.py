@@ -23,8 +23,13 @@ with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engin
 `lexical` and `kv` fan each call out to the shards and merge exactly:
 
 - dense top k: each shard's exact (or index) top k, merged by (score desc, global id asc);
-- exact similarities and BM25 scores over the KB: the shards' vectors concatenated in row order
-  (the hybrid normalisation and candidates are then computed over the whole KB, as one index);
+- hybrid and lexical retrieval (exact or not): each shard sends its own dense top, BM25 top m
+  and those candidates' scores (`Shard.lexical_candidates`, O(m) numbers, not one per chunk); the
+  global top lists, the normalisation's x_(1), x_(m) and the candidates' scores are exactly the
+  one index's (each global top-m chunk is in its shard's top m), merged by
+  `ShardedBundle.lexical_candidates`; when those candidates cannot decide the top k
+  (softknn.retrieval.topk_candidates), the brute force over the KB takes the shards' score
+  vectors: the exact similarities and BM25 scores concatenated in row order (as filters do);
 - memory: of `kv`, each shard sends the token rows of the requested chunks as stored (unpadded), and
   they are placed in the padded batch by the one store's code (memory_stores.pad_memory); of
   `hidden`/`hidden-fp16`/`hidden-int8`, each shard holds its token rows of the stored states (int8:
