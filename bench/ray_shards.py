@@ -98,7 +98,8 @@ def sharded(one, n_real: int, n: int, threads: int):
     b = ShardedBundle(path=one.path, manifest=one.manifest.replaced(version_id=f"bench-{n}-2shards"), backend=backend,
                       chunks=one.chunks, lo=[0, half], labels=one.labels)
     b.index = _Index(b, one.index.spec)
-    b.kv = _KV(b, one.kv.start, one.kv.count, one.kv.num_heads, one.kv.head_dim)
+    # every BenchShard's store is the whole real K/V (global token row = its row): first [0, 0] reads them from the last
+    b.kv = _KV(b, one.kv.start, one.kv.count, one.kv.num_heads, one.kv.head_dim, [0, 0])
     b.token_spans = one.token_spans
     return b
 

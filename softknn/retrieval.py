@@ -104,25 +104,39 @@ def topk_fast(dense_D: np.ndarray, dense_I: np.ndarray, d_of, b: np.ndarray, k: 
     dense_D/dense_I: the dense search's top `pool` for this input (score desc; for lexical
     retrieval only its top 1, the abstain gate's nearest chunk, is needed); d_of(ids): exact
     dense similarities of any chunks; b (N,): BM25 over the KB. Returns (s, ids, cand) with cand
-    the candidate ids. Every chunk outside the candidates has s = 0 (module docstring), so the
-    answer is the reference's whenever the k-th best candidate scores > 0, or when the candidates
-    are the whole KB; otherwise (0-score chunks compete for the last places, ordered by id over
-    the whole KB) None, and the caller takes the brute force.
+    the candidate ids (`topk_candidates` decides).
     """
-    n = len(b)
     lex = top_m(b, pool)  # one partition gives the candidates, b_(1) and b_(m)
     cand = candidates(dense_I, lex)
     b_lex = b[lex]
-    b_hat = norm_top(b[cand], float(b_lex.max()), float(b_lex.min()))
+    d_cand = None if mode == "lexical" else d_of(cand)
+    return topk_candidates(dense_D, dense_I, cand, d_cand, b[cand], float(b_lex.max()), float(b_lex.min()), len(b),
+                           k, mode, weight, pool)
+
+
+def topk_candidates(dense_D: np.ndarray, dense_I: np.ndarray, cand: np.ndarray, d_cand: np.ndarray | None,
+                    b_cand: np.ndarray, b_top1: float, b_topm: float, n: int, k: int, mode: str, weight: float,
+                    pool: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`topk_fast` from its parts: the candidates `cand` (ids ascending: dense top ∪ BM25 top m of
+    a KB of n chunks), their dense similarities and BM25 scores, and b_(1), b_(m) over the KB
+    (a sharded KB merges them from every shard's own candidates: softknn.shards).
+
+    Every chunk outside the candidates has s = 0 (module docstring), so the answer is the
+    reference's whenever the k-th best candidate scores > 0, or when the candidates are the whole
+    KB; otherwise (0-score chunks compete for the last places, ordered by id over the whole KB)
+    None, and the caller takes the brute force.
+    """
+    b_hat = norm_top(b_cand, b_top1, b_topm)
     if mode == "lexical":
         s = b_hat
     else:
+        assert d_cand is not None, "hybrid retrieval needs the candidates' dense similarities"
         valid = dense_I >= 0
         d_top1 = float(dense_D[valid][0])
         d_topm = float(dense_D[valid][min(pool, n) - 1]) if valid.sum() >= min(pool, n) else None
         if d_topm is None:
             return None
-        s = mix(norm_top(d_of(cand), d_top1, d_topm), b_hat, weight)
+        s = mix(norm_top(d_cand, d_top1, d_topm), b_hat, weight)
     kk = min(k, n)
     S, I = best(s, cand, kk)
     if len(cand) == n or (len(S) == kk and S[-1] > 0):

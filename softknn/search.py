@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -25,6 +25,7 @@ from softknn.retrieval import (
     LEXICAL_WEIGHT,
     RETRIEVALS,
     best,
+    topk_candidates,
     topk_fast,
     topk_reference,
 )
@@ -204,6 +205,9 @@ class Retriever:
                     out.nearest[i] = float(D[j][0])
                 continue
             assert texts is not None, "lexical and hybrid retrieval need the input texts"
+            if hasattr(self.bundle, "lexical_candidates"):  # a sharded KB: each shard its own candidates
+                self._sharded_lexical(out, xq, texts, members, params, dsize, exact, n, kind)
+                continue
             if exact:
                 d_all = index.similarities(xq[members]).numpy()  # (B, N) the brute force's dense scores
             else:
@@ -235,6 +239,30 @@ class Retriever:
             dense, nearest = index.rows_dot(ids, q), float(dense_top[0][0])
         self.select(out, i, S, ids, dense, b[ids], p, n, kind)
         out.nearest[i], out.words[i] = nearest, [(t, text[s:e]) for t, s, e in words]
+
+    def _sharded_lexical(self, out: Retrieval, xq: np.ndarray, texts: list[str], members: list[int],
+                         params: list[ResolvedParams], dsize: int, exact: bool, n: int, kind: str) -> None:
+        """`_lexical_select` for the inputs `members` of a sharded KB: the candidates, their scores and
+        the normalisation's b_(1), b_(m) come from every shard's own top lists in one call
+        (ShardedBundle.lexical_candidates), not a BM25 (and with exact a dense) score of every chunk;
+        the same answer (softknn.retrieval.topk_candidates). When the candidates cannot decide it,
+        the brute force over the KB (`_lexical_select` with no dense top)."""
+        lex, bundle = self.bundle.lexical, cast("ShardedBundle", self.bundle)
+        assert lex is not None, "resolve() refuses lexical and hybrid retrieval without a lexical index"
+        words = [lex.analyzer.words(texts[i]) for i in members]
+        parts = bundle.lexical_candidates(xq[members], [[t for t, _, _ in w] for w in words], dsize,
+                                               [params[i].candidates for i in members], exact)
+        for i, w, (dD, dI, cand, d_cand, b_cand, b1, bm) in zip(members, words, parts, strict=True):
+            p = params[i]
+            found = topk_candidates(dD, dI, cand, d_cand, b_cand, b1, bm, n, p.search_size(n), p.retrieval,
+                                    p.lexical_weight, p.candidates)
+            if found is None:
+                self._lexical_select(out, i, xq[i], texts[i], None, None, p, n, kind)
+                continue
+            S, ids, _ = found
+            at = np.searchsorted(cand, ids)
+            self.select(out, i, S, ids, d_cand[at], b_cand[at], p, n, kind)
+            out.nearest[i], out.words[i] = float(dD[0]), [(t, texts[i][s:e]) for t, s, e in w]
 
     def _filtered(self, out: Retrieval, i: int, q: np.ndarray, text: str | None, p: ResolvedParams,
                   rows: np.ndarray) -> None:

@@ -23,10 +23,15 @@ with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engin
 `lexical` and `kv` fan each call out to the shards and merge exactly:
 
 - dense top k: each shard's exact (or index) top k, merged by (score desc, global id asc);
-- exact similarities and BM25 scores over the KB: the shards' vectors concatenated in row order
-  (the hybrid normalisation and candidates are then computed over the whole KB, as one index);
-- memory: of `kv`, each shard gathers its requested rows through its own store's `gather` (the one
-  memory entry point), and the rows are placed in the padded batch exactly as one store would; of
+- hybrid and lexical retrieval (exact or not): each shard sends its own dense top, BM25 top m
+  and those candidates' scores (`Shard.lexical_candidates`, O(m) numbers, not one per chunk); the
+  global top lists, the normalisation's x_(1), x_(m) and the candidates' scores are exactly the
+  one index's (each global top-m chunk is in its shard's top m), merged by
+  `ShardedBundle.lexical_candidates`; when those candidates cannot decide the top k
+  (softknn.retrieval.topk_candidates), the brute force over the KB takes the shards' score
+  vectors: the exact similarities and BM25 scores concatenated in row order (as filters do);
+- memory: of `kv`, each shard sends the token rows of the requested chunks as stored (unpadded), and
+  they are placed in the padded batch by the one store's code (memory_stores.pad_memory); of
   `hidden`/`hidden-fp16`/`hidden-int8`, each shard holds its token rows of the stored states (int8:
   with the whole KB's per-channel scale, copied into every shard, so a row dequantises as in the
   one-index bundle) and sends the requested rows as stored; the serving process dequantises and
@@ -53,6 +58,7 @@ from softknn.attention import MemoryBatch
 from softknn.backends import MemoryStore, ShardBackend
 from softknn.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
 from softknn.manifest import Manifest
+from softknn.memory_stores import pad_memory
 
 if TYPE_CHECKING:
     from softknn.lexical import LexicalIndex
@@ -155,6 +161,35 @@ class Shard:
         """(n,) float32 BM25 of every chunk of this shard, with the whole KB's statistics."""
         return cast("LexicalIndex", self.bundle.lexical).scores(terms)  # bm25 is called on lexical bundles only
 
+    def lexical_candidates(self, xq: np.ndarray, terms: list[list[str]], dsize: int, pools: list[int],
+                           exact: bool) -> list[tuple]:
+        """Per input, this shard's part of the hybrid and lexical candidates (softknn.retrieval),
+        O(dsize + pool) numbers instead of a score per chunk: (D, I) its dense top dsize (by the
+        index, or with `exact` by the brute force over its chunks, score desc then id asc), L and
+        Lb its BM25 top pool ids and scores (the whole KB's statistics), and C, Cd, Cb its
+        candidates I ∪ L (ascending) with their dense similarities (`exact`: the brute force's,
+        else e_q·e_c of the stored rows) and BM25 scores. Ids global."""
+        from softknn.retrieval import best, candidates, top_m
+
+        index, lex = self.bundle.index, cast("LexicalIndex", self.bundle.lexical)
+        k = min(int(dsize), self.n)
+        d_all = None
+        if exact:
+            d_all = index.similarities(xq).numpy()  # (B, n) as the one-index exact path scores
+            local = np.arange(self.n)
+            top = [best(row, local, k) for row in d_all]
+            D, I = np.stack([t[0] for t in top]), np.stack([t[1] for t in top])
+        else:
+            D, I = index.search(xq, k)
+        out = []
+        for j, t in enumerate(terms):
+            b = lex.scores(t)
+            L = top_m(b, pools[j])
+            C = candidates(I[j], L)
+            Cd = d_all[j][C] if d_all is not None else index.rows_dot(C, xq[j])
+            out.append((D[j], np.where(I[j] >= 0, I[j] + self.lo, -1), L + self.lo, b[L], C + self.lo, Cd, b[C]))
+        return out
+
     def hidden_rows(self, rows: np.ndarray) -> np.ndarray:
         """(n, C) the stored hidden states of this shard's token rows `rows` (local), in their stored
         dtype (memory `hidden*`; the caller dequantises and projects them: softknn.shards._HiddenRows)."""
@@ -164,12 +199,12 @@ class Shard:
         """hidden-int8's per-channel scale (C,) (the whole KB's: every shard holds the same), else None."""
         return getattr(self.bundle.kv, "scale", None)
 
-    def gather(self, ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """The memory of the requested rows (global ids, this shard's): key, value (nh, S, Lm, hs)
-        float32 with chunk s in slot s, through this shard's store's own `gather` (one input)."""
-        local = [int(c) - self.lo for c in ids]
-        mb = self.bundle.kv.gather([local], [[1.0] * len(local)], torch.device("cpu"))
-        return mb.key[0].numpy(), mb.value[0].numpy()
+    def kv_rows(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """keys, values (n, nh, hs) of this shard's token rows `rows` (local), in their stored dtype
+        (memory `kv`): only the tokens asked, unpadded; the caller pads them as one store would."""
+        kv = self.bundle.kv
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.asarray(kv.keys[rows]), np.asarray(kv.values[rows])  # type: ignore[attr-defined]  # a KVStore
 
 
 # --- calling the shards: in-process, or Ray actors -----------------------------------------------
@@ -278,48 +313,37 @@ class _Spans:
 
 
 class _KV:
-    """Stored K/V (memory `kv`) as the Engine sees it (softknn.backends.MemoryStore): `gather` fans
-    out to the shards, `start`/`count` global."""
+    """Stored K/V (memory `kv`) as the Engine sees it (softknn.backends.MemoryStore): `gather` pads
+    the retrieved chunks' token rows as one store does (softknn.memory_stores.pad_memory), the rows
+    read from their shards (`rows`); `start`/`count` global."""
 
-    def __init__(self, owner: ShardedBundle, start: np.ndarray, count: np.ndarray, nh: int, hs: int):
+    def __init__(self, owner: ShardedBundle, start: np.ndarray, count: np.ndarray, nh: int, hs: int,
+                 first: list[int]):
+        """first: each shard's first global token row (shard s holds token rows first[s] + its local rows)."""
         self.owner, self.start, self.count = owner, start, count
         self.num_heads, self.head_dim = nh, hs
+        self.first = np.asarray(first, dtype=np.int64)
 
     def attach(self, encoder, layer: int) -> None:
         """Stored K/V need no model (the other memories are `_sharded_memory`'s HiddenStore / RecomputeStore)."""
 
+    def rows(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (n, nh, hs) float32 of global token rows `rows`, in that order: one call per shard
+        holding some, each sending only those rows in their stored dtype (a padded (nh, S, Lm, hs)
+        float32 block per shard is several times the bytes through the object store)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        which = np.searchsorted(self.first, rows, side="right") - 1
+        todo = [s for s in range(len(self.first)) if (which == s).any()]
+        res = self.owner.call_some("kv_rows", todo, [(rows[which == s] - self.first[s],) for s in todo])
+        shape = (len(rows), self.num_heads, self.head_dim)
+        k, v = np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)
+        for s, (ks, vs) in zip(todo, res, strict=True):
+            k[which == s], v[which == s] = ks, vs  # to float32 as KVStore.rows converts
+        return torch.from_numpy(k), torch.from_numpy(v)
+
     def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
-        """The MemoryBatch one store's `gather` builds: S = max |R|, Lm = the longest chunk, each
-        chunk's rows fetched from its shard and placed in its (input, slot)."""
-        B = len(ids)
-        S = max(1, max((len(r) for r in ids), default=1))
-        Lm = max(1, max((int(self.count[c]) for r in ids for c in r), default=1))
-        nh, hs = self.num_heads, self.head_dim
-        key = torch.zeros(B, nh, S, Lm, hs)
-        value = torch.zeros(B, nh, S, Lm, hs)
-        token_mask = torch.zeros(B, S, Lm, dtype=torch.bool)
-        weight = torch.zeros(B, S)
-        wanted = np.unique(np.asarray([c for r in ids for c in r], dtype=np.int64))
-        if len(wanted):
-            groups = self.owner.split(wanted)
-            todo = [s for s, pos in enumerate(groups) if len(pos)]
-            res = self.owner.call_some("gather", todo, [(wanted[groups[s]].tolist(),) for s in todo])
-            res = [tuple(np.array(a) if not a.flags.writeable else a for a in r) for r in res]  # Ray's are read-only
-            where: dict[int, tuple[int, int]] = {}
-            for j, s in enumerate(todo):
-                for slot, c in enumerate(wanted[groups[s]].tolist()):
-                    where[c] = (j, slot)
-            for b, row in enumerate(ids):
-                for s, c in enumerate(row):
-                    j, slot = where[int(c)]
-                    n = int(self.count[c])
-                    key[b, :, s, :n] = torch.from_numpy(res[j][0][:, slot, :n])
-                    value[b, :, s, :n] = torch.from_numpy(res[j][1][:, slot, :n])
-                    token_mask[b, s, :n] = True
-        for b, w in enumerate(weights):
-            weight[b, : len(w)] = torch.tensor(w, dtype=torch.float32)
-        return MemoryBatch(key=key.to(device), value=value.to(device), token_mask=token_mask.to(device),
-                           weight=weight.to(device))
+        """The MemoryBatch one store's `gather` builds: S = max |R|, Lm = the longest chunk."""
+        return pad_memory(ids, weights, self.start, self.count, self.num_heads, self.head_dim, device, self.rows)
 
 
 class _HiddenRows:
@@ -357,7 +381,7 @@ def _sharded_memory(b: ShardedBundle, start: np.ndarray, count: np.ndarray, firs
     kind = memory_kind(m.memory)
     nh, hs = m.model.num_heads, m.model.head_dim
     if kind == "kv":
-        return _KV(b, start, count, nh, hs)
+        return _KV(b, start, count, nh, hs, first)
     if kind == "recompute":
         return RecomputeStore([c["text"] for c in b.chunks], start, count, nh, hs)
     scale = None
@@ -406,6 +430,34 @@ class ShardedBundle:
 
     def call(self, method: str, args: list[tuple]) -> list:
         return self.backend.call(method, args)
+
+    def lexical_candidates(self, xq: np.ndarray, terms: list[list[str]], dsize: int, pools: list[int],
+                           exact: bool) -> list[tuple]:
+        """Per input, the hybrid and lexical candidates over the whole KB from one call per shard
+        (Shard.lexical_candidates: each sends its own top lists, never a score per chunk):
+        (dense_D, dense_I, cand, d_cand, b_cand, b_top1, b_topm), the arguments of
+        softknn.retrieval.topk_candidates. Exact: the global dense top dsize and BM25 top pool are
+        among the shards' own top lists (each chunk of them is in its shard's), so their values,
+        b_(1) and b_(m) are the one index's; every candidate is one of some shard's, which sent its
+        dense similarity and BM25 score."""
+        xq = np.ascontiguousarray(xq, dtype=np.float32)
+        k = max(1, min(int(dsize), len(self)))
+        parts = self.call("lexical_candidates", [(xq, terms, k, pools, exact)] * self.n_shards)
+        out = []
+        for j, pool in enumerate(pools):
+            per = [p[j] for p in parts]
+            dense_D, dense_I = _Index._merge([(p[0][None], p[1][None]) for p in per], k, 1)
+            Lb = np.concatenate([p[3] for p in per])
+            L = np.concatenate([p[2] for p in per])
+            m = max(1, min(int(pool), len(Lb)))
+            top = np.lexsort((L, -Lb))[:m]  # the global BM25 top m (score desc, id asc)
+            C = np.concatenate([p[4] for p in per])  # each shard's ascending, shards in row order: ascending
+            cand = np.union1d(dense_I[0][dense_I[0] >= 0], L[top])
+            at = np.searchsorted(C, cand)
+            d_cand = np.concatenate([np.asarray(p[5]) for p in per])[at]
+            b_cand = np.concatenate([p[6] for p in per])[at]
+            out.append((dense_D[0], dense_I[0], cand, d_cand, b_cand, float(Lb[top].max()), float(Lb[top].min())))
+        return out
 
     def call_some(self, method: str, shards: list[int], args: list[tuple]) -> list:
         return self.backend.call_some(method, shards, args)

@@ -637,11 +637,14 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
 
     deployment = serve.deployment(name="softknn", num_replicas=replicas,
                                   ray_actor_options={"num_cpus": replica_cpus})(serve.ingress(build_app)())
-    serve.start(http_options={"host": settings.host, "port": settings.port})
+    # no Serve access log: the app logs every request itself (softknn.service.logs), and a Serve access
+    # line per request in the proxy and again in the replica is work on the request's path
+    quiet = {"enable_access_log": False}
+    serve.start(http_options={"host": settings.host, "port": settings.port}, logging_config=quiet)
     if blocking:
         signal.signal(signal.SIGTERM, _interrupt)
     try:
-        serve.run(deployment.bind(), name="softknn", route_prefix="/", blocking=blocking)
+        serve.run(deployment.bind(), name="softknn", route_prefix="/", blocking=blocking, logging_config=quiet)
     finally:
         if blocking:
             shutdown_ray()
