@@ -31,8 +31,8 @@ class EmbeddingOptions:
                 similarity computed over every chunk Default: False.
             k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
             kernel (EmbeddingOptionsKernel | Unset): k-NN kernel (seed 001) Default: 'softmax'.
-            lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the bundle's calibrated λ (labelled
-                KBs) or the default
+            lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the λ the bundle's build chose
+                (labelled or not) or the default
             mixing (EmbeddingOptionsMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
                 (memory share is reported) Default: 'fixed'.
             retrieval (EmbeddingOptionsRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,

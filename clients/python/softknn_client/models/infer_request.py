@@ -39,8 +39,8 @@ class InferRequest:
         kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
             `default` (a name this key may not use answers 404 as one that does not exist)
         kernel (InferRequestKernel | Unset): k-NN kernel (seed 001) Default: 'softmax'.
-        lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the bundle's calibrated λ (labelled
-            KBs) or the default
+        lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the λ the bundle's build chose
+            (labelled or not) or the default
         mixing (InferRequestMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
             (memory share is reported) Default: 'fixed'.
         retrieval (InferRequestRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,

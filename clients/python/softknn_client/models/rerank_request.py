@@ -25,7 +25,7 @@ class RerankRequest:
         exact (bool | Unset): the dense range over every chunk instead of the ANN index's top m Default: False.
         kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
             `default` (a name this key may not use answers 404 as one that does not exist)
-        lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the bundle's calibrated λ or the
+        lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the λ the bundle's build chose or the
             default
         raw_scores (bool | Unset): false: s_t, in [0, 1] (a KB chunk's text scores its retrieval similarity); true: the
             same affine scores unclipped (hybrid and lexical) Default: False.
