@@ -27,14 +27,14 @@ def _kb(name: str, limit: int | None, tmp: Path) -> tuple[Path, list[str], dict]
             rows = list(csv.DictReader(f))[:limit]
         path = tmp / "b77.jsonl"
         path.write_text("".join(json.dumps({"id": f"t{i}", "text": r["text"], "label": r["category"]}) + "\n" for i, r in enumerate(rows)))
-        return path, [r["text"] for r in rows], {}
+        return path, [r["text"] for r in rows], {"memory": "kv"}  # what builder_*.json recorded: float32 K/V
     recs = []
     for p in sorted((SHARED / "obliqa_dev" / "documents").glob("*.json"), key=lambda p: int(p.stem)):
         recs += [{"id": r["ID"], "text": r["Passage"]} for r in json.loads(p.read_text()) if r["Passage"].strip()]
     recs = recs[:limit]
     path = tmp / "obliqa.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
-    return path, [r["text"] for r in recs], {"kv_dtype": "float16"}
+    return path, [r["text"] for r in recs], {"memory": "kv", "kv_dtype": "float16"}
 
 
 def add_cli_args(ap: argparse.ArgumentParser) -> None:

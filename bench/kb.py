@@ -100,7 +100,8 @@ def prepare(n_real: int = 10_000, batch_size: int = 64) -> dict:
         kb = CACHE / f"kb-{n_real}.jsonl"
         kb.write_text("".join(json.dumps(r) + "\n" for r in recs[:n_real]))
         t0 = time.perf_counter()
-        build_bundle(kb, bp, BuildConfig(batch_size=batch_size, index_type="flat"), enc, force=True, progress=False)
+        build_bundle(kb, bp, BuildConfig(batch_size=batch_size, index_type="flat", memory="kv"), enc, force=True,
+                     progress=False)  # kv: synthetic_bundle tiles its KVStore
         out["build_s"] = time.perf_counter() - t0
     pool = CACHE / "pool.npy"
     if not pool.is_file():

@@ -15,6 +15,14 @@ hidden-int8; recompute) and measured:
 
     HF_HUB_OFFLINE=1 .venv/bin/python -m bench memory_repr        # writes bench/results/memory_repr.{json,png}
 
+`--quick`: the packaged sample KB instead (softknn/sample_kb, built as `softknn build` builds it:
+lexical index and calibration included), kv and hidden (the default) only unless --kinds says
+otherwise: each whole bundle's size on disk (`du -sb`) and its memory files', and the max |Δ| over
+every number of the exact answers (`exact: true`, dense and hybrid, k = 8 and 32) to those of kv
+for the sample queries, with whether every id, label and order is the same; a p50 at k = 8.
+
+    HF_HUB_OFFLINE=1 .venv/bin/python -m bench memory_repr --quick  # → bench/results/memory_repr_quick.{json,png}
+
 Targets: hidden ≥ 2× fewer bytes than kv with |Δ| ≤ 1e-5; the best lossy ≥ 8× fewer
 with |Δ| ≤ 1e-3 and quality within 0.1 point of kv.
 """
@@ -26,6 +34,7 @@ import csv
 import json
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -192,9 +201,142 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--repeats", type=int, default=11, help="latency samples per arm and k")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from the JSON")
+    ap.add_argument("--quick", action="store_true", help="the sample KB: bundle sizes (du -sb) and exact-answer "
+                                                       "|Δ| to kv on the sample queries (memory_repr_quick.json)")
+    ap.add_argument("--kinds", default="kv,hidden", help="with --quick: the memory kinds (kv always, the reference)")
+
+
+# --- --quick: the sample KB ----------------------------------------------------------------------
+SAMPLE = REPO / "softknn" / "sample_kb"
+QUICK_WORK = REPO / "artifacts" / "bench" / "memory_repr_quick"
+
+
+def du_bytes(path: Path) -> int:
+    """`du -sb PATH`: the bundle's apparent size on disk, every file and folder."""
+    return int(subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True, check=True).stdout.split()[0])
+
+
+def leaf_delta(a, b, where: str = "") -> tuple[float, list[str]]:
+    """(max |a − b| over every float of two JSON answers, the paths where anything else differs:
+    an id, a label, a list's length, a key, an integer)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        if sorted(a) != sorted(b):
+            return 0.0, [f"{where}: keys {sorted(a)} vs {sorted(b)}"]
+        parts = [leaf_delta(a[k], b[k], f"{where}.{k}") for k in a]
+    elif isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return 0.0, [f"{where}: {len(a)} items vs {len(b)}"]
+        parts = [leaf_delta(x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b, strict=True))]
+    elif isinstance(a, float) and isinstance(b, float | int) and not isinstance(b, bool):
+        return abs(a - b), []
+    else:
+        return 0.0, [] if a == b else [f"{where}: {a!r} vs {b!r}"]
+    return max((d for d, _ in parts), default=0.0), [m for _, ms in parts for m in ms]
+
+
+def run_quick(args: argparse.Namespace) -> dict:
+    kinds = ["kv", *[k for k in args.kinds.split(",") if k and k != "kv"]]
+    for k in kinds:
+        if k not in MEMORY_KINDS:
+            raise SystemExit(f"--kinds: {k!r} is not one of {MEMORY_KINDS}")
+    torch.set_num_threads(args.threads)
+    QUICK_WORK.mkdir(parents=True, exist_ok=True)
+    enc = Encoder()
+    texts = [json.loads(x)["text"] for f in ("queries.jsonl", "ood_queries.jsonl")
+             for x in (SAMPLE / f).read_text().splitlines() if x.strip()]
+    arms = {}
+    for kind in kinds:
+        path = QUICK_WORK / kind
+        t0 = time.perf_counter()
+        m = build_bundle(SAMPLE / "kb", path, BuildConfig(memory=kind), enc, force=True, progress=False)
+        mem = load_bundle(path).summary()["memory"]
+        arms[kind] = {"engine": Engine(enc, load_bundle(path)), "build_s": round(time.perf_counter() - t0, 1),
+                      "du_sb_bytes": du_bytes(path), "memory_files": mem["files"], "memory_bytes": mem["bytes"],
+                      "memory_bytes_per_chunk": mem["bytes_per_chunk"], "chunks": m["counts"]["chunks"],
+                      "tokens": m["counts"]["tokens"], "docs": m["counts"]["docs"]}
+        print(f"  sample {kind}: du -sb {arms[kind]['du_sb_bytes']:,} B, memory {mem['bytes']:,} B", flush=True)
+    cases = [(r, k) for r in ("dense", "hybrid") for k in KS]
+    ref = {c: [x.to_dict() for x in arms["kv"]["engine"].infer(texts, [InferParams(retrieval=c[0], k=c[1], exact=True)] * len(texts))]
+           for c in cases}
+    lat = {kind: [] for kind in kinds}
+    for kind in kinds:  # warm-up
+        arms[kind]["engine"].infer(texts[:1], [InferParams(k=KS[0], exact=True)])
+    for _ in range(args.repeats):
+        for kind, a in arms.items():
+            t0 = time.perf_counter()
+            a["engine"].infer(texts[:1], [InferParams(k=KS[0], exact=True)])
+            lat[kind].append(1000 * (time.perf_counter() - t0))
+    out = {}
+    kv_du, kv_mem = arms["kv"]["du_sb_bytes"], arms["kv"]["memory_bytes"]
+    for kind, a in arms.items():
+        per_case, mismatches = {}, []
+        for c in cases:
+            got = ref[c] if kind == "kv" else [x.to_dict() for x in a["engine"].infer(texts, [InferParams(retrieval=c[0], k=c[1], exact=True)] * len(texts))]
+            d, ms = leaf_delta(got, ref[c])
+            per_case[f"{c[0]}_k{c[1]}"] = d
+            mismatches += [f"{c[0]} k={c[1]}{m}" for m in ms]
+        out[kind] = {k: v for k, v in a.items() if k != "engine"} | {
+            "du_sb_ratio_vs_kv": round(kv_du / a["du_sb_bytes"], 3),
+            "memory_ratio_vs_kv": round(kv_mem / a["memory_bytes"], 3) if a["memory_bytes"] else None,
+            "max_abs_delta_by_case": per_case, "max_abs_delta": max(per_case.values()),
+            "non_float_mismatches": mismatches[:20], "same_ids_labels_and_order": not mismatches,
+            "p50_ms_k8": round(statistics.median(lat[kind]), 2)}
+    res = {"mode": "quick", "kb": "softknn/sample_kb/kb", "queries": len(texts),
+           "query_files": ["queries.jsonl", "ood_queries.jsonl"], "ks": list(KS), "retrievals": ["dense", "hybrid"],
+           "arms": out}
+    print(json.dumps({k: {m: v[m] for m in ("du_sb_bytes", "du_sb_ratio_vs_kv", "memory_bytes", "max_abs_delta",
+                                            "same_ids_labels_and_order", "p50_ms_k8")} for k, v in out.items()}, indent=1))
+    written = write("memory_repr_quick", res)
+    plot_quick(written, RESULTS / "memory_repr_quick.png")
+    print(f"wrote {result_path('memory_repr_quick')}")
+    return written
+
+
+def plot_quick(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = res["arms"]
+    kinds = list(arms)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    x = np.arange(len(kinds))
+    rest = [arms[k]["du_sb_bytes"] - arms[k]["memory_bytes"] for k in kinds]
+    mem = [arms[k]["memory_bytes"] for k in kinds]
+    axes[0].bar(x, [r / 1e6 for r in rest], 0.6, label="everything else", color="#8C8C8C")
+    axes[0].bar(x, [m / 1e6 for m in mem], 0.6, bottom=[r / 1e6 for r in rest], label="memory files", color="#4C72B0")
+    for i, k in enumerate(kinds):
+        axes[0].annotate(f"{arms[k]['du_sb_bytes'] / 1e6:.2f} MB ({arms[k]['du_sb_ratio_vs_kv']}×)",
+                         (x[i], arms[k]["du_sb_bytes"] / 1e6), ha="center", va="bottom", fontsize=8)
+    axes[0].set(ylabel="MB (du -sb)", title=f"sample bundle on disk ({arms['kv']['chunks']} chunks)")
+    axes[0].legend(fontsize=8)
+    cases = list(arms[kinds[0]]["max_abs_delta_by_case"])
+    w = 0.8 / len(cases)
+    for j, c in enumerate(cases):
+        xs, ds = x + (j - (len(cases) - 1) / 2) * w, [arms[k]["max_abs_delta_by_case"][c] for k in kinds]
+        axes[1].bar(xs, [max(d, 1e-12) for d in ds], w, label=c)
+        for xi, d in zip(xs, ds, strict=True):
+            axes[1].annotate("0" if d == 0 else f"{d:.1e}", (xi, max(d, 1e-12)), ha="center", va="bottom", fontsize=7)
+    axes[1].axhline(1e-4, color="grey", ls="--", lw=1, label="contract 1e-4")
+    axes[1].set(yscale="log", ylim=(1e-13, 1e-2), ylabel="max |Δ| over every answer number vs kv",
+                title=f"exact answers, {res['queries']} sample queries (0: bit-identical)")
+    axes[1].legend(fontsize=7)
+    for ax in axes:
+        ax.set_xticks(x, kinds)
+    fig.suptitle("softknn sample KB: memory kv vs hidden (bench/memory_repr.py --quick)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.quick and args.plot_only:
+        res = json.loads((RESULTS / "memory_repr_quick.json").read_text())
+        plot_quick(res, RESULTS / "memory_repr_quick.png")
+        return res
+    if args.quick:
+        return run_quick(args)
     if args.plot_only:
         res = json.loads((RESULTS / "memory_repr.json").read_text())
         plot(res, RESULTS / "memory_repr.png")

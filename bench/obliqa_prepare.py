@@ -15,7 +15,7 @@ Writes (never into the repository's tracked files; artifacts/ is git-ignored):
 
 Build and evaluate with (docs/quality.md):
   softknn build artifacts/eval/obliqa/kb.jsonl --out artifacts/eval/bundles/obliqa --id-field ID \
-      --text-field Passage --kv-dtype float16
+      --text-field Passage --memory kv --kv-dtype float16
   softknn eval artifacts/eval/bundles/obliqa artifacts/eval/obliqa/questions.jsonl --out ...
 """
 

@@ -46,7 +46,8 @@ def real_bundle(n_real: int) -> Path:
         kb.CACHE.mkdir(parents=True, exist_ok=True)
         src = kb.CACHE / f"kb-{n_real}.jsonl"
         src.write_text("".join(json.dumps(r) + "\n" for r in kb.kb_texts()[:n_real]))
-        build_bundle(src, bp, BuildConfig(batch_size=64, index_type="flat"), Encoder(), force=True, progress=False)
+        build_bundle(src, bp, BuildConfig(batch_size=64, index_type="flat", memory="kv"), Encoder(), force=True,
+                     progress=False)  # kv: rows_bundle tiles its KVStore
     return bp
 
 

@@ -15,7 +15,7 @@ python -m bench obliqa_prepare
 # 1. bundles (the defaults: last layer, flat index; ObliQA keys/values in float16)
 [ -f $B/banking77/manifest.json ] || softknn build $DATA/banking77/train.csv --out $B/banking77 --label-field category
 [ -f $B/obliqa/manifest.json ] || softknn build artifacts/eval/obliqa/kb.jsonl --out $B/obliqa \
-    --id-field ID --text-field Passage --kv-dtype float16
+    --id-field ID --text-field Passage --memory kv --kv-dtype float16
 
 # 2. sweeps on validation data only (Banking77: the KB side; ObliQA: the 500 validation questions)
 python -m bench sweep_banking77 --layers 5 3 1

@@ -2,7 +2,7 @@
 
     python -m bench obliqa_prepare          # kb.jsonl, questions_{val,test}.jsonl
     softknn build artifacts/eval/obliqa/kb.jsonl --out artifacts/eval/bundles/obliqa --id-field ID \
-        --text-field Passage --kv-dtype float16
+        --text-field Passage --memory kv --kv-dtype float16
     python -m bench sweep_obliqa [--limit N] [--out artifacts/eval/obliqa/sweeps]
 
 The 500 questions of questions_val.jsonl (a seeded split; the 2,288 others are the reported test

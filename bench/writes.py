@@ -4,7 +4,7 @@ stream against the same server idle, side by side in one run.
     python -m bench writes [--passages 1000] [--writes 60] [--queries 40] [--threads 1]
 
 The KB: the first --passages ObliQA passages (../shared/data/obliqa_dev/documents, one document
-each, its passage id the doc id), built once (memory kv, default flat index). A real uvicorn server
+each, its passage id the doc id), built once (memory kv, as writes.json recorded; default flat index). A real uvicorn server
 in this process (softknn.service.testing.threaded_server, the admin token set, no background compaction)
 answers /v1/infer (default hybrid retrieval, k 8) for --queries ObliQA questions idle, then again
 while one client PUTs the next --writes passages as new documents back to back (each
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> dict:
         CACHE.mkdir(parents=True, exist_ok=True)
         kb = CACHE / f"writes-kb-{args.passages}.jsonl"
         kb.write_text("".join(json.dumps(r) + "\n" for r in base))
-        build_bundle(kb, src, BuildConfig(), enc, force=True, progress=False)
+        build_bundle(kb, src, BuildConfig(memory="kv"), enc, force=True, progress=False)
     import softknn.service.lifecycle
 
     rows = []

@@ -5,11 +5,12 @@ A bundle is one directory:
                        labels, build settings, created-at, sha256 and size of every other file
     embeddings.npy     (N, D) float32 chunk embeddings e_c (the exact search and PQ re-ranking)
     index.faiss        FAISS index over embeddings.npy
-    kv_keys.npy        (Ntok, nh, hs) layer-L keys of every chunk's non-special tokens
-    kv_values.npy      (Ntok, nh, hs) values
-                       (these two for the default memory `kv`; the manifest's `memory` names
-                       another representation and its files: softknn.memory_stores)
-    chunk_tokens.npy   (N, 2) int64: first row in kv_* and token count of each chunk
+    mem_hidden.npy     (Ntok, C) float32 layer-L input hidden states of every chunk's non-special
+                       tokens (the default memory `hidden`: K/V are projected from them at query
+                       time); the manifest's `memory` names the representation and its files
+                       (softknn.memory_stores), e.g. `kv`: kv_keys.npy and kv_values.npy
+                       (Ntok, nh, hs), the keys and values themselves
+    chunk_tokens.npy   (N, 2) int64: first memory row and token count of each chunk
     token_spans.npy    (Ntok, 2) int64: each memory token's char span in its document
     chunks.jsonl       per chunk: chunk_id, doc_id, text, start, end (char span), label, metadata
     lexical/           the BM25 index of the chunks (softknn.lexical; bm25s's files, no pickles);
@@ -36,15 +37,15 @@ from softknn.errors import BundleError
 from softknn.gen_memory import generator_files
 from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
 from softknn.manifest import Manifest
-from softknn.memory_stores import MEMORY_FILES, MemoryStore, load_memory, memory_files, memory_summary
+from softknn.memory_stores import DEFAULT_MEMORY, MEMORY_FILES, MemoryStore, load_memory, memory_files, memory_summary
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 CORE_FILES = ("embeddings.npy", "index.faiss", "chunk_tokens.npy", "token_spans.npy", "chunks.jsonl")
-DATA_FILES = CORE_FILES[:2] + MEMORY_FILES["kv"] + CORE_FILES[2:]  # a bundle of the default memory `kv`
+DATA_FILES = CORE_FILES[:2] + MEMORY_FILES[DEFAULT_MEMORY] + CORE_FILES[2:]  # a bundle of the default memory `hidden`
 
 
-def data_files(memory: str = "kv", lexical: bool = False, generator: str | None = None) -> tuple[str, ...]:
+def data_files(memory: str, lexical: bool = False, generator: str | None = None) -> tuple[str, ...]:
     """Every file a bundle must hold: the core files, its memory's, the lexical index's if it has one,
     and the generator memory's (of that kind) if it has one."""
     return (CORE_FILES[:2] + memory_files(memory) + CORE_FILES[2:] + (LEXICAL_FILES if lexical else ())

@@ -86,10 +86,11 @@ def build(
     chunk_tokens: Annotated[int | None, typer.Option(help="tokens per chunk (default max_seq_length − 8)")] = None,
     overlap: Annotated[int, typer.Option(help="tokens shared by consecutive chunks")] = 32,
     batch_size: Annotated[int, typer.Option(help="chunks per model pass")] = 32,
-    kv_dtype: Annotated[str, typer.Option(help="float32 | float16 for stored keys/values")] = "float32",
-    memory: Annotated[str, typer.Option(help="memory representation: kv (stored K/V) | hidden | hidden-fp16 | "
-                                             "hidden-int8 (layer-L input states; K/V projected at query time) | "
-                                             "recompute (nothing stored; layers 0..L rerun)")] = "kv",
+    kv_dtype: Annotated[str, typer.Option(help="float32 | float16 for stored keys/values (with --memory kv)")] = "float32",
+    memory: Annotated[str, typer.Option(help="memory representation: hidden (layer-L input states, float32; K/V "
+                                             "projected at query time: the same answers as kv in half the bytes) | "
+                                             "hidden-fp16 | hidden-int8 (lossy) | kv (stored float32 K/V) | "
+                                             "recompute (nothing stored; layers 0..L rerun)")] = "hidden",
     id_field: Annotated[str, typer.Option(help="record field/column holding the id (missing: ids are filled in "
                                                 "as <file>-<row>)")] = "id",
     text_field: Annotated[str | None, typer.Option(
@@ -113,7 +114,7 @@ def build(
     generator_layers: Annotated[str, typer.Option(help="with --generator: its memory layers, all or a,b,c (0-based)")] = "all",
     generator_memory: Annotated[str, typer.Option(help="with --generator: fp32 | fp16 | int8 | recompute (nothing stored)")] = "fp16",
 ) -> None:
-    """Build a bundle: chunk the KB, encode it once (embeddings + layer-L keys/values), index it (FAISS and BM25)."""
+    """Build a bundle: chunk the KB, encode it once (embeddings + the layer-L memory), index it (FAISS and BM25)."""
     from softknn.index_builder.reader import Fields, read_kb, resolve_fields
 
     if out.exists() and not force:  # the checks that need no model come first
@@ -122,9 +123,10 @@ def build(
         fields, notes = resolve_fields(kb, Fields(id=id_field, text=text_field or "text", label=label_field),
                                        text_given=text_field is not None)
         read_kb(kb, fields)  # every record parsed (bad JSON, duplicate ids) before the model loads
-        from softknn.memory_stores import check_kind
+        from softknn.memory_stores import check_kind, check_kv_dtype
 
         check_kind(memory)  # a typo fails before the model loads
+        check_kv_dtype(memory, kv_dtype)
         if generator is not None:
             from softknn.gen_memory import generator_files
             from softknn.generator import resolve_generator

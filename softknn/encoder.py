@@ -414,6 +414,15 @@ class Encoder:
         return hidden  # (B, T, C)
 
     # --- compact memory: K/V from the memory layer's input, or recomputed -----------------------
+    def check_project_kv(self, layer: int):
+        """Layer `layer`'s attention module, if it has the key/value Linear `project_kv` needs; else
+        UnsupportedModel (the builder asks before encoding a `hidden` memory, a store when attached)."""
+        attn = self.attention_modules[layer]
+        if not (isinstance(getattr(attn, "key", None), torch.nn.Linear) and isinstance(getattr(attn, "value", None), torch.nn.Linear)):
+            raise UnsupportedModel(f"{self.path}: layer {layer}'s attention has no key/value Linear to project "
+                                   "hidden states with; build with --memory kv")
+        return attn
+
     def project_kv(self, layer: int, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v (n, nh, hs) = the layer's own key/value Linear on its input hidden states (n, C).
 
@@ -421,10 +430,7 @@ class Encoder:
         (…, nh, hs), unscaled; the 1/√hs scaling lives in the attention function), up to the
         round-off of a GEMM of another shape.
         """
-        attn = self.attention_modules[layer]
-        if not (isinstance(getattr(attn, "key", None), torch.nn.Linear) and isinstance(getattr(attn, "value", None), torch.nn.Linear)):
-            raise UnsupportedModel(f"{self.path}: layer {layer}'s attention has no key/value Linear to project "
-                                   "hidden states with; build with --memory kv")
+        attn = self.check_project_kv(layer)
         nh, hs = self.info.num_heads, self.info.head_dim
         with torch.inference_mode():
             h = hidden.to(self.device, attn.key.weight.dtype)  # (n, C)

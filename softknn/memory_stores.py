@@ -2,13 +2,17 @@
 
 The fused attention needs, for every retrieved chunk, its memory tokens' layer-L keys and values
 (nh, n_c, hs). A bundle can store them in one of these forms, chosen at build time and named in
-the manifest's `memory` field (a bundle without the field is `kv`):
+the manifest's `memory` field (a build stores DEFAULT_MEMORY, `hidden`, unless told otherwise; a
+bundle without the field, built before it existed, is `kv`):
 
     kv           kv_keys.npy, kv_values.npy (Ntok, nh, hs): the K/V themselves (float32, or the
                  build's --kv-dtype), 2·C values per token
     hidden       mem_hidden.npy (Ntok, C) float32: layer L's *input* hidden states; k, v are
                  recomputed for the retrieved rows only with the layer's own key/value Linear
-                 (Encoder.project_kv): half the bytes, same answers up to float round-off
+                 (Encoder.project_kv): half the bytes, same answers up to float round-off.
+                 The projection is torch's Linear whatever runs the plain forward (ONNX Runtime
+                 gives the layers before L and the query's own Q/K/V; the stored states and so
+                 the memory's K/V do not depend on the serving runtime)
     hidden-fp16  the same states in float16 (a quarter)
     hidden-int8  the same states in int8 with one symmetric scale per channel,
                  mem_hidden_scale.npy (C,) float32: h ≈ q·scale, q = round(h / scale),
@@ -36,6 +40,9 @@ from softknn.errors import BundleError
 from softknn.manifest import Manifest
 
 MEMORY_KINDS = ("kv", "hidden", "hidden-fp16", "hidden-int8", "recompute")
+# What a build stores unless told otherwise: K/V equal to kv's to float round-off (measured bit-identical)
+# in half the bytes (docs/benchmarks.md "Compact memory"); a manifest without `memory` is still kv.
+DEFAULT_MEMORY = "hidden"
 HIDDEN_DTYPES = {"hidden": np.float32, "hidden-fp16": np.float16, "hidden-int8": np.int8}
 INT8_SCALE = "mem_hidden_scale.npy"
 MEMORY_FILES = {
@@ -167,6 +174,13 @@ def check_kind(kind: str) -> str:
     return kind
 
 
+def check_kv_dtype(kind: str, kv_dtype: str) -> None:
+    """--kv-dtype sets the dtype of stored K/V: it means nothing to another memory (ValueError)."""
+    if kind != "kv" and kv_dtype != "float32":
+        raise ValueError(f"kv_dtype {kv_dtype!r} applies to memory 'kv' only; memory {kind!r} sets its own dtype "
+                         "(build with --memory kv to store float16 K/V, or --memory hidden-fp16)")
+
+
 def memory_files(kind: str) -> tuple[str, ...]:
     return MEMORY_FILES[memory_kind(kind)]
 
@@ -221,6 +235,11 @@ class HiddenStore(_Attached):
         self.hidden, self.scale = hidden, scale
         self.start, self.count = start, count
         self.num_heads, self.head_dim = num_heads, head_dim
+
+    def attach(self, encoder, layer: int) -> None:
+        """As _Attached, and the model must have the key/value Linear to project with (refused at load, not per query)."""
+        super().attach(encoder, layer)
+        encoder.check_project_kv(int(layer))
 
     def states(self, rows: np.ndarray) -> torch.Tensor:
         """(n, C) float32 hidden states of store rows (dequantised: q·scale for int8)."""

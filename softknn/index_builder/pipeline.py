@@ -33,7 +33,7 @@ from softknn.index_builder.chunker import Chunk, chunk_documents
 from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
 from softknn.index_builder.reader import Fields, read_kb
 from softknn.lexical import LexicalIndex, LexicalSpec
-from softknn.memory_stores import HIDDEN_DTYPES, check_kind, int8_scale, quantize_int8
+from softknn.memory_stores import DEFAULT_MEMORY, HIDDEN_DTYPES, check_kind, check_kv_dtype, int8_scale, quantize_int8
 from softknn.retrieval import CANDIDATES
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class BuildConfig:
     overlap: int = 32
     batch_size: int = 32
     kv_dtype: str = "float32"  # of stored K/V (memory "kv" only)
-    memory: str = "kv"  # the memory representation: softknn.memory_stores.MEMORY_KINDS
+    memory: str = DEFAULT_MEMORY  # the memory representation: softknn.memory_stores.MEMORY_KINDS
     fields: Fields = field(default_factory=Fields)
     lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
     calibrate: bool = True  # labelled: λ, τ and the abstain rule by leave-one-out; unlabelled: λ from pseudo-queries (softknn.calibration)
@@ -245,6 +245,8 @@ def build_bundle(
     if not os.access(parent, os.W_OK):
         raise BundleError(f"{parent}: output folder is not writable")
     layer = encoder.check_layer(cfg.layer)
+    if cfg.memory.startswith("hidden"):
+        encoder.check_project_kv(layer)  # the stored states are useless without the layer's key/value Linear
     chunk_tokens = cfg.chunk_tokens or encoder.max_seq_length - 8
     cfg = BuildConfig(**{**asdict(cfg), "chunk_tokens": chunk_tokens, "fields": cfg.fields})
     if cfg.kv_dtype not in KV_DTYPES:
@@ -252,8 +254,7 @@ def build_bundle(
     if cfg.shards < 1:
         raise ValueError(f"shards must be ≥ 1, got {cfg.shards}")
     check_kind(cfg.memory)
-    if cfg.memory != "kv" and cfg.kv_dtype != "float32":
-        raise ValueError(f"kv_dtype {cfg.kv_dtype!r} applies to memory 'kv' only; memory {cfg.memory!r} sets its own dtype")
+    check_kv_dtype(cfg.memory, cfg.kv_dtype)
     docs = read_kb(kb, cfg.fields)
     chunks = chunk_documents(docs, encoder.tokenizer, chunk_tokens, cfg.overlap)
     if not chunks:

@@ -236,7 +236,7 @@ def writable(m: Manifest) -> None:
         raise WriteRefused("writes are not supported on bundles with generator memory yet: rebuild the KB")
     if m.memory == "hidden-int8":
         raise WriteRefused("writes are not supported on memory 'hidden-int8' (its per-channel scale depends on "
-                           "every chunk): build with memory hidden-fp16 or kv to take writes")
+                           "every chunk): build with memory hidden (the default), hidden-fp16 or kv to take writes")
 
 
 def version_name(base_version: str, seq: int) -> str:

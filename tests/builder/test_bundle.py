@@ -66,11 +66,11 @@ def test_verify_refuses_a_flipped_byte_and_an_edited_manifest(tmp_path, sample_b
     bad = tmp_path / "bad"
     shutil.copytree(sample_bundle_path, bad)
     verify_bundle(bad)
-    kv = bad / "kv_values.npy"
-    data = bytearray(kv.read_bytes())
+    mem = bad / "mem_hidden.npy"  # the default memory's one file
+    data = bytearray(mem.read_bytes())
     data[len(data) // 2] ^= 0x01
-    kv.write_bytes(bytes(data))
-    with pytest.raises(BundleError, match=r"kv_values.npy: sha256 mismatch"):
+    mem.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match=r"mem_hidden.npy: sha256 mismatch"):
         load_bundle(bad, expected_fingerprint=encoder.info.fingerprint)
 
     edited = tmp_path / "edited"
@@ -138,3 +138,35 @@ def test_cli_query_json_exact(sample_bundle_path):
     assert len(r["embedding"]) == 384 and r["diagnostics"]["retrieved"] == 4
     assert r["diagnostics"]["memory_share"] == pytest.approx(0.5, abs=1e-6)
     assert r["diagnostics"]["search"] == "exact"
+
+
+def test_cli_builds_hidden_by_default_and_kv_when_asked_with_the_same_exact_answers(tmp_path):
+    """`softknn build` stores the layer's input states (`hidden`) unless told `--memory kv`; both
+    bundles verify, name their memory, hold only its files, and `softknn query --json --exact`
+    answers the same from either, to float32 round-off."""
+    from typer.testing import CliRunner
+
+    from softknn.cli import app
+    from tests.numerics import assert_tree_close
+
+    kb = tmp_path / "kb.jsonl"
+    kb.write_text("".join(json.dumps({"id": f"d{i}", "text": t, "label": lab}) + "\n" for i, (t, lab) in enumerate([
+        ("Dogs must stay on a lead on the car deck.", "pets"), ("Cats travel in a closed carrier.", "pets"),
+        ("A refund is paid within five working days.", "refunds"), ("Cancel two hours before departure.", "refunds"),
+        ("Sailings are cancelled above force eight.", "weather")])))
+    runner = CliRunner()
+    answers = {}
+    for kind, extra in (("hidden", []), ("kv", ["--memory", "kv"])):
+        out = tmp_path / kind
+        r = runner.invoke(app, ["build", str(kb), "--out", str(out), "--no-progress", *extra])
+        assert r.exit_code == 0, r.output
+        assert f"memory {kind}" in r.output
+        m = verify_bundle(out)
+        assert m["memory"] == kind
+        mem = sorted(f for f in m["files"] if f.startswith(("kv_", "mem_")))
+        assert mem == {"hidden": ["mem_hidden.npy"], "kv": ["kv_keys.npy", "kv_values.npy"]}[kind]
+        r = runner.invoke(app, ["query", str(out), "can my dog come?", "money back", "--json", "--exact", "--k", "3"])
+        assert r.exit_code == 0, r.output
+        answers[kind] = json.loads(r.stdout)
+    assert answers["hidden"]["bundle_version"] != answers["kv"]["bundle_version"]
+    assert_tree_close(answers["hidden"]["results"], answers["kv"]["results"], 1e-5)

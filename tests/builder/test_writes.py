@@ -52,10 +52,10 @@ def answers(engine: Engine, params=PARAMS, queries=QUERIES) -> list[dict]:
     return out
 
 
-def fresh_build(records: dict[str, dict], encoder, tmp: Path):
+def fresh_build(records: dict[str, dict], encoder, tmp: Path, memory: str = "hidden"):
     fresh = tmp / "fresh"
     shutil.rmtree(fresh, ignore_errors=True)
-    build_bundle(write_kb(records, tmp / "kb.jsonl"), fresh, BuildConfig(), encoder, progress=False, force=True)
+    build_bundle(write_kb(records, tmp / "kb.jsonl"), fresh, BuildConfig(memory=memory), encoder, progress=False, force=True)
     return load_bundle(fresh)
 
 
@@ -155,6 +155,29 @@ def test_a_few_random_writes_answer_as_a_fresh_build(bundle_copy, encoder, sampl
     assert version_seq(again.bundle.version) == len(ops)  # the version keeps moving forward
     assert_same_as_fresh_build(again, records, encoder, tmp_path, want=want, params=PARAMS[:1], queries=QUERIES[:3])
     again.close()
+
+
+def test_writes_on_a_kv_bundle_answer_as_a_fresh_kv_build(encoder, tmp_path):
+    """The sample bundle (above) stores the default `hidden`; `--memory kv` takes the same writes:
+    puts, a delete and a compaction, each answering as a fresh kv build of the resulting KB."""
+    records = {f"k-{i}": {"text": t, "label": lab, "metadata": {}} for i, (t, lab) in enumerate([
+        ("An adult single from Harrowmere to Saltbridge costs twelve pounds.", "fares"),
+        ("Bicycles travel free on the car deck; book a space in advance.", "bikes"),
+        ("When a sailing is cancelled for weather you get a full refund.", "weather"),
+        ("Lost property is kept at the terminal office for thirty days.", "lost")])}
+    base = tmp_path / "base"
+    build_bundle(write_kb(records, tmp_path / "kb0.jsonl"), base, BuildConfig(memory="kv"), encoder, progress=False)
+    store = KBStore(base, encoder)
+    records = apply(store, records, [("put", "k-1", {"text": "Bicycles cost two pounds each way from March.", "label": "bikes"}),
+                                     ("put", "k-9", {"text": "Dogs on a lead are welcome in the lounge.", "label": None}),
+                                     ("delete", "k-3", None)])
+    want = fresh_build(records, encoder, tmp_path, memory="kv")
+    assert store.bundle.manifest.memory == want.manifest.memory == "kv"
+    assert_same_as_fresh_build(store, records, encoder, tmp_path, want=want, queries=QUERIES[:3])
+    store.compact()
+    assert sorted(f for f in verify_bundle(base)["files"] if f.startswith(("kv_", "mem_"))) == ["kv_keys.npy", "kv_values.npy"]
+    assert_same_as_fresh_build(store, records, encoder, tmp_path, want=want, params=PARAMS[:1], queries=QUERIES[:3])
+    store.close()
 
 
 @pytest.mark.slow

@@ -103,6 +103,7 @@ def test_stored_chunk_memory_equals_recomputing_the_chunk(encoder, sample_bundle
     emb = encoder.st.encode(texts, convert_to_numpy=True)
     assert np.abs(np.asarray(sample_bundle.index.xb)[rows] - emb).max() <= 1e-5
     layer = sample_bundle.memory_layer
+    sample_bundle.kv.attach(encoder, encoder.check_layer(layer))  # the default memory, hidden, projects with the model
     for r, text in zip(rows, texts):
         batch = encoder.tokenize([text])
         plain = encoder.forward_plain(batch, capture_layer=layer)

@@ -184,3 +184,39 @@ def test_kv_dtype_applies_to_kv_only(encoder, tmp_path):
     kb.write_text(json.dumps({"id": "a", "text": "one chunk"}) + "\n")
     with pytest.raises(ValueError, match="kv_dtype 'float16' applies to memory 'kv' only"):
         build_bundle(kb, tmp_path / "b", BuildConfig(memory="hidden", kv_dtype="float16"), encoder, progress=False)
+    with pytest.raises(ValueError, match=r"memory 'hidden' sets its own dtype \(build with --memory kv"):
+        build_bundle(kb, tmp_path / "b", BuildConfig(kv_dtype="float16"), encoder, progress=False)  # the default
+    assert not (tmp_path / "b").exists()
+    from typer.testing import CliRunner
+
+    from softknn.cli import app
+
+    r = CliRunner().invoke(app, ["build", str(kb), "--out", str(tmp_path / "c"), "--kv-dtype", "float16"])
+    assert r.exit_code == 2 and "applies to memory 'kv' only" in " ".join(r.output.split()), r.output
+    assert not (tmp_path / "c").exists()
+    m = build_bundle(kb, tmp_path / "d", BuildConfig(memory="kv", kv_dtype="float16"), encoder, progress=False)
+    assert (m["memory"], m["kv_dtype"]) == ("kv", "float16")
+
+
+def test_hidden_memory_needs_the_layers_key_value_linear(encoder, bundles, tmp_path):
+    """A model whose memory layer has no key/value Linear cannot project stored states: the default
+    build refuses before encoding, and a hidden bundle is refused when the engine attaches it (not
+    at its first query)."""
+    from softknn.errors import UnsupportedModel
+
+    layer = encoder.check_layer(-1)
+    attn = encoder.attention_modules[layer]
+    key = attn.key
+    attn.key = torch.nn.Identity()  # restored below: the model is the session's (monkeypatch deletes a submodule)
+    try:
+        kb = tmp_path / "kb.jsonl"
+        kb.write_text(json.dumps({"id": "a", "text": "one chunk"}) + "\n")
+        with pytest.raises(UnsupportedModel, match=rf"layer {layer}'s attention has no key/value Linear .*build with --memory kv"):
+            build_bundle(kb, tmp_path / "b", BuildConfig(), encoder, progress=False)
+        assert not (tmp_path / "b").exists()
+        with pytest.raises(UnsupportedModel, match="no key/value Linear"):
+            Engine(encoder, load_bundle(bundles["hidden"]))
+        Engine(encoder, load_bundle(bundles["kv"]))  # stored K/V need no projection
+    finally:
+        attn.key = key
+    assert encoder.attention_modules[layer].key is key

@@ -223,7 +223,7 @@ def test_bundles_of_other_numerics_are_refused(encoder, sample_bundle):
 
 
 @pytest.mark.slow  # a whole sample-KB build
-def test_the_builder_records_its_runtime_and_onnx_kv_equal_torch_kv(onnx_encoder, sample_bundle_path, sample_kb,
+def test_the_builder_records_its_runtime_and_onnx_memory_equals_torch_memory(onnx_encoder, sample_bundle_path, sample_kb,
                                                                      tmp_path):
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
 
@@ -233,11 +233,11 @@ def test_the_builder_records_its_runtime_and_onnx_kv_equal_torch_kv(onnx_encoder
     assert (built["model"]["runtime"], built["model"]["precision"]) == ("onnx", "fp32")
     assert (ref["model"]["runtime"], ref["model"]["precision"]) == ("torch", "fp32")
     assert built["counts"] == ref["counts"]
-    for name in ("kv_keys.npy", "kv_values.npy", "embeddings.npy"):
-        if (sample_bundle_path / name).exists():
-            a = np.load(sample_bundle_path / name).astype(np.float32)
-            b = np.load(tmp_path / "b" / name).astype(np.float32)
-            assert a.shape == b.shape and float(np.abs(a - b).max()) <= TOLERANCE, name
+    assert built["memory"] == ref["memory"] == "hidden"  # the default: layer L's input states, from either runtime
+    for name in ("mem_hidden.npy", "embeddings.npy"):
+        a = np.load(sample_bundle_path / name).astype(np.float32)
+        b = np.load(tmp_path / "b" / name).astype(np.float32)
+        assert a.shape == b.shape and float(np.abs(a - b).max()) <= TOLERANCE, name
 
 
 def test_int8_needs_the_onnx_runtime():

@@ -61,7 +61,7 @@ def test_a_write_error_is_a_bundle_error_that_names_the_folder(tmp_path, small_k
 def test_a_killed_runs_half_assembled_bundle_is_removed_by_the_next_run(tmp_path, small_kb, encoder):
     stale = tmp_path / ".b.tmp-deadbeef"  # what SIGKILL during assembly leaves beside the output
     stale.mkdir()
-    (stale / "kv_keys.npy").write_bytes(b"\x93NUMPY half")
+    (stale / "mem_hidden.npy").write_bytes(b"\x93NUMPY half")
     build_bundle(small_kb, tmp_path / "b", BuildConfig(), encoder, progress=False)
     verify_bundle(tmp_path / "b")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]

@@ -52,7 +52,7 @@ DEADLINE_S = 60.0  # for events that take well under a second unloaded
 
 def corrupt_copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
-    target = dst / "kv_values.npy"
+    target = dst / "mem_hidden.npy"  # the default memory's one file
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))

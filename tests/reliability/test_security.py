@@ -181,7 +181,7 @@ def test_a_planted_pickle_is_refused_and_never_runs(tmp_path, small_bundle, enco
 
 def test_reloading_a_planted_bundle_is_422_and_the_old_one_keeps_serving(secured, tmp_path, small_bundle):
     marker = tmp_path / "pwned"
-    bad = plant_pickle(small_bundle, tmp_path / "planted", "kv_values.npy", marker)
+    bad = plant_pickle(small_bundle, tmp_path / "planted", "mem_hidden.npy", marker)  # the default memory's file
     before = secured.get("/readyz").json()["bundle_version"]
     r = secured.post("/v1/admin/reload", json={"bundle": str(bad)}, headers=bearer(ADMIN_TOKEN))
     assert (r.status_code, r.json()["error"]["type"], r.json()["error"]["field"]) == (422, "bundle_error", "bundle")

@@ -165,9 +165,9 @@ def api(request) -> httpx.Client:
 
 # --- copies of a bundle that must be refused ------------------------------------------------------
 def corrupt_copy(src: Path, dst: Path) -> Path:
-    """A copy with one byte flipped in the stored values (checksums no longer match)."""
+    """A copy with one byte flipped in the stored memory (the default `hidden`: its states; checksums no longer match)."""
     shutil.copytree(src, dst)
-    target = dst / "kv_values.npy"
+    target = dst / "mem_hidden.npy"
     data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
     target.write_bytes(bytes(data))

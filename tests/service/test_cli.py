@@ -82,4 +82,4 @@ def test_serve_exits_with_the_reason_on_stderr_when_its_bundle_fails_verificatio
     lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, r.stderr[-2000:]
     assert lines[0].startswith(f"error: start-up failed, exiting: BundleError: {corrupt}")
-    assert "sha256 mismatch" in lines[0] and "kv_values.npy" in lines[0]
+    assert "sha256 mismatch" in lines[0] and "mem_hidden.npy" in lines[0]

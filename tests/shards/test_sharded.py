@@ -61,7 +61,7 @@ def test_layout(sharded_bundle_path, sample_bundle_path):
     for s in m["shards"]:
         assert verify_bundle(sharded_bundle_path / s["dir"])["version_id"] == s["version_id"]
     # the concatenated shards hold exactly the one-index bundle's rows
-    for name in ("embeddings.npy", "kv_keys.npy", "token_spans.npy"):
+    for name in ("embeddings.npy", "mem_hidden.npy", "token_spans.npy"):  # hidden: the default memory
         whole = np.load(sample_bundle_path / name)
         parts = np.concatenate([np.load(sharded_bundle_path / s["dir"] / name) for s in m["shards"]])
         assert np.array_equal(whole, parts), name
@@ -92,6 +92,8 @@ def test_merge_primitives(sharded, sample_bundle, encoder):
             assert sample_bundle.lexical.matched(terms, c) == sharded.lexical.matched(terms, c)
     ids = [[0, n - 1, n // 2], [n // 2 - 1], []]
     w = [[0.5, 0.3, 0.2], [1.0], []]
+    for bundle in (sample_bundle, sharded):  # the default memory, hidden, projects its K/V with the model
+        bundle.kv.attach(encoder, encoder.check_layer(bundle.memory_layer))
     a = sample_bundle.kv.gather(ids, w, torch.device("cpu"))
     b = sharded.kv.gather(ids, w, torch.device("cpu"))
     for f in ("key", "value", "token_mask", "weight"):
@@ -169,13 +171,13 @@ def test_verify_names_corrupt_shard_file(sharded_bundle_path, tmp_path):
     shutil.copytree(sharded_bundle_path, copy)
     m = verify_bundle(copy)
     assert len(m["files"]) == 2 * (1 + len([f for f in m["files"] if f.startswith("shard-0000/")]) - 1)
-    target = copy / "shard-0001" / "kv_values.npy"
+    target = copy / "shard-0001" / "mem_hidden.npy"
     data = bytearray(target.read_bytes())
     data[-1] ^= 0xFF
     target.write_bytes(bytes(data))
-    with pytest.raises(BundleError, match=r"shard-0001/kv_values\.npy: sha256 mismatch"):
+    with pytest.raises(BundleError, match=r"shard-0001/mem_hidden\.npy: sha256 mismatch"):
         verify_bundle(copy)
-    with pytest.raises(BundleError, match=r"shard-0001/kv_values\.npy"):
+    with pytest.raises(BundleError, match=r"shard-0001/mem_hidden\.npy"):
         load_bundle(copy)
 
 

@@ -1,5 +1,5 @@
-"""Every memory representation shards: a bundle of 2 shards of `hidden`, `hidden-fp16`,
-`hidden-int8` or `recompute` holds the one-index bundle's memory rows, split by token range (int8:
+"""Every memory representation shards: a bundle of 2 shards of `kv`, `hidden` (the default, also
+the whole of tests/shards/test_sharded.py), `hidden-fp16`, `hidden-int8` or `recompute` holds the one-index bundle's memory rows, split by token range (int8:
 the whole KB's scale in every shard), and answers as the one-index bundle of the same memory does,
 in this process, over HTTP and (slow) through Ray."""
 
@@ -24,8 +24,9 @@ from softknn.shards import ShardedBundle
 from tests.numerics import assert_tree_close
 from tests.shards.test_sharded import QUERIES, assert_same
 
-# hidden and hidden-fp16 take hidden-int8's path without the scale: slow (two builds each), the others default
-KINDS = [pytest.param("hidden", marks=pytest.mark.slow), pytest.param("hidden-fp16", marks=pytest.mark.slow),
+# hidden (the default: test_sharded.py's bundle) and hidden-fp16 take hidden-int8's path without the
+# scale: slow (two builds each); kv (no longer the default bundle's) and the others by default
+KINDS = ["kv", pytest.param("hidden", marks=pytest.mark.slow), pytest.param("hidden-fp16", marks=pytest.mark.slow),
          "hidden-int8", "recompute"]
 KB = [
     ("sm-01", "Dogs must stay on a lead on the car deck and in the outdoor seating areas.", "pets"),
@@ -76,7 +77,8 @@ def test_each_shard_holds_its_rows_of_the_memory(built, kind):
             assert not np.array_equal(np.abs(np.load(two / "shard-0001" / "mem_hidden.npy")).max(0), np.full(384, 127))
         else:
             assert whole.dtype == parts[0].dtype and np.array_equal(whole, np.concatenate(parts)), name
-    assert not any((two / s["dir"] / "kv_keys.npy").exists() for s in m["shards"])
+    other = "mem_hidden.npy" if kind == "kv" else "kv_keys.npy"  # only the kind's own files
+    assert not any((two / s["dir"] / other).exists() for s in m["shards"])
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -44,6 +44,7 @@ def test_the_files_split_between_replica_and_shards(sharded_bundle_path):
     assert sorted(rep + own) == sorted(m.files) and not set(rep) & set(own)
     assert {r.split("/", 1)[1] for r in rep if not r.split("/", 1)[1].startswith("lexical/")} == {
         "manifest.json", "chunks.jsonl", "chunk_tokens.npy", "token_spans.npy"}
+    assert m.memory == "hidden" and set(shard_own_files(m.memory)) == {"embeddings.npy", "index.faiss", "mem_hidden.npy"}
     assert set(shard_own_files("kv")) == {"embeddings.npy", "index.faiss", "kv_keys.npy", "kv_values.npy"}
 
 
@@ -73,7 +74,7 @@ def test_a_corrupt_shard_file_is_refused_by_its_shard_not_read_by_the_replica(sh
 
     copy = tmp_path / "b"
     shutil.copytree(sharded_bundle_path, copy)
-    target = copy / "shard-0001" / "kv_values.npy"
+    target = copy / "shard-0001" / "mem_hidden.npy"
     data = bytearray(target.read_bytes())
     data[-1] ^= 0xFF
     target.write_bytes(bytes(data))
@@ -81,7 +82,7 @@ def test_a_corrupt_shard_file_is_refused_by_its_shard_not_read_by_the_replica(sh
     load_bundle(copy, shard_backend=lambda specs, version: LocalShards([]))  # the replica's part: it never reads that file
     assert target not in checksummed
     d, lo, v = shard_specs(copy, m)[1]
-    with pytest.raises(BundleError, match=r"shard-0001/kv_values\.npy: sha256 mismatch"):
+    with pytest.raises(BundleError, match=r"shard-0001/mem_hidden\.npy: sha256 mismatch"):
         Shard(d, lo, v, verify=True)
     Shard(*shard_specs(copy, m)[0], verify=True)  # the other shard's files are fine
     with TestClient(create_app(Settings(bundle=copy, model={"threads": 1}), encoder=encoder)) as client:
@@ -90,4 +91,4 @@ def test_a_corrupt_shard_file_is_refused_by_its_shard_not_read_by_the_replica(sh
             if "sha256" in r.text or r.status_code == 200:
                 break
             time.sleep(0.1)
-        assert r.status_code == 503 and "shard-0001/kv_values.npy: sha256 mismatch" in r.text, r.text
+        assert r.status_code == 503 and "shard-0001/mem_hidden.npy: sha256 mismatch" in r.text, r.text
