@@ -35,6 +35,7 @@ def small_kb(sample_kb):
     return sample_kb / "kb.jsonl"
 
 
+@pytest.mark.timeout(1500)  # five CLI builds, each loading the model: past the suite's 600 s at load 14 here
 def test_same_input_gives_the_same_checksums_and_a_kill_resumes_to_them(tmp_path, small_kb):
     ref = _cli("build", small_kb, "--out", tmp_path / "ref", "--batch-size", "8", "--no-progress")
     assert ref.wait(timeout=300) == 0, ref.stderr.read()
