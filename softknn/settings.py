@@ -6,13 +6,13 @@ Every field is also an environment variable: prefix `SOFTKNN_`, nested sections 
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from softknn.kb_names import DEFAULT_KB, KB_NAME  # noqa: F401 (re-exported)
 from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT
 
 
@@ -89,8 +89,6 @@ class Batching(BaseModel):
     request_timeout_s: float = Field(30.0, gt=0, description="a request waiting longer gets 503")
 
 
-KB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
-DEFAULT_KB = "default"
 
 
 class ScopedKey(BaseModel):

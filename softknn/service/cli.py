@@ -15,7 +15,7 @@ import typer
 def split_bundles(values: list[str]) -> tuple[Path | None, dict[str, Path]]:
     """--bundle values: (the plain DIR, if one; {NAME: DIR} of the NAME=DIR ones). NAME=DIR needs a
     valid KB name before the first '=' (no '/': so ./a=b is a directory)."""
-    from softknn.settings import KB_NAME
+    from softknn.kb_names import KB_NAME  # not softknn.settings: it imports numpy
 
     plain: Path | None = None
     named: dict[str, Path] = {}
