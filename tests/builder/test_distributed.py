@@ -74,7 +74,8 @@ def test_a_worker_refuses_other_model_weights(encoder):
         _EncodeWorker(None, "0" * 64, 5, BuildConfig(), 1)
 
 
-def test_the_worker_transport_carries_encode_batchs_arrays_exactly(encoder, sample_kb, tmp_path):
+@pytest.mark.parametrize("memory, files", [("hidden", ["hidden.npy"]), ("kv", ["keys.npy", "values.npy"])])
+def test_the_worker_transport_carries_encode_batchs_arrays_exactly(encoder, sample_kb, tmp_path, memory, files):
     """A worker's output row (one .npz per batch), read back by the driver, writes the same shard
     files as the local path, byte for byte; no Ray involved (the Ray runs are the slow tests)."""
     from softknn.index_builder.distributed import _arrays, _EncodeWorker
@@ -83,7 +84,8 @@ def test_the_worker_transport_carries_encode_batchs_arrays_exactly(encoder, samp
                                       encoder.max_seq_length - 8, 32)
     batches = pipeline._batches(chunks, encoder.tokenizer, 32)
     worker = _EncodeWorker.__new__(_EncodeWorker)  # the actor's state without Ray's runtime context
-    worker.encoder, worker.layer, worker.cfg = encoder, 5, BuildConfig()
+    cfg = BuildConfig(memory=memory)  # the default (hidden) and stored K/V
+    worker.encoder, worker.layer, worker.cfg = encoder, 5, cfg
     picked = [0, len(batches) - 1]  # the shortest and the longest chunks
     payload = [json.dumps({"texts": [chunks[r].text for r in batches[s]], "starts": [chunks[r].start for r in batches[s]]},
                           ensure_ascii=False) for s in picked]
@@ -91,9 +93,9 @@ def test_the_worker_transport_carries_encode_batchs_arrays_exactly(encoder, samp
     assert out["batch"].tolist() == picked and set(out) == {"batch", "arrays"}
     for s, npz in zip(picked, out["arrays"], strict=True):
         pipeline.write_shard(tmp_path / f"ray-{s}", batches[s], _arrays(npz))
-        pipeline._encode_shard(encoder, chunks, batches[s], 5, BuildConfig(), tmp_path / f"local-{s}")
+        pipeline._encode_shard(encoder, chunks, batches[s], 5, cfg, tmp_path / f"local-{s}")
         names = sorted(p.name for p in (tmp_path / f"local-{s}").iterdir())
-        assert names == ["counts.npy", "emb.npy", "keys.npy", "rows.npy", "spans.npy", "values.npy"]
+        assert names == sorted(["counts.npy", "emb.npy", "rows.npy", "spans.npy", *files])
         assert sorted(p.name for p in (tmp_path / f"ray-{s}").iterdir()) == names
         for name in names:
             assert (tmp_path / f"ray-{s}" / name).read_bytes() == (tmp_path / f"local-{s}" / name).read_bytes(), name
