@@ -31,7 +31,14 @@ with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engin
   (softknn.retrieval.topk_candidates), the brute force over the KB takes the shards' score
   vectors: the exact similarities and BM25 scores concatenated in row order (as filters do);
 - memory: of `kv`, each shard sends the token rows of the requested chunks as stored (unpadded), and
-  they are placed in the padded batch by the one store's code (memory_stores.pad_memory); of
+  they are placed in the padded batch by the one store's code (memory_stores.pad_memory). They come
+  with the retrieval's one call per shard (`one_fanout`, `sends_kv`): with its dense top k a shard
+  sends its own top k's rows (every chunk of the global top k is in its shard's top k, so a dense R
+  of k chunks needs no second call); with its hybrid/lexical candidates, the rows of its top k by
+  the similarity normalised over its own top lists (an estimate: the normalisation is global). The
+  gather asks the shards only for the rows of R not sent (a threshold's R past the top k, a missed
+  estimate), so the answer never depends on what was sent; at most k chunks per shard cross that R
+  does not use. Of
   `hidden`/`hidden-fp16`/`hidden-int8`, each shard holds its token rows of the stored states (int8:
   with the whole KB's per-channel scale, copied into every shard, so a row dequantises as in the
   one-index bundle) and sends the requested rows as stored; the serving process dequantises and
