@@ -11,9 +11,9 @@ request) goes to both servers, alternating which first, in dense and in hybrid r
 request at a time: every figure sees the same load. The answers are compared (same evidence ids in
 the same order, max |Δ| of similarities and embedding). `/healthz` is timed the same way: the proxy's own cost, no model,
 no shard. Each side's p50/p95 is over `--queries` requests after `--warmup` warm-up requests.
-`moved`: then, in this process over the same bundle and queries, the shard fan-outs per request
-and the bytes of array data the shards send, with the K/V sent along with the retrieval (the
-default, ShardedBundle.one_fanout) and without (a second fan-out for the memory gather).
+`moved`: then, in this process with the shards as 2 Ray actors, over the same queries: Engine.infer
+p50/p95 without the proxy, the shard fan-outs per request and the bytes of array data the shards
+send (per request and per shard method).
 """
 
 from __future__ import annotations
@@ -76,9 +76,7 @@ def _nbytes(x) -> int:
 def moved(bundle: Path, qs: list[str]) -> dict:
     """Per request, in this process with the shards as 2 Ray actors (RayShards, as `--ray` has them,
     without the Serve proxy and HTTP): Engine.infer's wall time, the shard fan-outs (calls to every
-    shard or some) and the bytes of array data the shards send, with the K/V sent along with the
-    retrieval (one_fanout, the default) and without (retrieval, then the memory gather). Each query
-    runs both ways in turn, alternating which first: both see the same load. R compared."""
+    shard or some) and the bytes of array data the shards send, in all and per shard method."""
     import numpy as np
     import ray
 
@@ -105,29 +103,21 @@ def moved(bundle: Path, qs: list[str]) -> dict:
         out: dict = {}
         for mode in MODES:
             p = InferParams(retrieval=mode)
-            for one in (True, False):  # warm-up
-                b.one_fanout = one
-                engine.infer([qs[0]], p)
-            stats: dict = {one: {"ms": [], "calls": [], "bytes": [], "second": 0, "ids": []} for one in (True, False)}
-            for i, q in enumerate(qs):
-                for one in ((True, False) if i % 2 else (False, True)):
-                    b.one_fanout = one
-                    log.clear()
-                    t = time.perf_counter()
-                    r = engine.infer([q], p)[0]
-                    st = stats[one]
-                    st["ms"].append((time.perf_counter() - t) * 1e3)
-                    st["calls"].append(len(log))
-                    st["bytes"].append(sum(n for _, n in log))
-                    st["second"] += one and any(m == "kv_rows" for m, _ in log)
-                    st["ids"].append([e.chunk_id for e in r.evidence])
-            for one, st in stats.items():
-                out[f"{mode}_{'one_fanout' if one else 'two_fanouts'}"] = {
-                    "infer_p50_ms": round(percentile(st["ms"], 50), 2), "infer_p95_ms": round(percentile(st["ms"], 95), 2),
-                    "fanouts_per_request": float(np.mean(st["calls"])),
-                    "bytes_per_request_p50": int(np.median(st["bytes"])),
-                    **({"requests_with_a_second_fanout": int(st["second"])} if one else {})}
-            out[f"{mode}_same_evidence"] = stats[True]["ids"] == stats[False]["ids"]
+            engine.infer([qs[0]], p)  # warm-up
+            ms, calls, nbytes, by_method = [], [], [], {}
+            for q in qs:
+                log.clear()
+                t = time.perf_counter()
+                engine.infer([q], p)
+                ms.append((time.perf_counter() - t) * 1e3)
+                calls.append(len(log))
+                nbytes.append(sum(n for _, n in log))
+                for m, n in log:
+                    by_method.setdefault(m, []).append(n)
+            out[mode] = {"infer_p50_ms": round(percentile(ms, 50), 2), "infer_p95_ms": round(percentile(ms, 95), 2),
+                         "fanouts_per_request": float(np.mean(calls)),
+                         "bytes_per_request_p50": int(np.median(nbytes)),
+                         "bytes_per_call_p50": {m: int(np.median(v)) for m, v in by_method.items()}}
         b.close()
         return out
     finally:

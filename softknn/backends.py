@@ -136,9 +136,6 @@ class MemoryStore(Protocol):
         """Give the store the model and layer it computes keys/values with (stored K/V: none)."""
         ...
 
-    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device,
-               prefetched: object | None = None) -> MemoryBatch:
-        """The padded memory of R per input: key/value (B, nh, S, Lm, hs), token mask, w_db (B, S);
-        `prefetched`: rows the retrieval already brought (a sharded KB's, Retrieval.prefetched),
-        which a store that can use them does not read again; the others ignore it."""
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """The padded memory of R per input: key/value (B, nh, S, Lm, hs), token mask, w_db (B, S)."""
         ...

@@ -116,7 +116,7 @@ class Engine:
 
     def fuse(self, batch: TokenBatch, plain: PlainPass, retr: Retrieval, params: list[ResolvedParams]) -> list[InferResult]:
         dev = self.encoder.device
-        memory = self.memory.gather(retr.rows, retr.weights, dev, prefetched=retr.prefetched)
+        memory = self.memory.gather(retr.rows, retr.weights, dev)
         alpha = torch.tensor([p.alpha for p in params], device=dev)
         joint = torch.tensor([p.mixing == "joint" for p in params], device=dev)
         captured = {}

@@ -81,8 +81,7 @@ class KVStore:
     def attach(self, encoder, layer: int) -> None:
         """Stored K/V need no model (the hidden-state and recompute memories do: softknn.memory_stores)."""
 
-    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device,
-               prefetched: object | None = None) -> MemoryBatch:
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
         """Pad each input's chunks into a MemoryBatch: S = max |R|, Lm = the longest chunk.
 
         One fancy-index read of all retrieved token rows and one scatter straight into the padded
@@ -259,8 +258,7 @@ class HiddenStore(_Attached):
         k, v = self.rows(np.arange(st, st + n))
         return k.transpose(0, 1), v.transpose(0, 1)
 
-    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device,
-               prefetched: object | None = None) -> MemoryBatch:
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
         """K/V of every retrieved token row projected in one GEMM, then padded as KVStore.gather does."""
         return pad_memory(ids, weights, self.start, self.count, self.num_heads, self.head_dim, device, self.rows)
 
@@ -306,8 +304,7 @@ class RecomputeStore(_Attached):
         k, v = self._kv([c])[0]
         return k.transpose(0, 1), v.transpose(0, 1)
 
-    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device,
-               prefetched: object | None = None) -> MemoryBatch:
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
         """The distinct retrieved chunks in one pass (sorted by length, so little padding), then padded."""
         uniq = sorted({c for r in ids for c in r}, key=lambda c: (int(self.count[c]), c))
         kv = dict(zip(uniq, self._kv(uniq), strict=True)) if uniq else {}

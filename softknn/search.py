@@ -136,11 +136,6 @@ class Retrieval:
     nearest: list[float]  # the largest e_q·e_c over the KB (the abstain gate's s_1)
     words: list[list[tuple[str, str]] | None]  # the input's analysed words: (term, the word as written)
     filtered: list[int | None]  # chunks that pass the input's filter (None: no filter)
-    prefetched: object | None = None  # memory rows the retrieval's shard calls sent (softknn.shards.KVRows)
-
-    def keep(self, rows) -> None:
-        """Add memory rows a retrieval call sent (a KVRows) to those the gather takes first."""
-        self.prefetched = rows if self.prefetched is None else rows.merged(self.prefetched)
 
     @classmethod
     def empty(cls, n: int) -> Retrieval:
@@ -201,16 +196,10 @@ class Retriever:
             dsize = {"dense": size, "lexical": 1}.get(p.retrieval, min(n, max(size, p.candidates)))
             groups.setdefault((p.exact, p.retrieval, dsize), []).append(i)
         index = self.index
-        sends_kv = bool(getattr(self.bundle, "sends_kv", False))
         for (exact, mode, dsize), members in groups.items():
             kind = "exact" if exact or index.spec.kind == "flat" else index.spec.kind
             if mode == "dense":
-                if sends_kv:  # a sharded KB: R's K/V with the search, one call per shard
-                    D, I, got = cast("ShardedBundle", self.bundle).search_kv(xq[members], dsize, exact,
-                                                                             max(params[i].k for i in members))
-                    out.keep(got)
-                else:
-                    D, I = index.search(xq[members], dsize, exact=exact)
+                D, I = index.search(xq[members], dsize, exact=exact)
                 for j, i in enumerate(members):
                     self.select(out, i, D[j], I[j], D[j], None, params[i], n, kind)
                     out.nearest[i] = float(D[j][0])
@@ -261,14 +250,8 @@ class Retriever:
         lex, bundle = self.bundle.lexical, cast("ShardedBundle", self.bundle)
         assert lex is not None, "resolve() refuses lexical and hybrid retrieval without a lexical index"
         words = [lex.analyzer.words(texts[i]) for i in members]
-        terms, pools = [[t for t, _, _ in w] for w in words], [params[i].candidates for i in members]
-        if bundle.sends_kv:  # with each shard's estimate of R's K/V: the gather asks only for what it missed
-            parts, got = bundle.lexical_candidates_kv(
-                xq[members], terms, dsize, pools, exact,
-                [(params[i].retrieval, params[i].lexical_weight, params[i].k) for i in members])
-            out.keep(got)
-        else:
-            parts = bundle.lexical_candidates(xq[members], terms, dsize, pools, exact)
+        parts = bundle.lexical_candidates(xq[members], [[t for t, _, _ in w] for w in words], dsize,
+                                               [params[i].candidates for i in members], exact)
         for i, w, (dD, dI, cand, d_cand, b_cand, b1, bm) in zip(members, words, parts, strict=True):
             p = params[i]
             found = topk_candidates(dD, dI, cand, d_cand, b_cand, b1, bm, n, p.search_size(n), p.retrieval,

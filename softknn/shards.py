@@ -31,14 +31,7 @@ with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engin
   (softknn.retrieval.topk_candidates), the brute force over the KB takes the shards' score
   vectors: the exact similarities and BM25 scores concatenated in row order (as filters do);
 - memory: of `kv`, each shard sends the token rows of the requested chunks as stored (unpadded), and
-  they are placed in the padded batch by the one store's code (memory_stores.pad_memory). They come
-  with the retrieval's one call per shard (`one_fanout`, `sends_kv`): with its dense top k a shard
-  sends its own top k's rows (every chunk of the global top k is in its shard's top k, so a dense R
-  of k chunks needs no second call); with its hybrid/lexical candidates, the rows of its top k by
-  the similarity normalised over its own top lists (an estimate: the normalisation is global). The
-  gather asks the shards only for the rows of R not sent (a threshold's R past the top k, a missed
-  estimate), so the answer never depends on what was sent; at most k chunks per shard cross that R
-  does not use. Of
+  they are placed in the padded batch by the one store's code (memory_stores.pad_memory); of
   `hidden`/`hidden-fp16`/`hidden-int8`, each shard holds its token rows of the stored states (int8:
   with the whole KB's per-channel scale, copied into every shard, so a row dequantises as in the
   one-index bundle) and sends the requested rows as stored; the serving process dequantises and
@@ -152,28 +145,6 @@ class Shard:
         D, I = self.bundle.index.search(xq, min(int(k), self.n), exact=exact)
         return D, np.where(I >= 0, I + self.lo, -1)
 
-    def search_kv(self, xq: np.ndarray, k: int, exact: bool, keep: int) -> tuple:
-        """`search`, and the stored K/V of each input's first `keep` chunks of it (`chunk_kv`): a
-        chunk of the global top keep is in its shard's top keep, so the caller has R's K/V from this
-        one call (softknn.shards._KV)."""
-        D, I = self.search(xq, k, exact)
-        return D, I, self.chunk_kv(I[:, : max(0, int(keep))])
-
-    def chunk_kv(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(chunks, keys, values): the distinct chunks of `ids` (global, −1 ignored) ascending, and
-        their stored K/V token rows concatenated in that order, in the stored dtype (memory `kv`;
-        None for another memory, whose rows the caller reads apart)."""
-        kv = self.bundle.kv
-        if not hasattr(kv, "keys"):
-            return None
-        ids = np.asarray(ids, dtype=np.int64).ravel()
-        chunks = np.unique(ids[ids >= 0])
-        local = chunks - self.lo
-        start, count = kv.start[local], kv.count[local]
-        rows = (np.concatenate([np.arange(int(a), int(a) + int(c)) for a, c in zip(start, count, strict=True)])
-                if len(local) else np.zeros(0, dtype=np.int64))
-        return chunks, np.asarray(kv.keys[rows]), np.asarray(kv.values[rows])  # type: ignore[attr-defined]  # a KVStore
-
     def search_among(self, xq: np.ndarray, k: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(D, I): this shard's top k among the global rows `rows` (all this shard's), I global."""
         D, I = self.bundle.index.search_among(xq, k, np.asarray(rows, dtype=np.int64) - self.lo)
@@ -218,28 +189,6 @@ class Shard:
             Cd = d_all[j][C] if d_all is not None else index.rows_dot(C, xq[j])
             out.append((D[j], np.where(I[j] >= 0, I[j] + self.lo, -1), L + self.lo, b[L], C + self.lo, Cd, b[C]))
         return out
-
-    def lexical_candidates_kv(self, xq: np.ndarray, terms: list[list[str]], dsize: int, pools: list[int],
-                              exact: bool, guess: list[tuple[str, float, int, int]]) -> tuple[list[tuple], object]:
-        """`lexical_candidates`, and the stored K/V (`chunk_kv`) of each input's likely R: its top k
-        among this shard's candidates by the hybrid (or lexical) similarity normalised over this
-        shard's own top lists (guess, per input: retrieval, λ, k and the pool this shard's share of
-        the global top m is estimated at). The global normalisation needs every shard's top lists,
-        so this is an estimate: the caller reads any chunk of R it missed in a second call."""
-        from softknn.retrieval import best, mix, norm_top
-
-        out = self.lexical_candidates(xq, terms, dsize, pools, exact)
-        picked = []
-        for (D, I, _L, Lb, C, Cd, Cb), (mode, weight, k, pool) in zip(out, guess, strict=True):
-            if k <= 0 or not len(C):
-                continue
-            top_b = np.sort(Lb)[::-1][: max(1, pool)]
-            s = norm_top(Cb, float(top_b[0]), float(top_b[-1])) if len(top_b) else np.zeros(len(C))
-            if mode != "lexical":
-                d = D[I >= 0]
-                s = mix(norm_top(Cd, float(d[0]), float(d[min(max(1, pool), len(d)) - 1])), s, weight)
-            picked.append(best(s, C, k)[1])
-        return out, self.chunk_kv(np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64))
 
     def hidden_rows(self, rows: np.ndarray) -> np.ndarray:
         """(n, C) the stored hidden states of this shard's token rows `rows` (local), in their stored
@@ -378,80 +327,23 @@ class _KV:
     def attach(self, encoder, layer: int) -> None:
         """Stored K/V need no model (the other memories are `_sharded_memory`'s HiddenStore / RecomputeStore)."""
 
-    def received(self, parts: list) -> KVRows:
-        """The K/V rows the shards sent with their answers (Shard.chunk_kv per shard, in shard order)
-        as one KVRows over global token rows."""
-        toks, keys, values = [], [], []
-        for p in parts:
-            if p is None:
-                continue
-            chunks, ks, vs = p
-            toks += [np.arange(int(self.start[c]), int(self.start[c]) + int(self.count[c])) for c in chunks]
-            keys.append(ks)
-            values.append(vs)
-        if not keys:
-            return KVRows.none()
-        return KVRows(np.concatenate(toks) if toks else np.zeros(0, dtype=np.int64), np.concatenate(keys),
-                      np.concatenate(values))
-
-    def rows(self, rows: np.ndarray, have: KVRows | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """k, v (n, nh, hs) float32 of global token rows `rows`, in that order: those in `have` (sent
-        with the retrieval's answers) from there, the rest in one call per shard holding some, each
-        sending only those rows in their stored dtype (a padded (nh, S, Lm, hs) float32 block per
-        shard is several times the bytes through the object store)."""
+    def rows(self, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """k, v (n, nh, hs) float32 of global token rows `rows`, in that order: one call per shard
+        holding some, each sending only those rows in their stored dtype (a padded (nh, S, Lm, hs)
+        float32 block per shard is several times the bytes through the object store)."""
         rows = np.asarray(rows, dtype=np.int64)
+        which = np.searchsorted(self.first, rows, side="right") - 1
+        todo = [s for s in range(len(self.first)) if (which == s).any()]
+        res = self.owner.call_some("kv_rows", todo, [(rows[which == s] - self.first[s],) for s in todo])
         shape = (len(rows), self.num_heads, self.head_dim)
         k, v = np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)
-        need = np.ones(len(rows), dtype=bool)
-        if have is not None and len(have.tok):
-            pos = np.minimum(np.searchsorted(have.tok, rows), len(have.tok) - 1)
-            hit = have.tok[pos] == rows
-            k[hit], v[hit] = have.keys[pos[hit]], have.values[pos[hit]]  # to float32 as KVStore.rows converts
-            need = ~hit
-        if need.any():
-            at = np.flatnonzero(need)
-            which = np.searchsorted(self.first, rows[at], side="right") - 1
-            todo = [s for s in range(len(self.first)) if (which == s).any()]
-            res = self.owner.call_some("kv_rows", todo, [(rows[at[which == s]] - self.first[s],) for s in todo])
-            for s, (ks, vs) in zip(todo, res, strict=True):
-                k[at[which == s]], v[at[which == s]] = ks, vs
+        for s, (ks, vs) in zip(todo, res, strict=True):
+            k[which == s], v[which == s] = ks, vs  # to float32 as KVStore.rows converts
         return torch.from_numpy(k), torch.from_numpy(v)
 
-    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device,
-               prefetched: object | None = None) -> MemoryBatch:
-        """The MemoryBatch one store's `gather` builds: S = max |R|, Lm = the longest chunk; the rows
-        the retrieval brought (`prefetched`, a KVRows) are not asked again."""
-        have = prefetched if isinstance(prefetched, KVRows) else None
-        return pad_memory(ids, weights, self.start, self.count, self.num_heads, self.head_dim, device,
-                          lambda r: self.rows(r, have))
-
-
-@dataclass
-class KVRows:
-    """Stored K/V token rows a retrieval call brought back with its answer: `tok` their global token
-    rows (ascending, distinct), keys/values (n, nh, hs) in the stored dtype."""
-
-    tok: np.ndarray
-    keys: np.ndarray
-    values: np.ndarray
-
-    @classmethod
-    def none(cls) -> KVRows:
-        return cls(np.zeros(0, dtype=np.int64), np.zeros((0, 1, 1), dtype=np.float32),
-                   np.zeros((0, 1, 1), dtype=np.float32))
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.values.nbytes)
-
-    def merged(self, other: KVRows | None) -> KVRows:
-        """These rows and `other`'s (two retrieval calls of one request), each token row once."""
-        if other is None or not len(other.tok):
-            return self
-        if not len(self.tok):
-            return other
-        tok, at = np.unique(np.concatenate([self.tok, other.tok]), return_index=True)
-        return KVRows(tok, np.concatenate([self.keys, other.keys])[at], np.concatenate([self.values, other.values])[at])
+    def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
+        """The MemoryBatch one store's `gather` builds: S = max |R|, Lm = the longest chunk."""
+        return pad_memory(ids, weights, self.start, self.count, self.num_heads, self.head_dim, device, self.rows)
 
 
 class _HiddenRows:
@@ -517,7 +409,6 @@ class ShardedBundle:
     kv: MemoryStore | None = None
     token_spans: _Spans | None = None
     _by_id: dict[str, int] = field(default_factory=dict)
-    one_fanout: bool = True  # False: retrieval and memory gather in two calls per shard (sends_kv)
 
     n_shards = property(lambda self: len(self.lo))
     version = property(lambda self: self.manifest.version_id)
@@ -540,33 +431,6 @@ class ShardedBundle:
     def call(self, method: str, args: list[tuple]) -> list:
         return self.backend.call(method, args)
 
-    @property
-    def sends_kv(self) -> bool:
-        """Whether the retrieval's shard calls also send the K/V of the chunks R likely holds (stored
-        K/V, `one_fanout`), so that the memory gather needs no second call to the shards."""
-        return self.one_fanout and isinstance(self.kv, _KV)
-
-    def search_kv(self, xq: np.ndarray, k: int, exact: bool, keep: int) -> tuple[np.ndarray, np.ndarray, KVRows]:
-        """`index.search` (the global top k), and the K/V of each input's global top `keep` chunks, in
-        one call per shard (Shard.search_kv: each sends its own top keep's; at most keep − (its share)
-        chunks per shard more than R needs)."""
-        k = max(1, min(int(k), len(self)))
-        xq = np.ascontiguousarray(xq, dtype=np.float32)
-        parts = self.call("search_kv", [(xq, k, exact, keep)] * self.n_shards)
-        D, I = _Index._merge([(p[0], p[1]) for p in parts], k, len(xq))
-        return D, I, cast("_KV", self.kv).received([p[2] for p in parts])
-
-    def lexical_candidates_kv(self, xq: np.ndarray, terms: list[list[str]], dsize: int, pools: list[int],
-                              exact: bool, guess: list[tuple[str, float, int]]) -> tuple[list[tuple], KVRows]:
-        """`lexical_candidates`, and the K/V of the chunks each shard estimates to be in R (guess per
-        input: retrieval, λ, k; Shard.lexical_candidates_kv), in one call per shard."""
-        xq = np.ascontiguousarray(xq, dtype=np.float32)
-        k = max(1, min(int(dsize), len(self)))
-        share = [(mode, w, kk, -(-int(m) // self.n_shards)) for (mode, w, kk), m in zip(guess, pools, strict=True)]
-        parts = self.call("lexical_candidates_kv", [(xq, terms, k, pools, exact, share)] * self.n_shards)
-        return (self._merge_candidates([p[0] for p in parts], pools, k),
-                cast("_KV", self.kv).received([p[1] for p in parts]))
-
     def lexical_candidates(self, xq: np.ndarray, terms: list[list[str]], dsize: int, pools: list[int],
                            exact: bool) -> list[tuple]:
         """Per input, the hybrid and lexical candidates over the whole KB from one call per shard
@@ -578,12 +442,7 @@ class ShardedBundle:
         dense similarity and BM25 score."""
         xq = np.ascontiguousarray(xq, dtype=np.float32)
         k = max(1, min(int(dsize), len(self)))
-        return self._merge_candidates(self.call("lexical_candidates", [(xq, terms, k, pools, exact)] * self.n_shards),
-                                      pools, k)
-
-    @staticmethod
-    def _merge_candidates(parts: list, pools: list[int], k: int) -> list[tuple]:
-        """The shards' Shard.lexical_candidates answers merged per input (`lexical_candidates`)."""
+        parts = self.call("lexical_candidates", [(xq, terms, k, pools, exact)] * self.n_shards)
         out = []
         for j, pool in enumerate(pools):
             per = [p[j] for p in parts]

@@ -101,66 +101,6 @@ def test_answers_equal_the_one_index_bundle(built, encoder, kind):
         assert_same(two.infer(q, InferParams(retrieval=retrieval, k=4)), one.infer(q, InferParams(retrieval=retrieval, k=4)))
 
 
-def _counted(monkeypatch, bundle: ShardedBundle) -> list[str]:
-    """The Shard methods `bundle`'s backend is asked for, in order."""
-    called: list[str] = []
-    be = bundle.backend
-    monkeypatch.setattr(be, "call", lambda m, a, f=be.call: called.append(m) or f(m, a))
-    monkeypatch.setattr(be, "call_some", lambda m, s, a, f=be.call_some: called.append(m) or f(m, s, a))
-    return called
-
-
-def test_kv_comes_with_the_search_one_call_per_shard(built, encoder, monkeypatch):
-    """Stored K/V: each shard sends, with its top list, the K/V of its own top k, so a dense request
-    makes one call per shard (no memory gather after it), hybrid and lexical ones too when the
-    shards' estimate of R holds it (else the gather asks for the rest only); a threshold's R past
-    the top k, and the two-call path (`one_fanout` off), give the same answers."""
-    one, two = (Engine(encoder, load_bundle(p)) for p in built("kv"))
-    sharded = two.bundle
-    assert isinstance(sharded, ShardedBundle) and sharded.sends_kv
-    called = _counted(monkeypatch, sharded)
-    q = [*BODY["inputs"], "zzz qqq"]
-    for retrieval in ("dense", "hybrid", "lexical"):
-        for params in (InferParams(retrieval=retrieval, k=2), InferParams(retrieval=retrieval, k=2, exact=True),
-                       InferParams(retrieval=retrieval, k=1, threshold=0.05, hybrid_pool=8)):
-            called.clear()
-            got = [r.to_dict() for r in two.infer(q, params)]
-            first = "search_kv" if retrieval == "dense" else "lexical_candidates_kv"
-            assert called[0] == first and set(called) <= {first, "kv_rows"}, (params, called)
-            if retrieval == "dense" and params.threshold is None:
-                assert called == ["search_kv"]  # R is within every shard's top k: one fan-out
-            sharded.one_fanout = False
-            try:
-                called.clear()
-                assert [r.to_dict() for r in two.infer(q, params)] == got
-                assert "kv_rows" in called and "search_kv" not in called
-            finally:
-                sharded.one_fanout = True
-            want = [r.to_dict() for r in one.infer(q, params)]
-            if params.exact:
-                assert got == want
-            else:
-                assert_same(two.infer(q, params), one.infer(q, params))
-
-
-def test_kv_gather_takes_sent_rows_and_reads_the_rest(built, encoder, monkeypatch):
-    """Some of R's rows sent with the retrieval, the others read from their shards: the batch of
-    the one-index store, bit for bit; rows sent for chunks outside R are not used."""
-    one, two = (load_bundle(p) for p in built("kv"))
-    assert isinstance(two, ShardedBundle)
-    sent = two.kv.received(two.call("chunk_kv", [(np.array([0, 2, 3]),), (np.array([5, 6]),)]))
-    assert len(sent.tok) == sum(int(two.kv.count[c]) for c in (0, 2, 3, 5, 6))
-    called = _counted(monkeypatch, two)
-    x, y = one.kv.gather(IDS, WEIGHTS, CPU), two.kv.gather(IDS, WEIGHTS, CPU, prefetched=sent)
-    for f in ("key", "value", "token_mask", "weight"):
-        assert torch.equal(getattr(x, f), getattr(y, f)), f
-    assert called == ["kv_rows"]  # chunks 1, 4 and 7 only
-    everything = sent.merged(two.kv.received(two.call("chunk_kv", [(np.array([1]),), (np.array([4, 7]),)])))
-    called.clear()
-    y = two.kv.gather(IDS, WEIGHTS, CPU, prefetched=everything)
-    assert called == [] and torch.equal(x.key, y.key) and torch.equal(x.value, y.value)
-
-
 def _http(bundle: Path, encoder, body: dict, shard_backend=None) -> tuple[list[dict], dict]:
     from softknn.service.app import create_app
 
