@@ -11,6 +11,9 @@ request) goes to both servers, alternating which first, in dense and in hybrid r
 request at a time: every figure sees the same load. The answers are compared (same evidence ids in
 the same order, max |Δ| of similarities and embedding). `/healthz` is timed the same way: the proxy's own cost, no model,
 no shard. Each side's p50/p95 is over `--queries` requests after `--warmup` warm-up requests.
+`moved`: then, in this process with the shards as 2 Ray actors, over the same queries: Engine.infer
+p50/p95 without the proxy, the shard fan-outs per request and the bytes of array data the shards
+send (per request and per shard method).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 from pathlib import Path
 
 from bench.common import percentile, write
-from bench.kb import CACHE
+from bench.kb import CACHE, set_threads
 from softknn.service.testing import LiveServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,6 +60,68 @@ def queries(n: int) -> list[str]:
     lines = (sample_kb_path().parent / "queries.jsonl").read_text(encoding="utf-8").splitlines()
     texts = [json.loads(x)["text"] for x in lines if x.strip()]
     return [texts[i % len(texts)] for i in range(n)]
+
+
+def _nbytes(x) -> int:
+    """The bytes of the arrays in a shard's answer (what crosses to the replica, less pickling)."""
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return int(x.nbytes)
+    if isinstance(x, list | tuple):
+        return sum(_nbytes(y) for y in x)
+    return 0
+
+
+def moved(bundle: Path, qs: list[str]) -> dict:
+    """Per request, in this process with the shards as 2 Ray actors (RayShards, as `--ray` has them,
+    without the Serve proxy and HTTP): Engine.infer's wall time, the shard fan-outs (calls to every
+    shard or some) and the bytes of array data the shards send, in all and per shard method."""
+    import numpy as np
+    import ray
+
+    from softknn.bundle import load_bundle
+    from softknn.encoder import Encoder
+    from softknn.engine import Engine, InferParams
+    from softknn.service.ray_serving import RayShards
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        set_threads(1)  # as the servers' one torch thread
+        enc = Encoder()
+        b = load_bundle(bundle, expected_fingerprint=enc.info.fingerprint, shard_backend=RayShards.factory(num_cpus=1))
+        engine = Engine(enc, b)
+        be, log = b.backend, []
+        call_some = be.call_some
+
+        def counted_some(m, s, a):  # RayShards.call goes through call_some
+            out = call_some(m, s, a)
+            log.append((m, _nbytes(out)))
+            return out
+
+        be.call_some = counted_some  # type: ignore[method-assign]
+        out: dict = {}
+        for mode in MODES:
+            p = InferParams(retrieval=mode)
+            engine.infer([qs[0]], p)  # warm-up
+            ms, calls, nbytes, by_method = [], [], [], {}
+            for q in qs:
+                log.clear()
+                t = time.perf_counter()
+                engine.infer([q], p)
+                ms.append((time.perf_counter() - t) * 1e3)
+                calls.append(len(log))
+                nbytes.append(sum(n for _, n in log))
+                for m, n in log:
+                    by_method.setdefault(m, []).append(n)
+            out[mode] = {"infer_p50_ms": round(percentile(ms, 50), 2), "infer_p95_ms": round(percentile(ms, 95), 2),
+                         "fanouts_per_request": float(np.mean(calls)),
+                         "bytes_per_request_p50": int(np.median(nbytes)),
+                         "bytes_per_call_p50": {m: int(np.median(v)) for m, v in by_method.items()}}
+        b.close()
+        return out
+    finally:
+        ray.shutdown()
 
 
 def add_cli_args(ap: argparse.ArgumentParser) -> None:
@@ -107,7 +172,7 @@ def run(args: argparse.Namespace) -> dict:
     finally:
         for s in SIDES:
             srv[s].close()
-    figures = {}
+    figures: dict = {}
     for mode, per in lat.items():
         p = {s: {"p50_ms": round(percentile(v, 50) * 1e3, 2), "p95_ms": round(percentile(v, 95) * 1e3, 2)}
              for s, v in per.items()}
@@ -115,6 +180,7 @@ def run(args: argparse.Namespace) -> dict:
                          "ratio_p95": round(p["ray_2_shards"]["p95_ms"] / p["single"]["p95_ms"], 3)}
         if mode in MODES:
             figures[mode] |= {"same_evidence_ids_and_order": bool(same[mode]), "max_abs_delta_score": delta[mode]}
+    figures["moved"] = moved(bundle, qs[args.warmup:])
     out = write("ray_http", {"command": args.command, "bundle": str(bundle), "queries": args.queries, "ray_env": ray_env,
                              "warmup": args.warmup, "figures": figures,
                              "latencies_ms": {m: {s: [round(x * 1e3, 3) for x in v] for s, v in per.items()}
@@ -134,6 +200,7 @@ def plot(lat: dict, figures: dict) -> None:
     from bench.common import RESULTS
 
     fig, axes = plt.subplots(1, len(lat), figsize=(3.2 * len(lat), 3.6), sharey=False)
+    figures = {m: figures[m] for m in lat}
     for ax, (mode, per) in zip(axes, lat.items(), strict=True):
         ax.boxplot([np.asarray(per[s]) * 1e3 for s in SIDES], showfliers=False)
         ax.set_xticks([1, 2], ["single", "Ray, 2 shards"])
