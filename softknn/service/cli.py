@@ -50,6 +50,9 @@ def serve(
     shard_resources: Annotated[str | None, typer.Option("--shard-resources", help="with --ray: Ray resources "
                                                            "each shard actor needs, JSON, e.g. '{\"shard\": 1}' "
                                                            "(default: spread over the nodes)")] = None,
+    shard_replicas: Annotated[int, typer.Option("--shard-replicas", min=1, help="with --ray: actors per shard, "
+                                                "on distinct nodes where there are enough; a request goes "
+                                                "to a live copy")] = 1,
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/infer, GET /v1/index, /healthz, /readyz, /metrics, /docs.
 
@@ -108,10 +111,12 @@ def serve(
         except json.JSONDecodeError as e:
             typer.secho(f"error: --shard-resources is not JSON: {e}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
-        serve_ray(settings, address=address, replicas=replicas, shard_resources=resources)
+        serve_ray(settings, address=address, replicas=replicas, shard_resources=resources,
+                  shard_replicas=shard_replicas)
         return
-    if address is not None or replicas != 1 or shard_resources is not None:
-        typer.secho("error: --address, --replicas and --shard-resources need --ray", fg=typer.colors.RED, err=True)
+    if address is not None or replicas != 1 or shard_resources is not None or shard_replicas != 1:
+        typer.secho("error: --address, --replicas, --shard-resources and --shard-replicas need --ray",
+                    fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
     # the lingering close: a client still sending when it is answered (408, 413) reads its answer, not a reset
     server = uvicorn.Server(uvicorn_config(app, host=settings.host, port=settings.port,

@@ -242,3 +242,39 @@ def test_reload_on_the_default_local_cluster_returns(sharded_bundle_path, kb3_bu
         assert srv.client.post("/v1/infer", json=REQUEST).json()["bundle_version"] == new
     finally:
         srv.close()
+
+
+def test_replicated_shards_survive_a_lost_copy_and_reload_as_a_set(deploy, sharded_bundle_path, encoder):
+    """--shard-replicas 2: two named actors per shard; one killed for good leaves /readyz 200 naming the
+    lost copy under `degraded`, and every answer exact; a reload starts a new set of four and frees the
+    old one with its placement groups."""
+    version = read_manifest(sharded_bundle_path)["version_id"]
+    d = deploy(sharded_bundle_path, replicas=1, replica_cpus=0.5, shard_cpus=0.25, shard_replicas=2)
+    c = d.client
+    names = [f"softknn-shard-{version}-g0-{s}-c{k}" for s in (0, 1) for k in (0, 1)]
+    assert _shard_names() == names
+    live = [g for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+    assert sorted(g["name"] for g in live) == [f"{names[0]}-pg", f"{names[2]}-pg"]
+    want = _answers(encoder, sharded_bundle_path)
+    ray.kill(ray.get_actor(names[3], namespace="softknn"), no_restart=True)
+    for _ in range(6):
+        r = c.post("/v1/infer", json=REQUEST)
+        assert r.status_code == 200 and _same(r.json()["results"], want), r.text
+    ready = c.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    degraded = ready.json()["degraded"]
+    assert len(degraded) == 1 and degraded[0].startswith("shard 1 (shard-0001) copy 1 is gone for good"), degraded
+    r = c.post("/v1/admin/reload", json={"bundle": str(sharded_bundle_path)}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    new = [n.replace("-g0-", "-g1-") for n in names]
+    assert _wait_names(new) == new
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        live = [g["name"] for g in ray.util.placement_group_table().values() if g["state"] != "REMOVED"]
+        if sorted(live) == [f"{new[0]}-pg", f"{new[2]}-pg"]:
+            break
+        time.sleep(0.5)
+    assert sorted(live) == [f"{new[0]}-pg", f"{new[2]}-pg"]
+    assert "degraded" not in c.get("/readyz").json()
+    r = c.post("/v1/infer", json=REQUEST)
+    assert r.status_code == 200 and _same(r.json()["results"], want)

@@ -26,7 +26,10 @@ async def healthz(kbs: KBsDep) -> dict:
 @router.get("/readyz", summary="Readiness: model and bundle loaded and warm",
             responses={503: {"model": ErrorResponse}})
 async def readyz(kbs: KBsDep, runtime: RuntimeDep) -> dict:
-    """Ready when every KB is; `bundle_version` is the KB named `default`'s, else the first KB's."""
+    """Ready when every KB is (a sharded KB: when every shard has a copy that answers; copies that do
+    not while another does are listed in `degraded`); `bundle_version` is the KB named `default`'s,
+    else the first KB's."""
+    degraded: list[str] = []
     for rt in kbs:  # no KB names here: these routes take no key
         engine = rt.current()  # NotReady → 503 until then
         if not rt.ready:
@@ -36,5 +39,7 @@ async def readyz(kbs: KBsDep, runtime: RuntimeDep) -> dict:
             problems = await asyncio.to_thread(health)
             if problems:
                 raise NotReady("not every KB shard answers: " + "; ".join(problems))
+            degraded += getattr(getattr(engine.bundle, "backend", None), "degraded", None) or []
     engine = runtime.current()
-    return {"status": "ready", "bundle_version": engine.bundle.version, "model": engine.encoder.info.name}
+    return {"status": "ready", "bundle_version": engine.bundle.version, "model": engine.encoder.info.name,
+            **({"degraded": degraded} if degraded else {})}
