@@ -40,6 +40,7 @@ def add_cli_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--banking-per-intent", type=int, default=10, help="train utterances per intent in the KB")
     p.add_argument("--banking-queries", type=int, default=4, help="test utterances per intent as queries")
     p.add_argument("--obliqa-docs", type=int, default=4, help="ObliQA documents whose passages form the KB")
+    p.add_argument("--name", default=NAME, help="results file name (bench/results/NAME.json|png)")
 
 
 def obliqa_heldout(n_docs: int):
@@ -123,12 +124,12 @@ def run(args: argparse.Namespace) -> dict:
               + "; ".join(f"{s} (λ self {a[s]['lexical_weight_self']}): top-1 "
                           + ", ".join(f"{m} {a[s]['top1_right'][m]}" for m in MODES)
                           + " | MRR@10 " + ", ".join(f"{m} {a[s]['mrr10'][m]}" for m in MODES) for s in SPECS), flush=True)
-        payload = write(NAME, {"args": vars(args), "results": results})  # after each KB: a cut-off run keeps what it did
-    _plot(results)
+        payload = write(args.name, {"args": vars(args), "results": results})  # after each KB: a cut-off run keeps what it did
+    _plot(results, args.name)
     return payload
 
 
-def _plot(results: dict) -> None:
+def _plot(results: dict, name: str = NAME) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,16 +138,16 @@ def _plot(results: dict) -> None:
     from bench.common import RESULTS
 
     fig, axes = plt.subplots(1, len(results), figsize=(4.4 * len(results), 3.4))
-    for ax, (name, r) in zip(np.atleast_1d(axes), results.items(), strict=True):
+    for ax, (kb, r) in zip(np.atleast_1d(axes), results.items(), strict=True):
         x = np.arange(len(MODES))
         for j, s in enumerate(SPECS):
             ax.bar(x + (j - 0.5) * 0.38, [r[s]["top1"][m] for m in MODES], 0.38,
                    label=f"{s} (self λ {r[s]['lexical_weight_self']})")
         ax.set_xticks(x, MODES, fontsize=8)
         ax.set_ylim(0, 1)
-        ax.set_title(f"{name} ({r['queries']} queries)")
+        ax.set_title(f"{kb} ({r['queries']} queries)")
         ax.legend(title="stopwords", fontsize=7)
     np.atleast_1d(axes)[0].set_ylabel("top-1 right")
     fig.tight_layout()
-    fig.savefig(RESULTS / f"{NAME}.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
     plt.close(fig)

@@ -53,6 +53,11 @@ def serve(
     shard_replicas: Annotated[int, typer.Option("--shard-replicas", min=1, help="with --ray: actors per shard, "
                                                 "on distinct nodes where there are enough; a request goes "
                                                 "to a live copy")] = 1,
+    wait_nodes: Annotated[int, typer.Option("--wait-nodes", min=1, help="with --ray: start serving once the "
+                                            "cluster has this many live nodes, the head included (shards are "
+                                            "placed then); exit 2 after --wait-nodes-timeout")] = 1,
+    wait_nodes_timeout: Annotated[float, typer.Option("--wait-nodes-timeout", min=0,
+                                                      help="with --ray: seconds --wait-nodes waits")] = 300.0,
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/infer, GET /v1/index, /healthz, /readyz, /metrics, /docs.
 
@@ -111,11 +116,18 @@ def serve(
         except json.JSONDecodeError as e:
             typer.secho(f"error: --shard-resources is not JSON: {e}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
-        serve_ray(settings, address=address, replicas=replicas, shard_resources=resources,
-                  shard_replicas=shard_replicas)
+        from softknn.service.ray_serving import NotEnoughNodes
+
+        try:
+            serve_ray(settings, address=address, replicas=replicas, shard_resources=resources,
+                      shard_replicas=shard_replicas, min_nodes=wait_nodes, nodes_timeout_s=wait_nodes_timeout)
+        except NotEnoughNodes as e:
+            typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(2) from None
         return
-    if address is not None or replicas != 1 or shard_resources is not None or shard_replicas != 1:
-        typer.secho("error: --address, --replicas, --shard-resources and --shard-replicas need --ray",
+    if (address is not None or replicas != 1 or shard_resources is not None or shard_replicas != 1
+            or wait_nodes != 1):
+        typer.secho("error: --address, --replicas, --shard-resources, --shard-replicas and --wait-nodes need --ray",
                     fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
     # the lingering close: a client still sending when it is answered (408, 413) reads its answer, not a reset

@@ -714,18 +714,40 @@ class ReplicaLink:
             self._loop.call_soon_threadsafe(self._task.cancel)
 
 
+class NotEnoughNodes(RuntimeError):
+    """The cluster did not reach the nodes `serve_ray(min_nodes=…)` waits for."""
+
+
+def wait_for_nodes(n: int, timeout_s: float, poll_s: float = 1.0) -> int:
+    """Until the cluster has n live nodes (the head counts); how many it has. NotEnoughNodes after
+    timeout_s: a shard set placed before the workers join would all land on the first nodes."""
+    import ray
+
+    end = time.monotonic() + timeout_s
+    while True:
+        alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+        if alive >= n:
+            return alive
+        if time.monotonic() > end:
+            raise NotEnoughNodes(f"the Ray cluster has {alive} live node(s) after {timeout_s:g} s, "
+                                 f"--wait-nodes asks for {n}: start the workers, or lower --wait-nodes")
+        log.info("waiting for %d Ray node(s): %d live", n, alive)
+        time.sleep(poll_s)
+
+
 def _interrupt(signum, frame):  # SIGTERM: shut down like Ctrl-C (Serve app, shard actors, local cluster)
     raise KeyboardInterrupt
 
 
 def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cpus: int | None = None,
               replica_cpus: float = 1.0, shard_cpus: float = 1.0, shard_resources: dict | None = None,
-              shard_replicas: int = 1, place_timeout_s: float = 60.0, reload_timeout_s: float = 300.0,
-              blocking: bool = True) -> None:
+              shard_replicas: int = 1, min_nodes: int = 1, nodes_timeout_s: float = 300.0,
+              place_timeout_s: float = 60.0, reload_timeout_s: float = 300.0, blocking: bool = True) -> None:
     """Start (or join, `address`) a Ray cluster and run the service as a Serve application on
     settings.host:settings.port: `replicas` model replicas, `shard_replicas` actors per shard of the
     bundle (spread over the nodes, or placed by `shard_resources`, e.g. {"shard": 1}; a shard's copies
-    on distinct nodes where there are enough, RayShards). A shard set that
+    on distinct nodes where there are enough, RayShards), once the cluster has `min_nodes` live nodes
+    (NotEnoughNodes after nodes_timeout_s). A shard set that
     cannot be placed within `place_timeout_s` fails the start (or the reload); a reload that does not
     reach every replica within `reload_timeout_s` fails."""
     import signal
@@ -748,6 +770,12 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
             num_cpus = max(os.cpu_count() or 1, math.ceil(
                 replicas * replica_cpus + 2 * _shard_count(settings) * shard_replicas * shard_cpus))
         ray.init(address="local", num_cpus=num_cpus, namespace=NAMESPACE, include_dashboard=False)
+    try:
+        wait_for_nodes(min_nodes, nodes_timeout_s)
+    except NotEnoughNodes:
+        if blocking:
+            ray.shutdown()  # only this process's link (or its local cluster): nothing was started yet
+        raise
     kill_named_shards()  # a previous deployment's coordinator and shards (this one replaces it)
     opts = {"num_cpus": shard_cpus, "resources": shard_resources, "place_timeout_s": place_timeout_s,
             "copies": shard_replicas}

@@ -25,10 +25,15 @@ def _shell(service: str) -> str:
     return s["command"][0]
 
 
+def _defaults(text: str) -> str:
+    """text with compose's `${VAR:-default}` replaced by its default (what `up` runs with VAR unset)."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text)
+
+
 def _exec_argv(service: str) -> list[str]:
-    """The argv the container's shell finally execs (`... && exec PROGRAM ARGS`)."""
+    """The argv the container's shell finally execs (`... && exec PROGRAM ARGS`), compose's defaults in."""
     script = _shell(service)
-    return shlex.split(script.rsplit("exec ", 1)[1])
+    return shlex.split(_defaults(script.rsplit("exec ", 1)[1]))
 
 
 def _profiles() -> set[str]:
@@ -53,10 +58,16 @@ def test_the_ray_profile_is_a_head_running_the_service_and_workers_joining_it():
     gcs = f"{head['hostname']}:{start.group(1)}"
     assert gcs == "ray-head:6379"
     # the service on the head joins that cluster; the worker joins the same address and blocks
-    assert _exec_argv("ray-head") == ["softknn", "serve", "--bundle", "/bundles/current", "--ray", "--address", gcs,
-                                      "--host", "0.0.0.0", "--port", "8000"]
+    # (on the sharded bundle the profile's builder writes, once the head and 2 workers are up)
+    assert _exec_argv("ray-head") == ["softknn", "serve", "--bundle", "/bundles/sharded", "--ray", "--address", gcs,
+                                      "--wait-nodes", "3", "--host", "0.0.0.0", "--port", "8000"]
     assert _exec_argv("ray-worker") == ["ray", "start", "--address", gcs, "--block", "--disable-usage-stats"]
-    assert head["depends_on"] == {"builder": {"condition": "service_completed_successfully"}}
+    assert head["depends_on"] == {"ray-builder": {"condition": "service_completed_successfully"}}
+    builder = SERVICES["ray-builder"]
+    assert builder["profiles"] == ["ray"] and builder["network_mode"] == "none"
+    assert [_defaults(x) for x in builder["command"]] == ["build", "/kb", "--out", "/bundles/sharded", "--shards", "2",
+                                                           "--force", "--no-progress"]
+    assert builder["volumes"] == SERVICES["builder"]["volumes"]
     assert worker["depends_on"] == {"ray-head": {"condition": "service_started"}}
     assert head["ports"] == ["${SOFTKNN_RAY_PUBLISH:-127.0.0.1:8002}:8000"]  # loopback unless told otherwise
     assert "ports" not in worker  # Ray's own ports stay on the compose network
@@ -95,8 +106,11 @@ def test_every_softknn_command_in_the_compose_file_parses():
     image = SERVICES["service"]["image"]
     commands = [s["command"] for s in SERVICES.values() if s.get("image") == image and "entrypoint" not in s
                 and "command" in s]  # the image's ENTRYPOINT is softknn
-    assert commands == [["build", "/kb", "--out", "/bundles/current", "--force", "--no-progress"]]
-    _parses(commands[0])
+    assert commands == [["build", "/kb", "--out", "/bundles/current", "--force", "--no-progress"],
+                        ["build", "/kb", "--out", "/bundles/sharded", "--shards", "${RAY_SHARDS:-2}", "--force",
+                         "--no-progress"]]
+    for command in commands:
+        _parses([_defaults(x) for x in command])
     _parses(["build", "/kb", "--out", "/bundles/current", "--ray", "--address", "ray-head:6379"])
     with pytest.raises(Exception, match="No such option: --no-such-option"):  # the check can fail
         _parses(["build", "/kb", "--out", "/b", "--no-such-option"])

@@ -83,3 +83,11 @@ def test_serve_exits_with_the_reason_on_stderr_when_its_bundle_fails_verificatio
     assert len(lines) == 1, r.stderr[-2000:]
     assert lines[0].startswith(f"error: start-up failed, exiting: BundleError: {corrupt}")
     assert "sha256 mismatch" in lines[0] and "mem_hidden.npy" in lines[0]
+
+
+def test_the_ray_options_need_ray():
+    for given in (["--shard-replicas", "2"], ["--wait-nodes", "3"], ["--replicas", "2"]):
+        r = CliRunner().invoke(command(), ["--port", "8123", *given])
+        assert r.exit_code == 2, (given, r.output)
+        assert ("error: --address, --replicas, --shard-resources, --shard-replicas and --wait-nodes need --ray"
+                in r.output), r.output

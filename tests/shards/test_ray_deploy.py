@@ -278,3 +278,22 @@ def test_replicated_shards_survive_a_lost_copy_and_reload_as_a_set(deploy, shard
     assert "degraded" not in c.get("/readyz").json()
     r = c.post("/v1/infer", json=REQUEST)
     assert r.status_code == 200 and _same(r.json()["results"], want)
+
+
+def test_serve_ray_exits_when_the_cluster_does_not_reach_wait_nodes(sharded_bundle_path, tmp_path):
+    """--wait-nodes 2 on the one-node local cluster: exit 2 with the reason on stderr after the timeout,
+    before any shard actor is placed (they would all land on the nodes that are there)."""
+    import os
+    import subprocess
+    import sys
+
+    from softknn.service.testing import REPO
+
+    r = subprocess.run([sys.executable, "-m", "softknn.service.cli", "--bundle", str(sharded_bundle_path), "--ray",
+                        "--wait-nodes", "2", "--wait-nodes-timeout", "2", "--port", str(free_port())],
+                       capture_output=True, text=True, cwd=REPO, timeout=600,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1"})
+    assert r.returncode == 2, r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert lines == ["error: the Ray cluster has 1 live node(s) after 2 s, --wait-nodes asks for 2: start the "
+                     "workers, or lower --wait-nodes"], r.stderr[-3000:]
