@@ -48,11 +48,11 @@ t0 = time.perf_counter()
 from softknn.cli import app
 out = {}
 for args in json.loads(sys.argv[1]):
-    t = time.perf_counter()
+    t = time.process_time()
     try:
         app(args, prog_name="softknn")
     except SystemExit as e:
-        out[args[0]] = {"code": e.code, "seconds": time.perf_counter() - t}
+        out[args[0]] = {"code": e.code, "cpu_seconds": time.process_time() - t}
 out["heavy"] = sorted(m for m in %r if m in sys.modules)
 out["total"] = time.perf_counter() - t0
 print(json.dumps(out))
@@ -73,7 +73,9 @@ def test_a_bad_bundle_path_is_answered_without_loading_the_model(tmp_path):
     assert out["heavy"] == []
     for args in calls:
         assert out[args[0]]["code"] == 2, args
-        assert out[args[0]]["seconds"] < 1.0, (args, out[args[0]])  # model loading alone takes 7–9 s
+        # CPU time, not the wall clock: a loaded box stalls a light process too (model loading
+        # alone takes 7–9 CPU s; these answers take milliseconds)
+        assert out[args[0]]["cpu_seconds"] < 1.0, (args, out[args[0]])
     assert r.stderr.count(f"{missing}: no such bundle folder") == 7
     assert "no column 'text'" in r.stderr  # build: the field check comes before the model too
 
@@ -87,7 +89,7 @@ def test_an_invalid_kb_line_is_answered_before_the_model_loads_with_its_line_and
                        cwd=REPO, timeout=300, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["heavy"] == [] and out["build"]["code"] == 2
-    assert out["build"]["seconds"] < 1.0  # model loading alone takes 7–9 s
+    assert out["build"]["cpu_seconds"] < 1.0  # CPU time: model loading alone takes 7–9 s
     # the whole message: where the unterminated string starts, as a line and a column
     assert f"error: {kb}:3:21: invalid JSON: Unterminated string starting at (line 3, column 21)\n" in r.stderr
 
