@@ -15,7 +15,8 @@
 # Env: SMOKE_PORT (host port, default: a free one), SMOKE_IMAGE (default localhost/softknn:smoke),
 #      SMOKE_WORK (scratch, default /var/tmp/softknn-smoke), SMOKE_BUILD_TIMEOUT (s, 2400),
 #      SMOKE_READY_TIMEOUT (s, 300), SMOKE_KEEP=1 (leave the containers and volume for a look),
-#      TORCH_PIP_ARGS (extra `pip download` args for the torch CPU wheel, e.g. an index URL).
+#      TORCH_PIP_ARGS (extra `pip download` args for the torch CPU wheel, e.g. an index URL),
+#      SMOKE_BUILD_ONLY=1 (stop once the image is built and checked: scripts/ray_compose_smoke.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -108,6 +109,7 @@ case "$user" in ""|root|0|0:*|root:*) die "image runs as root (User='$user')";; 
 hc=$(podman image inspect "$IMG" --format '{{.HealthCheck}}')
 case "$hc" in *readyz*) ;; *) die "image has no HEALTHCHECK on /readyz ($hc)";; esac
 lap "image config: user $user, healthcheck kept"
+[ "${SMOKE_BUILD_ONLY:-0}" = 1 ] && { lap "built only (SMOKE_BUILD_ONLY=1)"; exit 0; }
 
 # --- 6. builder, then service, as compose orders them
 cleanup() {
