@@ -179,7 +179,8 @@ def query_votes(d: np.ndarray, b: np.ndarray | None, ids: np.ndarray, label_ids:
     return out
 
 
-def _label_ids(labels: list[str | None]) -> tuple[list[str], np.ndarray]:
+def label_index(labels: list[str | None]) -> tuple[list[str], np.ndarray]:
+    """(the label names sorted, each chunk's index into them (n,) int64, −1 where unlabelled)."""
     names = sorted({x for x in labels if x is not None})
     index_of = {x: i for i, x in enumerate(names)}
     return names, np.array([index_of[x] if x is not None else -1 for x in labels], dtype=np.int64)
@@ -200,7 +201,7 @@ def loo_outcomes(xb: np.ndarray, labels: list[str | None], texts: list[str], lex
     Returns {"rows", "s1" (n,), "cells": {(retrieval, λ, τ): {"ok" (n,) bool, "score" (n,)}}}: the
     given `cells`, else the grid (with `lexical` None only the dense cell, τ = DEFAULT_TEMPERATURE["dense"]).
     """
-    names, label_ids = _label_ids(labels)
+    names, label_ids = label_index(labels)
     rows = _sample(np.flatnonzero(label_ids >= 0), max_queries, seed)
     xb = np.ascontiguousarray(xb, dtype=np.float32)
     cells = _cell_grid(lexical, weights, temperatures) if cells is None else list(cells)
