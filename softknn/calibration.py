@@ -18,15 +18,13 @@ Leave-one-out cross-validation is the standard bandwidth selection of Nadaraya�
    difference, else dense (choose_cell: the best of 36 cells is an optimistic estimate; Banking77:
    λ 0.3, τ 0.25 → 92.62%, dense 92.26%; bench/hybrid_banking77.py, bench/oos_refusal.py);
 2. the abstain rule at that cell: abstain when the nearest chunk's dense similarity s₁ < s_min or
-   the top label score < t, spending 0.75 of the in-scope accuracy budget on leave-one-out, so the
-   budget holds on new queries: calibrated at the full budget, the loss exceeded it in 50–65% of 20
-   KB-side splits, with the 0.75 margin in 15% (bench/hybrid_banking77.py, docs/quality.md);
-3. how that budget is split between s_min and t (choose_gate): each share of GATE_SHARES sets both
-   thresholds on the in-scope leave-one-out outcomes, and the share that refuses most pseudo
-   out-of-scope queries wins. Those are the KB's own chunks with every chunk of their label held
-   out (leave-one-label-out, a seeded sample of OOS_QUERIES): a question about an intent the KB
-   lacks, as a user's out-of-scope question is (bench/oos_refusal.py). BM25's statistics stay
-   the whole KB's (a held-out label's words keep their document frequencies).
+   the top label score < t (calibrate_rules: s_min spends half the budget, t the rest), spending
+   0.75 of the in-scope accuracy budget on leave-one-out, so the budget holds on new queries:
+   calibrated at the full budget, the loss exceeded it in 50–65% of 20 KB-side splits, with the
+   0.75 margin in 15% (bench/hybrid_banking77.py, docs/quality.md). The half share is fixed:
+   choosing it per KB from leave-one-label-out pseudo out-of-scope queries bought little more
+   refusal of intents the KB lacks for more in-scope loss than the budget allows
+   (bench/oos_refusal.py, docs/quality.md).
 
 The record is stored as the manifest's `calibration`; the engine reads its thresholds and the
 retrieval defaults it chose (`retrieval_defaults`).
@@ -46,10 +44,7 @@ LEXICAL_WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 TEMPERATURES = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4)
 BUDGET_MARGIN = 0.75
 MAX_QUERIES = 10_000  # leave-one-out queries (a seeded sample beyond this): ~1–2 ms each on one core
-OOS_QUERIES = 2_000  # leave-one-label-out queries (a seeded sample), one cell each
-OOS_MIN_LABELS = 3  # fewer labels: no pseudo out-of-scope queries, the gate keeps GATE_SHARE_DEFAULT
-GATE_SHARES = (0.25, 0.5, 0.75, 1.0)  # the share of the loss budget the s_1 gate may spend
-GATE_SHARE_DEFAULT = 0.5
+GATE_SHARE = 0.5  # the share of the loss budget the s_1 gate spends (calibrate_rules)
 CELL_SE = 1.0  # a hybrid cell must beat dense by this many paired standard errors
 
 
@@ -95,14 +90,26 @@ def gated_scores(scores: Sequence[float], similarity: Sequence[float], s_min: fl
     return s if s_min is None else np.where(np.asarray(similarity, dtype=np.float64) >= s_min, s, -1.0)
 
 
+def gate_thresholds(scores: Sequence[float], similarity: Sequence[float], correct: Sequence[bool], budget: float,
+                    share: float = GATE_SHARE) -> tuple[float, float]:
+    """(s_min, t) of rule "gated": s_min spends `share` of the loss budget on s_1 alone, t the rest
+    given the gate."""
+    s_min = choose_threshold(similarity, correct, share * budget)
+    return s_min, max(0.0, choose_threshold(gated_scores(scores, similarity, s_min), correct, budget))
+
+
+def refused(scores, similarity, s_min: float, t: float) -> np.ndarray:
+    """Rule "gated"'s verdicts (n,) bool: s_1 < s_min or top label score < t (Engine._predict)."""
+    return (np.asarray(similarity) < s_min) | (np.asarray(scores) < t)
+
+
 def calibrate_rules(scores: Sequence[float], similarity: Sequence[float], correct: Sequence[bool],
                     target_loss: float) -> dict:
     """Thresholds on validation: "score" spends the whole loss budget on t; "gated" spends half on
     s_min (similarity alone), then the rest on t given the gate."""
-    s_min = choose_threshold(similarity, correct, target_loss / 2)
+    s_min, t = gate_thresholds(scores, similarity, correct, target_loss)
     return {"score": {"threshold": choose_threshold(scores, correct, target_loss)},
-            "gated": {"min_similarity": s_min,
-                      "threshold": max(0.0, choose_threshold(gated_scores(scores, similarity, s_min), correct, target_loss))}}
+            "gated": {"min_similarity": s_min, "threshold": t}}
 
 
 # --- leave-one-out over the KB ----------------------------------------------------------------
@@ -192,19 +199,16 @@ def _sample(rows: np.ndarray, max_queries: int, seed: int) -> np.ndarray:
 
 def loo_outcomes(xb: np.ndarray, labels: list[str | None], texts: list[str], lexical, *, k: int, candidates: int,
                  kernel: str = "softmax", weights=LEXICAL_WEIGHTS, temperatures=TEMPERATURES,
-                 max_queries: int = MAX_QUERIES, seed: int = 0, hold_out: str = "chunk",
-                 cells: Sequence[tuple] | None = None) -> dict:
+                 max_queries: int = MAX_QUERIES, seed: int = 0) -> dict:
     """Leave-one-out over the labelled chunks: per grid cell, who was right and the top label score.
 
-    hold_out "chunk": each query's own chunk is removed; "label": every chunk of the query's label
-    is (a pseudo out-of-scope query: nobody can be right, only the scores count).
-    Returns {"rows", "s1" (n,), "cells": {(retrieval, λ, τ): {"ok" (n,) bool, "score" (n,)}}}: the
-    given `cells`, else the grid (with `lexical` None only the dense cell, τ = DEFAULT_TEMPERATURE["dense"]).
+    Returns {"rows", "s1" (n,), "cells": {(retrieval, λ, τ): {"ok" (n,) bool, "score" (n,)}}}; with
+    `lexical` None only the dense cell (τ = DEFAULT_TEMPERATURE["dense"]) is computed.
     """
     names, label_ids = label_index(labels)
     rows = _sample(np.flatnonzero(label_ids >= 0), max_queries, seed)
     xb = np.ascontiguousarray(xb, dtype=np.float32)
-    cells = _cell_grid(lexical, weights, temperatures) if cells is None else list(cells)
+    cells = _cell_grid(lexical, weights, temperatures)
     got: dict[tuple, dict] = {key: {"ok": [], "score": []} for key in cells}
     s1 = []
     all_ids = np.arange(len(xb))
@@ -212,7 +216,7 @@ def loo_outcomes(xb: np.ndarray, labels: list[str | None], texts: list[str], lex
         block = rows[start : start + 256]
         dense = xb[block] @ xb.T  # (B, N)
         for j, c in enumerate(block):
-            keep = all_ids != c if hold_out == "chunk" else label_ids != label_ids[c]  # (N,)
+            keep = all_ids != c  # (N,)
             d = dense[j][keep].astype(np.float64)
             s1.append(float(d.max()))
             b = None if lexical is None else lexical.scores(lexical.analyzer.terms(texts[c]))[keep].astype(np.float64)
@@ -244,40 +248,9 @@ def choose_cell(out: dict, se_width: float = CELL_SE) -> tuple[tuple, dict]:
                     "gain": gain, "se": se, "rule": f"hybrid only where its gain over dense > {se_width:g} paired SE"}
 
 
-def gate_thresholds(score, s1, ok, budget: float, share: float) -> tuple[float, float]:
-    """(s_min, t) of the gated rule: s_min spends `share` of the loss budget on s_1 alone, t the
-    rest given the gate (calibrate_rules is share 0.5)."""
-    s_min = choose_threshold(s1, ok, share * budget)
-    return s_min, max(0.0, choose_threshold(gated_scores(score, s1, s_min), ok, budget))
-
-
-def refused(score, s1, s_min: float, t: float) -> np.ndarray:
-    """The gated rule's verdicts (n,) bool: s_1 < s_min or top label score < t (Engine._predict)."""
-    return (np.asarray(s1) < s_min) | (np.asarray(score) < t)
-
-
-def choose_gate(score, s1, ok, budget: float, oos: dict | None, shares=GATE_SHARES) -> tuple[float, list[dict]]:
-    """The share of the budget s_min spends: the one that refuses most pseudo out-of-scope queries
-    (`oos`: {"s1", "score"} of leave-one-label-out queries; ties to the larger share, the far-OOS
-    side), each share's thresholds set on the in-scope leave-one-out outcomes; without `oos`,
-    GATE_SHARE_DEFAULT."""
-    table = []
-    for share in shares:
-        s_min, t = gate_thresholds(score, s1, ok, budget, share)
-        row = {"share": share, "min_similarity": s_min, "threshold": t,
-               "accuracy_loss": float(ok.mean() - (ok & ~refused(score, s1, s_min, t)).mean())}
-        if oos is not None:
-            row["pseudo_oos_refusal"] = float(refused(oos["score"], oos["s1"], s_min, t).mean())
-        table.append(row)
-    if oos is None:
-        return GATE_SHARE_DEFAULT, table
-    best_row = max(table, key=lambda r: (r["pseudo_oos_refusal"], r["share"]))
-    return best_row["share"], table
-
-
 def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], lexical, *, k: int, candidates: int,
                   kernel: str = "softmax", target_loss: float = 0.01, margin: float = BUDGET_MARGIN,
-                  max_queries: int = MAX_QUERIES, oos_queries: int = OOS_QUERIES, seed: int = 0,
+                  max_queries: int = MAX_QUERIES, seed: int = 0,
                   outcomes: dict | None = None) -> dict:
     """The manifest's calibration record from leave-one-out (module docstring); `outcomes`: this
     KB's loo_outcomes when already computed."""
@@ -287,15 +260,8 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
     dense_key = next(key for key in acc if key[0] == "dense")
     chosen, compared = choose_cell(out)
     ok, score, s1 = out["cells"][chosen]["ok"], out["cells"][chosen]["score"], out["s1"]
-    budget = margin * target_loss
-    oos = None
-    if len({x for x in labels if x is not None}) >= OOS_MIN_LABELS:
-        pseudo = loo_outcomes(xb, labels, texts, lexical, k=k, candidates=candidates, kernel=kernel,
-                              max_queries=oos_queries, seed=seed, hold_out="label", cells=[chosen])
-        oos = {"s1": pseudo["s1"], "score": pseudo["cells"][chosen]["score"]}
-    share, shares = choose_gate(score, s1, ok, budget, oos)
-    s_min, t = gate_thresholds(score, s1, ok, budget, share)
-    t_score = choose_threshold(score, ok, budget)
+    rules = calibrate_rules(score, s1, ok, margin * target_loss)
+    t_score, s_min, t = rules["score"]["threshold"], rules["gated"]["min_similarity"], rules["gated"]["threshold"]
     retrieval, lam, tau = chosen
     defaults = {retrieval: {"temperature": tau, **({"lexical_weight": lam} if lam is not None else {})}}
     return {
@@ -309,9 +275,6 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
                    **({"lexical_weight": lam} if lam is not None else {})},
         "target_loss": target_loss,
         "budget_margin": margin,
-        "gate": {"share": share, "rule": "s_min spends this share of the budget, t the rest; the share refusing "
-                 "most leave-one-label-out queries", "shares": shares,
-                 "pseudo_oos": None if oos is None else {"n": int(len(oos["s1"])), "hold_out": "label"}},
         "leave_one_out": {
             "n": int(len(out["rows"])),
             "candidates": candidates,

@@ -8,10 +8,9 @@ import pytest
 
 from softknn.attention import knn_weights_row
 from softknn.calibration import (
-    GATE_SHARE_DEFAULT,
     calibrate_loo,
+    calibrate_rules,
     choose_cell,
-    choose_gate,
     gate_thresholds,
     loo_outcomes,
     query_votes,
@@ -34,18 +33,18 @@ def _toy_kb(n: int = 60, seed: int = 3):
     return xb, labels, texts
 
 
-@pytest.mark.parametrize("hold_out", ["chunk", "label"])
-def test_leave_one_out_cells_equal_a_plain_loop(hold_out):
+def test_leave_one_out_cells_equal_a_plain_loop():
     xb, labels, texts = _toy_kb()
     lex = LexicalIndex.build(texts)
     k, m = 5, 10
-    out = loo_outcomes(xb, labels, texts, lex, k=k, candidates=m, weights=(0.3, 0.6), temperatures=(0.1, 0.25),
-                       hold_out=hold_out)
+    out = loo_outcomes(xb, labels, texts, lex, k=k, candidates=m, weights=(0.3, 0.6), temperatures=(0.1, 0.25))
     rows = [i for i, x in enumerate(labels) if x is not None]
     assert out["rows"].tolist() == rows
+    assert list(out["cells"]) == [("dense", None, 0.05)] + [("hybrid", lam, tau) for lam in (0.3, 0.6)
+                                                            for tau in (0.1, 0.25)]
 
-    def others_of(c):  # "label": every chunk of c's label out, unlabelled chunks stay
-        return np.array([j for j in range(len(xb)) if (j != c if hold_out == "chunk" else labels[j] != labels[c])])
+    def others_of(c):
+        return np.array([j for j in range(len(xb)) if j != c])
 
     for (mode, lam, tau), cell in out["cells"].items():
         want_ok, want_score = [], []
@@ -63,22 +62,12 @@ def test_leave_one_out_cells_equal_a_plain_loop(hold_out):
         assert cell["ok"].tolist() == want_ok, (mode, lam, tau)
         np.testing.assert_allclose(cell["score"], want_score, atol=1e-6)
     assert out["s1"] == pytest.approx([max((xb @ xb[c])[others_of(c)]) for c in rows], abs=1e-6)
-    if hold_out == "label":
-        assert not any(cell["ok"].any() for cell in out["cells"].values())  # the right label is never there
-
-
-def test_loo_outcomes_computes_only_the_cells_asked_for():
-    xb, labels, texts = _toy_kb()
-    lex = LexicalIndex.build(texts)
-    full = loo_outcomes(xb, labels, texts, lex, k=5, candidates=10, weights=(0.3,), temperatures=(0.25,))
-    one = loo_outcomes(xb, labels, texts, lex, k=5, candidates=10, cells=[("hybrid", 0.3, 0.25)])
-    assert list(one["cells"]) == [("hybrid", 0.3, 0.25)]
-    assert one["cells"][("hybrid", 0.3, 0.25)]["score"].tolist() == full["cells"][("hybrid", 0.3, 0.25)]["score"].tolist()
 
 
 def test_calibration_serves_the_cell_choose_cell_picks_and_spends_the_margin_of_the_budget():
     xb, labels, texts = _toy_kb(120)
-    rec = calibrate_loo(xb, labels, texts, LexicalIndex.build(texts), k=5, candidates=20)
+    lex = LexicalIndex.build(texts)
+    rec = calibrate_loo(xb, labels, texts, lex, k=5, candidates=20)
     grid = rec["leave_one_out"]["grid"]
     hybrid = [g for g in grid if g["retrieval"] == "hybrid"]
     assert len(hybrid) == 36
@@ -92,11 +81,15 @@ def test_calibration_serves_the_cell_choose_cell_picks_and_spends_the_margin_of_
         assert rec["retrieval_defaults"] == {"dense": {"temperature": 0.05}}
     assert rec["leave_one_out"]["gated_rule"]["accuracy_loss"] <= 0.75 * 0.01 + 1e-12
     assert rec["leave_one_out"]["score_rule"]["accuracy_loss"] <= 0.75 * 0.01 + 1e-12
-    assert rec["gate"]["share"] in (0.25, 0.5, 0.75, 1.0)
-    assert rec["gate"]["pseudo_oos"]["n"] == sum(x is not None for x in labels)  # under OOS_QUERIES: every one
-    row = next(r for r in rec["gate"]["shares"] if r["share"] == rec["gate"]["share"])
-    assert (row["min_similarity"], row["threshold"]) == (rec["min_similarity"], rec["abstain_threshold_gated"])
-    assert row["pseudo_oos_refusal"] == max(r["pseudo_oos_refusal"] for r in rec["gate"]["shares"])
+    # the thresholds: calibrate_rules at the served cell (s_min half of 0.75 × 1%, t the rest)
+    out = loo_outcomes(xb, labels, texts, lex, k=5, candidates=20)
+    p = rec["params"]
+    cell = out["cells"][(p["retrieval"], p.get("lexical_weight"), p["temperature"])]
+    want = calibrate_rules(cell["score"], out["s1"], cell["ok"], 0.75 * 0.01)
+    assert (rec["abstain_threshold"], rec["min_similarity"], rec["abstain_threshold_gated"]) == (
+        want["score"]["threshold"], want["gated"]["min_similarity"], want["gated"]["threshold"])
+    assert "gate" not in rec
+    assert calibrate_loo(xb, labels, texts, lex, k=5, candidates=20, outcomes=out) == rec
     dense_only = calibrate_loo(xb, labels, texts, None, k=5, candidates=20)
     assert dense_only["retrieval_defaults"] == {"dense": {"temperature": 0.05}}
 
@@ -125,22 +118,14 @@ OK = np.ones(10, dtype=bool)
 
 
 def test_gate_thresholds_split_the_budget_between_s_min_and_t():
-    # budget 0.1 = one right answer of ten: share 0.25 leaves it all to t, share 1 spends it on s_min
+    # budget 0.1 = one right answer of ten: shares 0.25 and 0.5 (the default) leave it all to t,
+    # share 1 spends it on s_min
     assert gate_thresholds(SCORE, S1, OK, 0.1, 0.25) == (0.5, 0.8)
+    assert gate_thresholds(SCORE, S1, OK, 0.1) == gate_thresholds(SCORE, S1, OK, 0.1, 0.5) == (0.5, 0.8)
     assert gate_thresholds(SCORE, S1, OK, 0.1, 1.0) == (0.6, 0.3)
+    assert calibrate_rules(SCORE, S1, OK, 0.1) == {"score": {"threshold": 0.8},
+                                                   "gated": {"min_similarity": 0.5, "threshold": 0.8}}
     assert refused(SCORE, S1, 0.6, 0.3).tolist() == [True] + [False] * 9
-
-
-def test_choose_gate_takes_the_share_that_refuses_most_pseudo_out_of_scope_queries():
-    oos = {"s1": np.array([0.55, 0.58, 0.95]), "score": np.array([0.9, 0.9, 0.5])}
-    share, table = choose_gate(SCORE, S1, OK, 0.1, oos, shares=(0.25, 1.0))
-    assert share == 1.0
-    assert [(r["min_similarity"], r["threshold"], r["pseudo_oos_refusal"]) for r in table] == [
-        (0.5, 0.8, pytest.approx(1 / 3)), (0.6, 0.3, pytest.approx(2 / 3))]
-    assert [r["accuracy_loss"] for r in table] == pytest.approx([0.1, 0.1])
-    tie = {"s1": np.array([0.95]), "score": np.array([0.1])}  # both refuse it: the larger share
-    assert choose_gate(SCORE, S1, OK, 0.1, tie, shares=(0.25, 1.0))[0] == 1.0
-    assert choose_gate(SCORE, S1, OK, 0.1, None, shares=(0.25, 1.0))[0] == GATE_SHARE_DEFAULT
 
 
 def test_a_calibrated_clustered_kb_refuses_a_far_query_and_keeps_in_scope_ones():
