@@ -38,6 +38,7 @@ from softknn.gen_memory import generator_files
 from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
 from softknn.manifest import Manifest
 from softknn.memory_stores import DEFAULT_MEMORY, MEMORY_FILES, MemoryStore, load_memory, memory_files, memory_summary
+from softknn.retrieval import default_mode
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -269,7 +270,8 @@ def lexical_summary(m: Manifest) -> dict:
                 "note": "built without a lexical index: serves dense retrieval only "
                         "(rebuild, or `softknn add-lexical DIR`, for hybrid and lexical)"}
     lexical_bytes = sum(f.bytes for name, f in m.files.items() if name.endswith(LEXICAL_FILES))
-    return {"available": True, "default_retrieval": "hybrid", "settings": lex.settings,
+    return {"available": True, "default_retrieval": default_mode(True, m.calibration.retrieval_defaults),
+            "settings": lex.settings,
             "vocabulary": lex.vocabulary, "postings": lex.postings, "bytes": lexical_bytes,
             "bytes_per_chunk": round(lexical_bytes / max(1, m.counts.chunks), 1)}
 

@@ -36,6 +36,14 @@ LEXICAL_WEIGHT = 0.6
 CANDIDATES = 200
 
 
+def default_mode(has_lexical: bool, calibrated: dict | None = None) -> str:
+    """The retrieval a request without `retrieval` gets: hybrid where there is a lexical index,
+    unless the bundle's calibration (its retrieval_defaults) chose dense alone (a labelled KB whose
+    hybrid cells do not beat dense: softknn.calibration.choose_cell)."""
+    cal = calibrated or {}
+    return "hybrid" if has_lexical and not ("dense" in cal and "hybrid" not in cal) else "dense"
+
+
 def kth_largest(x: np.ndarray, m: int) -> float:
     """x_(m), the m-th largest value of x (m clipped to len(x)).
 

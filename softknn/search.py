@@ -25,6 +25,7 @@ from softknn.retrieval import (
     LEXICAL_WEIGHT,
     RETRIEVALS,
     best,
+    default_mode,
     topk_candidates,
     topk_fast,
     topk_reference,
@@ -76,7 +77,7 @@ class InferParams:
     def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> ResolvedParams:
         """With `retrieval`, `temperature` and `lexical_weight` filled in for a bundle with or without
         a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (softknn.calibration)."""
-        mode = self.retrieval or ("hybrid" if has_lexical else "dense")
+        mode = self.retrieval or default_mode(has_lexical, calibrated)
         if mode != "dense" and not has_lexical:
             raise InvalidInput(f"retrieval {mode!r} needs a lexical index, and this bundle was built without one "
                                "(`softknn add-lexical` adds it); use retrieval 'dense'", field="retrieval")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.bundle import load_bundle
+from softknn.bundle import lexical_summary, load_bundle
 from softknn.engine import Engine, InferParams
 from softknn.evidence import _word_spans
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
@@ -251,3 +251,18 @@ def test_spans_are_words_a_reader_can_use_never_markup(encoder, tmp_path):
     ev = next(e for e in r.evidence if e.doc_id == "timetable")
     assert sorted(sp.text for sp in ev.spans) == readable
     assert sum(sp.weight for sp in ev.spans) < ev.mass_share  # the markup's mass counts in the share only
+
+
+def test_a_bundle_whose_calibration_chose_dense_serves_dense_by_default(engine, sample_bundle):
+    saved = sample_bundle.manifest
+    sample_bundle.manifest = saved.replaced(calibration={"abstain_threshold": None,
+                                                         "retrieval_defaults": {"dense": {"temperature": 0.07}}})
+    try:
+        got = engine.infer([QUERY], InferParams(k=8))[0]
+        assert (got.diagnostics.retrieval, got.diagnostics.temperature, got.diagnostics.lexical_weight) == ("dense", 0.07, None)
+        own = engine.infer([QUERY], InferParams(k=8, retrieval="hybrid"))[0]  # a request's own retrieval wins
+        assert (own.diagnostics.retrieval, own.diagnostics.temperature) == ("hybrid", 0.25)
+        assert lexical_summary(sample_bundle.manifest)["default_retrieval"] == "dense"
+    finally:
+        sample_bundle.manifest = saved
+    assert lexical_summary(sample_bundle.manifest)["default_retrieval"] == "hybrid"
