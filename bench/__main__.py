@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 BENCHMARKS = (  # the order of `python -m bench --help`
-    "kb", "fused_forward", "service", "profile_service", "profile_infer", "ann", "builder_throughput", "limits",
+    "kb", "fused_forward", "evidence_cost", "service", "profile_service", "profile_infer", "ann", "builder_throughput", "limits",
     "scaling", "hybrid_cost", "grouping", "json_encode", "qkv_reuse", "attack", "hybrid_obliqa", "hybrid_banking77",
     "obliqa_prepare", "sweep_banking77", "sweep_obliqa", "ray_shards", "runtime", "runtime_pipeline",
     "runtime_exact", "memory_repr", "generation", "contention", "embeddings", "writes", "filters",

@@ -56,6 +56,7 @@ class FusedResult:
     entropy_in: torch.Tensor  # (B, nh, T) entropy of the intra softmax alone
     lse_mem: torch.Tensor  # (B, nh, T, S) log Σ_{t∈c} exp(q_i·k_t·scale): how strongly i matches c
     mem_value: torch.Tensor  # (B, nh, S, Lm, hs) the memory values, for slot_attention
+    mem_out: torch.Tensor  # (B, nh, T, hs) Σ_c g_c·attn_c, the memory's part of out (fixed: (1−α)·attn_db)
 
     def slot_attention(self, b: int) -> torch.Tensor:
         """attn_c = softmax_{t∈c}(q·k_t·scale)·V_c for every slot of input b, (nh, T, S, hs).
@@ -270,11 +271,12 @@ def fused_attention(
                               lse_in=lse_in, lse_mem=mem.lse)
 
     gp = torch.mul(mem.p, gate_mem[..., None], out=mem.scratch).view(B, nh, T, S * Lm)  # g_c·p_c
-    out = gate_in[..., None] * attn_in + gp @ memory.value.reshape(B, nh, S * Lm, hs)  # (B, nh, T, hs)
+    mem_out = gp @ memory.value.reshape(B, nh, S * Lm, hs)  # (B, nh, T, hs) Σ_c g_c·attn_c
+    out = gate_in[..., None] * attn_in + mem_out  # (B, nh, T, hs)
     # chain rule: H(fused) = H(gates) + g_in·H(p_in) + Σ_c g_c·H(p_c)
     h_gates = torch.special.entr(gate_in) + entropy(gate_mem)
     h = h_gates + gate_in * h_in + (gate_mem * mem.entropy).sum(-1)
-    return FusedResult(out, attn_in, mem.p, gate_in, gate_mem, h, h_in, mem.lse, memory.value)
+    return FusedResult(out, attn_in, mem.p, gate_in, gate_mem, h, h_in, mem.lse, memory.value, mem_out)
 
 
 def fused_attention_reference(

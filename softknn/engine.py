@@ -22,7 +22,14 @@ from softknn.backends import MemoryStore, ModelForward
 from softknn.bundle import Bundle
 from softknn.encoder import PlainPass, TokenBatch
 from softknn.errors import BundleError
-from softknn.evidence import effective_k, evidence_items, label_scores, weight_entropy
+from softknn.evidence import (
+    ChunkWords,
+    effective_k,
+    evidence_items,
+    evidence_items_reference,
+    label_scores,
+    weight_entropy,
+)
 from softknn.manifest import Manifest
 from softknn.results import Diagnostics, InferResult, Neighbour, Prediction, Token, VersusPlain
 from softknn.retrieval import best
@@ -65,6 +72,7 @@ class Engine:
         assert bundle.kv is not None, "a loaded bundle has its memory store"
         self.memory: MemoryStore = bundle.kv
         self.memory.attach(encoder, self.layer)  # a hidden-state or recompute memory computes K/V with this model
+        self.words = ChunkWords(bundle)  # each chunk's words for the evidence spans, kept per chunk row
 
     # --- retrieval: the bundle's alone (softknn.search.Retriever) -----------------------------
     def resolve(self, params: list[InferParams]) -> list[ResolvedParams]:
@@ -151,9 +159,11 @@ class Engine:
         return VersusPlain(cosine=float(e @ e2 / (np.linalg.norm(e) * np.linalg.norm(e2))),
                            l2=float(np.linalg.norm(e2 - e)), nearest_plain=near(0), nearest_augmented=near(1))
 
-    def result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: ResolvedParams, plain_emb=None) -> InferResult:
+    def result(self, b, batch, fr, emb, tokens, retr: Retrieval, p: ResolvedParams, plain_emb=None, *,
+               reference: bool = False) -> InferResult:
         """Input b's InferResult from the fused pass's outputs (`fuse`'s last step: diagnostics, evidence,
-        labels; public for the benchmarks that time it)."""
+        labels; public for the benchmarks that time it). `reference`: the evidence by
+        evidence_items_reference (the test and the benchmark that compare the two paths)."""
         valid = batch.mask[b].to(fr.out.device)
         rows = retr.rows[b]
         w = retr.weights[b]
@@ -188,9 +198,12 @@ class Engine:
             n_tokens=int(batch.n_tokens[b]),
             truncated=bool(batch.truncated[b]),
         )
-        evidence = evidence_items(fr, b, batch=batch, bundle=self.bundle, rows=rows, scores=retr.scores[b],
-                                  weights=weights, alpha=p.alpha, joint=p.mixing == "joint", n_items=p.evidence,
-                                  n_spans=p.spans, why=lambda s: self._why(retr, b, s))
+        common = dict(batch=batch, bundle=self.bundle, rows=rows, scores=retr.scores[b], weights=weights, alpha=p.alpha,
+                      joint=p.mixing == "joint", n_items=p.evidence, n_spans=p.spans)
+        if reference:
+            evidence = evidence_items_reference(fr, b, **common, why=lambda s: self._why_reference(retr, b, s))
+        else:
+            evidence = evidence_items(fr, b, **common, why=lambda slots: self._why(retr, b, slots), words=self.words)
         scores, verdict = None, Prediction(None, False)
         if self.bundle.labels:
             scores = label_scores([self.bundle.chunks[r].get("label") for r in rows], w)
@@ -213,8 +226,16 @@ class Engine:
                            label_scores=scores, prediction=verdict.prediction, abstained=verdict.abstained,
                            abstain_reason=verdict.abstain_reason, **extra)
 
-    def _why(self, retr: Retrieval, b: int, s: int) -> dict:
-        """Why chunk R[s] of input b was retrieved: its dense and BM25 scores, the words that matched."""
+    def _why(self, retr: Retrieval, b: int, slots: list[int]) -> list[dict]:
+        """Why chunks R[s] (s in slots) of input b were retrieved: their dense and BM25 scores, the words
+        that matched (the postings searched once for all of them)."""
+        bm25 = retr.bm25[b]
+        matched = self.retriever.matched_words_rows(retr, b, [retr.rows[b][s] for s in slots])
+        return [{"dense_similarity": retr.dense[b][s], "bm25": None if bm25 is None else bm25[s], "matched_terms": words}
+                for s, words in zip(slots, matched, strict=True)]
+
+    def _why_reference(self, retr: Retrieval, b: int, s: int) -> dict:
+        """`_why` of one slot, its matched words by `matched_words`."""
         bm25 = retr.bm25[b]
         return {"dense_similarity": retr.dense[b][s], "bm25": None if bm25 is None else bm25[s],
                 "matched_terms": self.matched_words(retr, b, retr.rows[b][s])}

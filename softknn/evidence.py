@@ -17,6 +17,9 @@ All quantities average over heads and the input's non-pad query positions (`vali
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -25,9 +28,10 @@ from softknn.attention import FusedResult, entropy
 from softknn.results import EvidenceItem, QueryToken, Span
 
 
-def influence(fr: FusedResult, b: int, valid: torch.Tensor, *, weights: torch.Tensor, alpha: float,
-              joint: bool) -> torch.Tensor:
-    """Relative change of the layer's attention output when each slot is removed, (S,)."""
+def influence_reference(fr: FusedResult, b: int, valid: torch.Tensor | slice, *, weights: torch.Tensor, alpha: float,
+                        joint: bool) -> torch.Tensor:
+    """Relative change of the layer's attention output when each slot is removed, (S,): every slot,
+    attn_db summed from them (the plain form of `influence`)."""
     out = fr.out[b][:, valid]  # (nh, n, hs)
     a_s = fr.slot_attention(b)[:, valid]  # (nh, n, S, hs)
     norm = out.norm().clamp(min=1e-12)
@@ -43,6 +47,223 @@ def influence(fr: FusedResult, b: int, valid: torch.Tensor, *, weights: torch.Te
         if bool(only.any()):
             delta[:, :, only] = ((1 - alpha) * (fr.attn_in[b][:, valid] - a_db))[:, :, None, :]
     return delta.pow(2).sum(dim=(0, 1, 3)).sqrt() / norm  # (S,)
+
+
+CONDITION = 1e3  # w/(1−w) beyond which `influence` defers to influence_reference (w ≥ 0.999)
+
+
+def influence(fr: FusedResult, b: int, valid: torch.Tensor | slice, slots: torch.Tensor, p: torch.Tensor, *,
+              weights: torch.Tensor, alpha: float, joint: bool) -> torch.Tensor:
+    """`influence_reference` of the given slots alone, (m,); p (nh, m, n, Lm): their p_c at the valid
+    query positions. Only their attn_c is computed: in fixed mode (1−α)·attn_db is the forward's own
+    memory output (FusedResult.mem_out), so Δ = w_c/(1−w_c)·(mem_out − (1−α)·attn_c), and with c the
+    only chunk Δ = (1−α)·attn_intra − mem_out.
+
+    Δ multiplies a difference of near-equal sums by w/(1−w) (or g/(1−g)): float32 round-off of
+    ~1e-7 in either sum grows by that factor. Where some slot's factor passes CONDITION the two
+    forms would part by more than 1e-5, so influence_reference answers for all of them."""
+    gate = fr.gate_mem[b][:, valid][:, :, slots].transpose(1, 2) if joint else weights[slots]  # (nh, m, n) or (m,)
+    if bool((gate >= 1 - 1 / CONDITION).any()):
+        return influence_reference(fr, b, valid, weights=weights, alpha=alpha, joint=joint)[slots]
+    out = fr.out[b][:, valid]  # (nh, n, hs)
+    a_s = p @ fr.mem_value[b][:, slots]  # (nh, m, n, hs) attn_c
+    norm = out.norm().clamp(min=1e-12)
+    if joint:
+        delta = (gate / (1 - gate).clamp(min=1e-12))[..., None] * (out[:, None] - a_s)
+    else:
+        w = gate.to(out.dtype)  # (m,)
+        mem = fr.mem_out[b][:, valid]  # (nh, n, hs) (1−α)·attn_db
+        delta = (w / (1 - w).clamp(min=1e-12))[None, :, None, None] * (mem[:, None] - (1 - alpha) * a_s)
+        only = w >= 1 - 1e-7  # (m,) as in influence_reference
+        if bool(only.any()):
+            delta[:, only] = ((1 - alpha) * fr.attn_in[b][:, valid] - mem)[:, None]
+    return delta.pow(2).sum(dim=(0, 2, 3)).sqrt() / norm  # (m,)
+
+
+class Words(NamedTuple):
+    """One chunk's memory tokens merged into words (`_word_spans`'s rule: subwords that touch)."""
+
+    first: np.ndarray  # (W,) each word's first token (into the chunk's n tokens)
+    length: np.ndarray  # (W,) its tokens
+    start: np.ndarray  # (W,) its char span in the document
+    end: np.ndarray  # (W,)
+    readable: np.ndarray  # (W,) bool: `_readable` (spans offer only these)
+
+
+def chunk_words(bundle, row: int) -> Words:
+    """The words of chunk `row` from the bundle's token spans and the chunk's text."""
+    c = bundle.chunks[row]
+    st, n = int(bundle.kv.start[row]), int(bundle.kv.count[row])
+    ts = np.asarray(bundle.token_spans[st : st + n], dtype=np.int64).reshape(n, 2)  # (n, 2)
+    new = np.ones(n, dtype=bool)
+    new[1:] = ts[1:, 0] != ts[:-1, 1]  # a token starts a word unless it touches the one before
+    first = np.flatnonzero(new)
+    last = np.append(first[1:], n)[: len(first)] - 1
+    start, end = ts[first, 0], ts[last, 1]
+    text, c0 = c["text"], c["start"]
+    readable = np.array([_readable(text[s - c0 : e - c0]) for s, e in zip(start.tolist(), end.tolist(), strict=True)],
+                        dtype=bool)
+    return Words(first, last - first + 1, start, end, readable)
+
+
+class ChunkWords:
+    """`chunk_words` by chunk row, computed on first use and kept, the least recently used dropped
+    beyond `size` rows. They depend on the chunk's text and token spans alone, which a bundle never
+    changes: a write makes a new bundle (and the Engine over it a new cache)."""
+
+    def __init__(self, bundle, size: int = 4096):
+        self.bundle, self.size = bundle, size
+        self._rows: OrderedDict[int, Words] = OrderedDict()
+        self._lock = threading.Lock()  # one Engine may serve several inference threads
+
+    def __call__(self, row: int) -> Words:
+        with self._lock:
+            w = self._rows.get(row)
+            if w is not None:
+                self._rows.move_to_end(row)
+                return w
+        w = chunk_words(self.bundle, row)
+        with self._lock:
+            self._rows[row] = w
+            if len(self._rows) > self.size:
+                self._rows.popitem(last=False)
+        return w
+
+
+LONG_WORD = 8  # tokens: numpy sums a longer run pairwise, so such a word's pulls are summed as the reference sums them
+
+
+def _segment_sums(x: np.ndarray, tok: np.ndarray) -> np.ndarray:
+    """Σ_j x[..., tok[w, j]] over each word's tokens, added left to right as `sum` adds a short run
+    (a pad index points at a trailing zero column: + 0.0 changes nothing). x (..., L+1), tok (W, Lw)."""
+    acc = x[..., tok[:, 0]]
+    for j in range(1, tok.shape[1]):
+        acc = acc + x[..., tok[:, j]]
+    return acc  # (..., W)
+
+
+def _word_tokens(first: np.ndarray, length: np.ndarray, base: np.ndarray, pad: int) -> np.ndarray:
+    """(W, Lw) token columns of each word (base[w] + first[w] + j), `pad` past its length."""
+    lw = int(length.max()) if len(length) else 1
+    j = np.arange(lw)
+    return np.where(j < length[:, None], (base + first)[:, None] + j, pad)
+
+
+def evidence_items(
+    fr: FusedResult,
+    b: int,
+    *,
+    batch,
+    bundle,
+    rows: list[int],
+    scores: list[float],
+    weights: torch.Tensor,
+    alpha: float,
+    joint: bool,
+    n_items: int,
+    n_spans: int,
+    why,
+    words: ChunkWords,
+) -> list[EvidenceItem]:
+    """`evidence_items_reference`, computed for what the request returns: the n_items slots with the
+    largest share first, then pulls, reach and influence for those slots only, each chunk's words
+    from `words` (ChunkWords) and their masses, ranking and pulls in array operations over all the
+    returned items at once. `why(slots)`: for each slot, why its chunk was retrieved (Engine._why)."""
+    if not rows or n_items <= 0:  # nothing asked for: skip the per-token work (bench/fused_forward.py)
+        return []
+    valid = batch.mask[b].cpu()  # (T,)
+    g_all = fr.gate_mem[b][:, valid].cpu()  # (nh, n, S)
+    share_list = g_all.mean(dim=(0, 1)).tolist()  # (S,)
+    order = sorted(range(len(rows)), key=lambda s: (-share_list[s], s))[:n_items]
+    dev = fr.out.device
+    sel = torch.tensor(order, device=dev)
+    # every position valid (an unpadded input): a view, not a boolean gather, wherever `valid` indexes
+    valid_d: torch.Tensor | slice = slice(None) if bool(valid.all()) else valid.to(dev)
+    p = fr.p_mem[b].transpose(1, 2).index_select(1, sel)[:, :, valid_d]  # (nh, m, n, Lm): the returned slots only
+    infl = influence(fr, b, valid_d, sel, p, weights=weights.to(dev), alpha=alpha, joint=joint).tolist()
+    g = g_all[:, :, sel.cpu()].transpose(1, 2)  # (nh, m, n)
+    pull = (g[..., None] * p.cpu()).mean(0)  # (m, n, Lm)
+    token_mass = pull.mean(1)  # (m, Lm)
+    reach = torch.softmax(fr.lse_mem[b][:, valid].cpu(), dim=1).mean(0)[:, sel.cpu()]  # (n, m) softmax over queries (small: every slot)
+    q_idx = valid.nonzero().flatten()
+    text = batch.texts[b]
+    q_tok = [("[special]" if sp else text[s:e], s, e) for (s, e), sp in
+             zip(batch.offsets[b, q_idx].tolist(), batch.special[b, q_idx].tolist(), strict=True)]
+    spans = _spans(pull.numpy(), token_mass.numpy(), [words(rows[s]) for s in order], n_spans)
+    span_tops = _top(spans.pulls, 9, 3)
+    item_tops = _top(reach.numpy().T, 6, 5)  # (m, ≤5)
+    reach_l = reach.T.tolist()  # (m, n)
+    pulls_l = spans.pulls.tolist()  # (N, n)
+    whys = why(order)
+    items = []
+    for j, s in enumerate(order):
+        c = bundle.chunks[rows[s]]
+        ct, c0, share = c["text"], c["start"], share_list[s]
+        item_spans = []
+        for k in range(spans.offset[j], spans.offset[j + 1]):
+            ws, we, mass, p_w = spans.start[k], spans.end[k], spans.mass[k], pulls_l[k]
+            item_spans.append(Span(start=ws, end=we, text=ct[ws - c0 : we - c0], weight=mass,
+                                   share=float(mass / max(share, 1e-12)),
+                                   query_tokens=[QueryToken(i, *q_tok[i], p_w[i]) for i in span_tops[k]]))
+        r_l = reach_l[j]
+        items.append(EvidenceItem(
+            rank=j,
+            chunk_id=c["chunk_id"],
+            doc_id=c["doc_id"],
+            text=ct,
+            start=c0,
+            end=c["end"],
+            label=c.get("label"),
+            metadata=c.get("metadata") or {},
+            similarity=float(scores[s]),
+            weight=float(weights[s]),
+            mass_share=share,
+            influence=infl[j],
+            spans=item_spans,
+            query_tokens=[QueryToken(i, *q_tok[i], r_l[i]) for i in item_tops[j]],
+            **whys[j],
+        ))
+    return items
+
+
+class _Spans(NamedTuple):
+    """The returned spans of all items, item j's at [offset[j], offset[j+1])."""
+
+    offset: list[int]  # (m+1,)
+    start: list[int]  # (N,) char span in the document
+    end: list[int]
+    mass: list[float]  # (N,) the word's token mass
+    pulls: np.ndarray  # (N, n) float32: each query token's pull on the word
+
+
+def _spans(pull: np.ndarray, token_mass: np.ndarray, words: list[Words], n_spans: int) -> _Spans:
+    """Per item j (a slot of pull (m, n, Lm) and token_mass (m, Lm)): its readable words by mass
+    (ties to the earlier word), the first n_spans, with their pulls; `evidence_items_reference`'s loop
+    as array operations over every item's words at once."""
+    m, n, lm = pull.shape
+    if n_spans <= 0 or not words or not any(len(w.first) for w in words):
+        return _Spans([0] * (m + 1), [], [], [], np.zeros((0, n), dtype=pull.dtype))
+    item = np.concatenate([np.full(len(w.first), j) for j, w in enumerate(words)])  # (W,) each word's item
+    first = np.concatenate([w.first for w in words])
+    length = np.concatenate([w.length for w in words])
+    tok = _word_tokens(first, length, item * lm, m * lm)  # (W, Lw) into the flat (m·Lm + 1) tokens
+    flat_mass = np.append(token_mass.reshape(-1).astype(np.float64), 0.0)  # (m·Lm + 1,) the sums in float64, as Python's
+    mass = _segment_sums(flat_mass, tok)  # (W,)
+    keep = np.flatnonzero(np.concatenate([w.readable for w in words]))
+    ranked = keep[np.lexsort((keep, -mass[keep], item[keep]))]  # by item, then mass high to low, then word
+    it = item[ranked]
+    rank = np.arange(len(ranked)) - np.searchsorted(it, it)  # place within its item
+    chosen = ranked[rank < n_spans]  # (N,) item-major
+    flat_pull = np.concatenate([pull.transpose(1, 0, 2).reshape(n, m * lm), np.zeros((n, 1), dtype=pull.dtype)],
+                               axis=1)  # (n, m·Lm + 1)
+    pulls = _segment_sums(flat_pull, tok[chosen]).T  # (N, n) float32
+    for k in np.flatnonzero(length[chosen] >= LONG_WORD):  # as the reference sums a long run: numpy's own sum
+        w = chosen[k]
+        pulls[k] = pull[item[w]][:, np.arange(first[w], first[w] + length[w])].sum(-1)  # (n, L) a copy, as the reference's
+    offset = np.searchsorted(item[chosen], np.arange(m + 1)).tolist()
+    start = np.concatenate([w.start for w in words])[chosen].tolist()
+    end = np.concatenate([w.end for w in words])[chosen].tolist()
+    return _Spans(offset, start, end, mass[chosen].tolist(), pulls)
 
 
 def _word_spans(spans: np.ndarray, mass: np.ndarray) -> list[tuple[int, int, float, list[int]]]:
@@ -64,7 +285,7 @@ def _readable(word: str) -> bool:
     return any(ch.isalnum() for ch in word)
 
 
-def evidence_items(
+def evidence_items_reference(
     fr: FusedResult,
     b: int,
     *,
@@ -79,9 +300,10 @@ def evidence_items(
     n_spans: int,
     why,
 ) -> list[EvidenceItem]:
-    """Evidence for input b, ranked by memory-mass share, each with its spans and influence.
-    `why(s)`: why the chunk in slot s of R was retrieved: its dense_similarity, bm25 and
-    matched_terms (Engine._why)."""
+    """Evidence for input b, ranked by memory-mass share, each with its spans and influence: the
+    plain form of `evidence_items` (every slot's pulls, reach and influence, a loop per item and
+    span). `why(s)`: why the chunk in slot s of R was retrieved: its dense_similarity, bm25 and
+    matched_terms (Engine._why_reference)."""
     if not rows or n_items <= 0:  # nothing asked for: skip the per-token work (bench/fused_forward.py)
         return []
     valid = batch.mask[b].cpu()  # (T,)
@@ -91,7 +313,7 @@ def evidence_items(
     token_mass = pull.mean(0)  # (S, Lm)
     shares = g.mean(dim=(0, 1))  # (S,)
     reach = torch.softmax(fr.lse_mem[b][:, valid].cpu(), dim=1).mean(0)  # (n, S) softmax over queries
-    infl = influence(fr, b, valid.to(fr.out.device), weights=weights.to(fr.out.device), alpha=alpha, joint=joint).cpu()
+    infl = influence_reference(fr, b, valid.to(fr.out.device), weights=weights.to(fr.out.device), alpha=alpha, joint=joint).cpu()
     q_idx = valid.nonzero().flatten()
     q_spans = batch.offsets[b, q_idx].tolist()
     q_special = batch.special[b, q_idx].tolist()

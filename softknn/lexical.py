@@ -115,7 +115,8 @@ class LexicalIndex:
         self.analyzer = Analyzer(spec)
         s = retriever.scores
         self.n = int(s["num_docs"])
-        self._indices, self._indptr = s["indices"], s["indptr"]
+        # plain views of bm25s's (memory-mapped) arrays: slicing a np.memmap costs a Python call each time
+        self._indices, self._indptr = np.asarray(s["indices"]), np.asarray(s["indptr"])
         self.vocab: dict[str, int] = retriever.vocab_dict
 
     @classmethod
@@ -187,6 +188,22 @@ class LexicalIndex:
             j = np.searchsorted(post, c)
             if j < len(post) and post[j] == c:
                 out.add(t)
+        return out
+
+    def matched_rows(self, terms: list[str], rows: list[int]) -> list[set[str]]:
+        """`matched(terms, c)` for each chunk c of rows: one search of each term's postings for all of them."""
+        r = np.asarray(rows, dtype=np.int64)  # (R,)
+        out: list[set[str]] = [set() for _ in rows]
+        for t in set(terms):
+            i = self.vocab.get(t)
+            if i is None or i + 1 >= len(self._indptr):
+                continue
+            post = self._indices[self._indptr[i] : self._indptr[i + 1]]
+            if not len(post):
+                continue
+            j = np.minimum(np.searchsorted(post, r), len(post) - 1)  # (R,)
+            for k in np.flatnonzero(post[j] == r).tolist():
+                out[k].add(t)
         return out
 
 

@@ -351,3 +351,11 @@ class Retriever:
             return None
         hit = self.bundle.lexical.matched([t for t, _ in words], row)
         return list(dict.fromkeys(w for t, w in words if t in hit))
+
+    def matched_words_rows(self, retr: Retrieval, b: int, rows: list[int]) -> list[list[str] | None]:
+        """`matched_words` for each chunk of rows, the postings searched once for all of them."""
+        words = retr.words[b]
+        if words is None or self.bundle.lexical is None:
+            return [None] * len(rows)
+        hits = self.bundle.lexical.matched_rows([t for t, _ in words], rows)
+        return [list(dict.fromkeys(w for t, w in words if t in hit)) for hit in hits]

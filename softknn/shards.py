@@ -299,6 +299,16 @@ class _Lexical:
         s = self.owner.shard_of(c)
         return self.parts[s].matched(terms, c - self.owner.lo[s])
 
+    def matched_rows(self, terms: list[str], rows: list[int]) -> list[set[str]]:
+        out: list[set[str]] = [set() for _ in rows]
+        by_shard: dict[int, list[int]] = {}
+        for k, c in enumerate(rows):
+            by_shard.setdefault(self.owner.shard_of(c), []).append(k)
+        for s, ks in by_shard.items():
+            for k, hit in zip(ks, self.parts[s].matched_rows(terms, [rows[k] - self.owner.lo[s] for k in ks]), strict=True):
+                out[k] = hit
+        return out
+
 
 class _Spans:
     """token_spans over the shards' token ranges (global token row = shard's first + local row)."""
