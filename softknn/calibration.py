@@ -306,9 +306,15 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
 # favoured (bench/unlabelled_lambda.py). τ is not chosen: the ranking does not depend on it, and
 # without labels nothing scores the weights w_db it sets.
 # With fewer than PSEUDO_MIN pseudo-queries nothing is measured: the fixed LEXICAL_WEIGHT stays.
+# Where even the best λ's pseudo-queries rarely find their chunk (MRR@10 < PSEUDO_MIN_MRR; Banking77's
+# utterances: 0.01–0.04, the Python topics and ObliQA 0.15–0.35) they cannot tell the λs apart, and
+# their choice moved with the seed (0 to 0.7): dense. Up to PSEUDO_QUERIES = 800 of them: with 200,
+# the full ObliQA KB's choice was 0, 0.2 or 0.2 by seed against a best real-query λ of 0.6
+# (docs/benchmarks.md, "An unlabelled KB's own λ").
 PSEUDO_WEIGHTS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
-PSEUDO_QUERIES = 200  # held-out sentences: 400 texts encoded at build time (bench: 30–145 s at load 12)
+PSEUDO_QUERIES = 800  # held-out sentences: up to 1,600 texts encoded at build time (200 left λ to the seed: docs/benchmarks.md)
 PSEUDO_MIN = 20  # fewer usable chunks: λ stays at the fixed default
+PSEUDO_MIN_MRR = 0.1  # the best λ's pseudo-query MRR@10 below this: they cannot tell λs apart, dense (λ 0)
 PSEUDO_MIN_WORDS = 3  # a query and a stand-in keep at least this many words
 PSEUDO_SE = 2.0  # how many standard errors below the best a smaller λ may score and still be chosen
 PSEUDO_TOP = 10
@@ -341,7 +347,7 @@ def pseudo_queries(texts: list[str], max_queries: int = PSEUDO_QUERIES, seed: in
 
 def calibrate_unlabelled(xb: np.ndarray, texts: list[str], spec, embed, *, candidates: int,
                          weights=PSEUDO_WEIGHTS, max_queries: int = PSEUDO_QUERIES, min_queries: int = PSEUDO_MIN,
-                         se_width: float = PSEUDO_SE, seed: int = 0) -> dict:
+                         se_width: float = PSEUDO_SE, min_mrr: float = PSEUDO_MIN_MRR, seed: int = 0) -> dict:
     """The manifest's calibration record of an unlabelled KB with a lexical index (comment above).
 
     spec: the bundle's LexicalSpec; embed(texts) -> (n, D) float32 embeddings as the build computes them."""
@@ -377,12 +383,18 @@ def calibrate_unlabelled(xb: np.ndarray, texts: list[str], spec, embed, *, candi
             rr[w, j] = _reciprocal_rank(mix(d_hat, b_hat, lam), target)
     mean = rr.mean(1)
     chosen, top, se = choose_weight(rr, se_width)
+    blind = float(mean[top]) < min_mrr  # e.g. one-sentence utterances: halves share too little
+    if blind:
+        chosen = int(np.flatnonzero(np.asarray(weights) == 0.0)[0]) if 0.0 in weights else chosen
     lam = float(weights[chosen])
     return {**base, "retrieval_defaults": {"hybrid": {"lexical_weight": lam}},
             "params": {"retrieval": "hybrid", "lexical_weight": lam},
             "pseudo_queries": {
                 "n": len(pq), "seed": seed, "candidates": candidates, "metric": f"MRR@{PSEUDO_TOP}",
-                "rule": f"the smallest λ within {se_width:g} standard errors of the best MRR",
+                "rule": (f"the smallest λ within {se_width:g} standard errors of the best MRR; dense (λ 0) when "
+                         f"the best MRR is below {min_mrr:g}"),
+                **({"note": f"the best pseudo-query MRR@{PSEUDO_TOP} {float(mean[top]):.3f} is below "
+                            f"{min_mrr:g}: they cannot tell the λs apart, so dense"} if blind else {}),
                 "dense_mrr": round(float(dense_rr.mean()), 6), "best_lexical_weight": float(weights[top]),
                 "grid": [{"lexical_weight": float(x), "mrr": round(float(m), 6), "top1": round(float((rr[w] == 1).mean()), 6),
                           "se_to_best": round(float(se[w]), 6)} for w, (x, m) in enumerate(zip(weights, mean, strict=True))],

@@ -61,6 +61,18 @@ def test_on_a_kb_only_bm25_can_search_the_smallest_lexical_weight_is_chosen():
     assert rec["abstain_threshold"] is None
 
 
+def test_pseudo_queries_that_rarely_find_their_chunk_choose_dense():
+    """Below min_mrr even the best λ's pseudo-queries cannot tell the λs apart: λ 0, said in a note."""
+    xb, texts, embed = _lexical_kb()
+    rec = calibrate_unlabelled(xb, texts, LexicalSpec(), embed, candidates=10, min_mrr=1.5)
+    assert rec["retrieval_defaults"] == {"hybrid": {"lexical_weight": 0.0}}
+    pq = rec["pseudo_queries"]
+    assert pq["best_lexical_weight"] == 0.1
+    assert pq["note"] == "the best pseudo-query MRR@10 1.000 is below 1.5: they cannot tell the λs apart, so dense"
+    assert "dense (λ 0) when the best MRR is below 1.5" in pq["rule"]
+    assert "note" not in calibrate_unlabelled(xb, texts, LexicalSpec(), embed, candidates=10)["pseudo_queries"]
+
+
 def test_too_few_chunks_to_hold_a_sentence_out_keep_the_fixed_default():
     xb, texts, embed = _lexical_kb(10)
     rec = calibrate_unlabelled(xb, texts, LexicalSpec(), embed, candidates=10)
