@@ -234,8 +234,9 @@ class ChunkIndex:
         By torch, as `similarities`: its thread count is the model's setting, where numpy's BLAS
         starts a thread per core (on a loaded 2-core box a 2,500-row product took 12 ms that way,
         1 ms on one thread), and a filter's passing chunks can be many rows."""
-        rows = torch.from_numpy(np.asarray(ids, dtype=np.int64))
-        qt = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32))
+        # copies (ids and q are small): an array Ray handed a shard actor is read-only, and torch warns on one
+        rows = torch.from_numpy(np.array(ids, dtype=np.int64))
+        qt = torch.from_numpy(np.array(q, dtype=np.float32, order="C"))
         return (self._xb_t.index_select(0, rows) @ qt).numpy()
 
     def search_exact(self, xq: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -301,7 +302,7 @@ class ChunkIndex:
         """Brute force over `rows` only: s = xq·xb[rows], the top k by (score desc, id asc)."""
         rows = np.asarray(rows, dtype=np.int64)
         k = max(1, min(int(k), len(rows)))
-        S = (torch.from_numpy(np.ascontiguousarray(xq, dtype=np.float32))
+        S = (torch.from_numpy(np.array(xq, dtype=np.float32, order="C"))
              @ self._xb_t.index_select(0, torch.from_numpy(rows)).T).numpy()  # (B, |rows|)
         D = np.empty((len(S), k), dtype=np.float32)
         I = np.empty((len(S), k), dtype=np.int64)

@@ -203,6 +203,9 @@ class GlobalBM25:
     def matched(self, terms, c):
         return self.full.matched(terms, int(self.rows[c]))
 
+    def matched_rows(self, terms, rows):
+        return self.full.matched_rows(terms, [int(self.rows[c]) for c in rows])
+
 
 def _params(**kw) -> InferParams:
     # the two bundles are calibrated on different chunks: τ, λ and the abstain rule are pinned
