@@ -296,7 +296,7 @@ class RayShards:
                 fails[i] = e.message
             except Exception as e:
                 gone = _actor_state(self.handles[i]) == "DEAD"
-                why = _reason(e)
+                why = _reason(e).rstrip(".")
                 fails[i] = (f"{self._who(i)} is {'gone for good' if gone else 'unavailable'}: {why}"
                             + ("; POST /v1/admin/reload to start its shards again" if gone and "reload" not in why
                                else ""))
