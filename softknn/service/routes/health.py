@@ -26,9 +26,9 @@ async def healthz(kbs: KBsDep) -> dict:
 @router.get("/readyz", summary="Readiness: model and bundle loaded and warm",
             responses={503: {"model": ErrorResponse}})
 async def readyz(kbs: KBsDep, runtime: RuntimeDep) -> dict:
-    """Ready when every KB is (a sharded KB: when every shard has a copy that answers; copies that do
-    not while another does are listed in `degraded`); `bundle_version` is the KB named `default`'s,
-    else the first KB's."""
+    """Ready when every KB is; `bundle_version` is the KB named `default`'s, else the first KB's."""
+    # a sharded KB is ready when every shard has a copy that answers; copies that do not while
+    # another does (replicated shards) are listed under `degraded`
     degraded: list[str] = []
     for rt in kbs:  # no KB names here: these routes take no key
         engine = rt.current()  # NotReady → 503 until then
