@@ -199,16 +199,23 @@ def _report_loo(cal: dict) -> None:
 
 
 @app.command("add-lexical", cls=Command)
-def add_lexical(bundle: Annotated[Path, typer.Argument(help="bundle directory built without a lexical index")]) -> None:
-    """Add the BM25 index to an older bundle (no re-encoding); it then serves hybrid retrieval."""
+def add_lexical(bundle: Annotated[Path, typer.Argument(help="bundle directory built without a lexical index")],
+                model: ModelOpt = None) -> None:
+    """Add the BM25 index to an older bundle (no re-encoding); it then serves hybrid retrieval, with
+    its λ chosen as a build chooses it (an unlabelled KB's from pseudo-queries, with the bundle's model)."""
     need_bundle(bundle)
+    from softknn.bundle import read_manifest
     from softknn.index_builder.pipeline import add_lexical as add
 
     try:
-        m = add(bundle)
+        m0 = read_manifest(bundle)  # the model loads only where pseudo-queries will need it
+        encoder = None if m0.get("labels") or m0.get("lexical") else _encoder(_build_runtime(_settings(model__name=model)))
+        m = add(bundle, encoder)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
-    typer.echo(f"{bundle}: lexical index added ({m['lexical']['vocabulary']} terms), version {m['version_id']}")
+    lam = (m.get("calibration", {}).get("retrieval_defaults", {}).get("hybrid") or {}).get("lexical_weight")
+    how = f"hybrid λ {lam} ({m['calibration'].get('source')})" if lam is not None else "hybrid λ: the fixed default"
+    typer.echo(f"{bundle}: lexical index added ({m['lexical']['vocabulary']} terms), {how}, version {m['version_id']}")
 
 
 @app.command(cls=Command)

@@ -370,10 +370,13 @@ def read_chunks(bundle: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def add_lexical(bundle: Path) -> dict:
-    """Give a bundle built without a lexical index one, without re-encoding: the new bundle is
-    assembled beside it (the other files hard-linked, or copied across file systems), checksummed
-    and renamed over it, so a crash leaves the old bundle or the new one. Returns the manifest."""
+def add_lexical(bundle: Path, encoder: Encoder | None = None, batch_size: int = 32) -> dict:
+    """Give a bundle built without a lexical index one, without re-encoding the chunks: the new
+    bundle is assembled beside it (the other files hard-linked, or copied across file systems),
+    checksummed and renamed over it, so a crash leaves the old bundle or the new one. Returns the
+    manifest. The default retrieval becomes hybrid, so its λ is chosen anew as a build chooses it:
+    a labelled KB by leave-one-out over its chunks; an unlabelled one from pseudo-queries, which
+    `encoder` (the bundle's model) embeds; without one, an unlabelled KB keeps the fixed λ."""
     bundle = Path(bundle)
     manifest = verify_bundle(bundle)
     if manifest.get("lexical"):
@@ -393,6 +396,13 @@ def add_lexical(bundle: Path) -> dict:
             labels = [c.get("label") for c in read_chunks(bundle)]
             new["calibration"] = calibrate_loo(np.load(bundle / "embeddings.npy"), labels, texts, lex,
                                                k=InferParams().k, candidates=CANDIDATES)
+        elif encoder is not None:
+            if encoder.info.fingerprint != manifest["model"]["fingerprint"]:
+                raise BundleError(f"{bundle}: built with model {manifest['model']['name']!r} "
+                                  f"(fingerprint {manifest['model']['fingerprint'][:12]}), not {encoder.info.name!r} "
+                                  f"({encoder.info.fingerprint[:12]}): its pseudo-queries need the bundle's model")
+            new["calibration"] = calibrate_unlabelled(np.load(bundle / "embeddings.npy"), texts, lex.spec,
+                                                      lambda t: embed_texts(encoder, t, batch_size), candidates=CANDIDATES)
         return finalize(tmp, bundle, new, force=True)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -144,3 +144,52 @@ def test_a_kb_write_and_a_compaction_keep_the_lambda_the_build_chose(unlabelled_
     assert store.compact()["recalibrated"] is False
     store.close()
     assert read_manifest(copy)["calibration"] == built
+
+
+def _without_lexical(bundle, out):
+    """`bundle` as a build from before the lexical index (what conftest's dense_only bundle does)."""
+    import shutil
+
+    from softknn.bundle import data_files, finalize, read_manifest
+
+    m = read_manifest(bundle)
+    tmp = out.parent / f".{out.name}.tmp"
+    tmp.mkdir()
+    for name in data_files(m["memory"], lexical=False):
+        shutil.copy2(bundle / name, tmp / name)
+    old = {k: v for k, v in m.items() if k not in ("lexical", "files", "version_id", "created_at")}
+    old["calibration"] = {"abstain_threshold": None}  # what a build without a lexical index records
+    finalize(tmp, out, json.loads(json.dumps(old)))
+    return out
+
+
+def test_add_lexical_chooses_an_unlabelled_kbs_lambda_as_its_build_did(unlabelled_bundle, encoder, tmp_path):
+    from softknn.bundle import read_manifest
+    from softknn.index_builder.pipeline import add_lexical
+
+    built = read_manifest(unlabelled_bundle)["calibration"]
+    old = _without_lexical(unlabelled_bundle, tmp_path / "old")
+    add_lexical(old, encoder)
+    assert read_manifest(old)["calibration"] == built  # the same pseudo-queries, grid and choice
+    plain = _without_lexical(unlabelled_bundle, tmp_path / "plain")
+    add_lexical(plain)  # no encoder: the fixed λ (no recorded choice)
+    assert read_manifest(plain)["calibration"] == {"abstain_threshold": None}
+
+
+def test_add_lexical_refuses_a_model_other_than_the_bundles(unlabelled_bundle, encoder, tmp_path):
+    from dataclasses import replace
+
+    from softknn.bundle import read_manifest, verify_bundle
+    from softknn.errors import BundleError
+    from softknn.index_builder.pipeline import add_lexical
+
+    old = _without_lexical(unlabelled_bundle, tmp_path / "old")
+    before = verify_bundle(old)["version_id"]
+
+    class Other:  # the same encoder under another model's fingerprint
+        info = replace(encoder.info, fingerprint="0" * 64, name="other-model")
+
+    with pytest.raises(BundleError, match="built with model .* not 'other-model'.*need the bundle's model"):
+        add_lexical(old, Other())  # type: ignore[arg-type]
+    assert verify_bundle(old)["version_id"] == before and "lexical" not in read_manifest(old)
+    assert not list(tmp_path.glob(".old.tmp-*"))
