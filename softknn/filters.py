@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -226,7 +227,7 @@ class ChunkTable:
         self.n, self.columns = n, columns
 
     @classmethod
-    def of(cls, chunks: list[dict]) -> ChunkTable:
+    def of(cls, chunks: Sequence[dict]) -> ChunkTable:
         n = len(chunks)
         raw: dict[str, list[tuple[int, Any]]] = {name: [] for name in TOP_FIELDS}
         for i, c in enumerate(chunks):

@@ -38,14 +38,14 @@ with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engin
   projects them with its model, one GEMM over the rows in one-index order (the same K/V bit for
   bit); `recompute` runs here on the chunk texts this process holds.
 
-The serving process keeps the KB's metadata (chunks, token spans, chunk token ranges) memory-mapped
-from disk for the evidence; the bulk (index, embeddings, K/V, BM25 postings scores) lives in the shards.
+The serving process keeps the KB's metadata memory-mapped from disk for the evidence: the chunks
+(softknn.mapped_chunks.MappedChunks: 24 B per chunk resident, a row decoded when read), the token
+spans (np.load mmap_mode="r"); the chunk token ranges are two int64 per chunk in memory; the bulk (index, embeddings, K/V, BM25 postings scores) lives in the shards.
 """
 
 from __future__ import annotations
 
 import bisect
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +58,7 @@ from softknn.attention import MemoryBatch
 from softknn.backends import MemoryStore, ShardBackend
 from softknn.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
 from softknn.manifest import Manifest
+from softknn.mapped_chunks import ChunkTexts, MappedChunks
 from softknn.memory_stores import pad_memory
 
 if TYPE_CHECKING:
@@ -393,7 +394,7 @@ def _sharded_memory(b: ShardedBundle, start: np.ndarray, count: np.ndarray, firs
     if kind == "kv":
         return _KV(b, start, count, nh, hs, first)
     if kind == "recompute":
-        return RecomputeStore([c["text"] for c in b.chunks], start, count, nh, hs)
+        return RecomputeStore(cast("list[str]", ChunkTexts(b.chunks)), start, count, nh, hs)  # read on access
     scale = None
     if kind == "hidden-int8":
         scales = b.call("memory_scale", [()] * b.n_shards)
@@ -411,14 +412,13 @@ class ShardedBundle:
     path: Path
     manifest: Manifest
     backend: ShardBackend  # LocalShards or softknn.service.ray_serving.RayShards (softknn.backends)
-    chunks: list[dict]
+    chunks: MappedChunks  # memory-mapped from the shards' chunks.jsonl: a row decoded when read
     lo: list[int]  # first global row of each shard
     labels: list[str] = field(default_factory=list)
     index: _Index | None = None
     lexical: _Lexical | None = None
     kv: MemoryStore | None = None
     token_spans: _Spans | None = None
-    _by_id: dict[str, int] = field(default_factory=dict)
 
     n_shards = property(lambda self: len(self.lo))
     version = property(lambda self: self.manifest.version_id)
@@ -428,7 +428,7 @@ class ShardedBundle:
         return len(self.chunks)
 
     def row_of(self, chunk_id: str) -> int | None:
-        return self._by_id.get(chunk_id)
+        return self.chunks.row_of(chunk_id)
 
     def shard_of(self, row: int) -> int:
         return bisect.bisect_right(self.lo, int(row)) - 1
@@ -503,22 +503,19 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
     assert manifest.shards is not None, f"{path}: a sharded manifest lists its shards"  # load time, not a hot path
 
     path = Path(path)
-    chunks: list[dict] = []
-    starts, counts, spans, first, lo, lex_parts = [], [], [], [], [], []
-    tok = 0
+    starts, counts, spans, first, lo, lex_parts, files, held = [], [], [], [], [], [], [], []
+    tok = row = 0
     for sh in manifest.shards:
         d = path / sh.dir
         sub = Manifest.of(read_manifest(d), d / "manifest.json")
-        if (len(chunks), len(chunks) + sub.counts.chunks) != sh.rows:
+        if (row, row + sub.counts.chunks) != sh.rows:
             raise BundleError(f"{d}: rows {list(sh.rows)} in the manifest, the shard holds {sub.counts.chunks} chunks "
-                              f"from row {len(chunks)}")
+                              f"from row {row}")
         if sub.version_id != sh.version_id:
             raise BundleError(f"{d / 'manifest.json'}: version {sub.version_id}, the bundle's manifest says {sh.version_id}")
-        try:
-            with open(d / "chunks.jsonl", encoding="utf-8") as f:
-                chunks += [json.loads(line) for line in f]
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BundleError(f"{d / 'chunks.jsonl'}: unreadable: {e}") from e
+        files.append(d / "chunks.jsonl")
+        held.append(sub.counts.chunks)
+        row += sub.counts.chunks
         ct = np.asarray(load_npy(d / "chunk_tokens.npy"))
         starts.append(ct[:, 0] + tok)
         counts.append(ct[:, 1])
@@ -528,6 +525,10 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
         tok += sub.counts.tokens
         if manifest.lexical is not None:
             lex_parts.append(LexicalIndex.load(d, LexicalSpec.from_manifest(manifest.lexical.settings)))
+    chunks = MappedChunks(files)  # every line decoded once here (a bad one is a BundleError naming its file)
+    for f, s_lines, s_rows in zip(files, chunks.shard_lengths(), held, strict=True):
+        if s_lines != s_rows:
+            raise BundleError(f"{f}: {s_lines} lines, its shard's manifest counts {s_rows} chunks")
     if len(chunks) != manifest.counts.chunks:
         raise BundleError(f"{path}: the shards hold {len(chunks)} chunks, the manifest {manifest.counts.chunks}")
     specs = shard_specs(path, manifest)
@@ -536,8 +537,7 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
     else:
         backend = backend_factory(specs, manifest.version_id)
     m = manifest
-    b = ShardedBundle(path=path, manifest=m, backend=backend, chunks=chunks, lo=lo, labels=list(m.labels),
-                      _by_id={c["chunk_id"]: i for i, c in enumerate(chunks)})
+    b = ShardedBundle(path=path, manifest=m, backend=backend, chunks=chunks, lo=lo, labels=list(m.labels))
     b.index = _Index(b, IndexSpec(m.index.kind, m.index.params, m.index.reason))
     b.kv = _sharded_memory(b, np.concatenate(starts), np.concatenate(counts), first, tok)
     b.token_spans = _Spans(spans, first)
