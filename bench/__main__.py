@@ -20,7 +20,7 @@ BENCHMARKS = (  # the order of `python -m bench --help`
     "scaling", "hybrid_cost", "grouping", "json_encode", "qkv_reuse", "attack", "hybrid_obliqa", "hybrid_banking77",
     "obliqa_prepare", "sweep_banking77", "sweep_obliqa", "ray_shards", "runtime", "runtime_pipeline",
     "runtime_exact", "memory_repr", "generation", "contention", "embeddings", "writes", "filters",
-    "question_words", "unlabelled_lambda", "ray_http", "shard_scaling", "oos_refusal",
+    "question_words", "unlabelled_lambda", "ray_http", "shard_scaling", "oos_refusal", "chunk_metadata",
 )
 HERE = Path(__file__).resolve().parent
 
