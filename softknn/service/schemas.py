@@ -315,6 +315,22 @@ class BundleSummary(_Out):
     bytes: int
 
 
+class KBInfo(_Out):
+    name: str = Field(description="the KB's name: send it as `kb` (a body field on POST routes, a query parameter elsewhere)")
+    status: str = Field(description="starting | ready | no_bundle | failed")
+    bundle_version: str | None = Field(description="version_id of the bundle it serves; null until it is ready")
+    chunks: int | None = Field(description="chunks in that bundle; null until it is ready")
+    error: str | None = Field(description="why it is not ready (no_bundle, failed); else null")
+
+
+class KbsResponse(_Out):
+    request_id: str
+    kbs: list[KBInfo] = Field(description="the KBs this caller's credential may see, in the order served")
+    default: str | None = Field(description="the KB a request that names none gets; null when the caller sees "
+                                "several and none is named `default` (then every request must name one)")
+    write: bool = Field(description="whether this credential may write (PUT/DELETE /v1/documents) to these KBs")
+
+
 class ModelRuntime(_Out):
     name: str = Field(description="what runs the plain forward: torch | onnx")
     precision: str = Field(description="its numerics: fp32 | int8 (SOFTKNN_MODEL__PRECISION)")

@@ -36,7 +36,7 @@ def test_operation_ids_are_the_route_names():
     ids = [op["operationId"] for item in spec["paths"].values() for op in item.values()]
     assert len(ids) == len(set(ids)), f"duplicate operation ids (route names): {sorted(ids)}"
     assert sorted(ids) == ["chat_completions", "compact", "delete_document", "embeddings", "entry", "generate",
-                          "get_document", "healthz", "index", "infer", "metrics", "models", "put_document", "readyz",
+                          "get_document", "healthz", "index", "infer", "list_kbs", "metrics", "models", "put_document", "readyz",
                           "reload", "rerank"]
 
 

@@ -10,6 +10,7 @@ missing or SOFTKNN_UPDATE_DOCS_SCREENSHOT=1. SOFTKNN_CHROMIUM overrides /usr/bin
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -20,6 +21,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
+from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.service.app import create_app
 from softknn.service.testing import threaded_server
 from softknn.settings import Settings
@@ -396,4 +398,62 @@ def test_api_docs_render_with_no_network(browser, server):
     assert page.locator(".swagger-ui .info .title").inner_text().startswith("softknn")
     assert outside == []
     screenshot(page, "docs-offline.png")
+    page.close()
+
+
+# --- several KBs: the picker ---------------------------------------------------------------------
+RIVER_KB = [("river-1", "The river bus to Greenwich leaves every twenty minutes from the pier.", "routes"),
+            ("river-2", "Children under five ride the river bus free with a paying adult.", "fares"),
+            ("river-3", "Bicycles are carried on the river bus outside the rush hours.", "rules")]
+
+
+@pytest.fixture(scope="module")
+def two_kb_server(encoder, sample_bundle_path, tmp_path_factory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("river")
+    (root / "kb.jsonl").write_text("".join(json.dumps({"id": i, "text": t, "label": lab}) + "\n"
+                                           for i, t, lab in RIVER_KB))
+    build_bundle(root / "kb.jsonl", root / "bundle", BuildConfig(), encoder, progress=False)
+    app = create_app(Settings(bundles={"ferries": sample_bundle_path, "river": root / "bundle"}), encoder=encoder)
+    with threaded_server(app, log_config=None, access_log=False, lifespan="on") as client:
+        yield str(client.base_url).rstrip("/")
+
+
+def test_several_kbs_the_picker_names_the_chosen_kb_in_every_request(browser, server, two_kb_server):
+    # one KB: no picker, and requests name none (the service's default applies)
+    single = open_page(browser, server)
+    assert single.locator("#kb-field").is_hidden()
+    assert "kb" not in run(single)
+    single.close()
+
+    page = open_page(browser, two_kb_server)
+    with httpx.Client(base_url=two_kb_server, timeout=30) as api:
+        listing = api.get("/v1/kbs").json()
+        versions = {k["name"]: k["bundle_version"] for k in listing["kbs"]}
+        assert listing["default"] is None and list(versions) == ["ferries", "river"]
+        assert page.locator("#kb-field").is_visible()
+        assert [page.locator("#kb option").nth(i).inner_text() for i in range(2)] == [
+            f"{k['name']} · {k['chunks']} chunks" for k in listing["kbs"]]
+        assert page.input_value("#kb") == "ferries"  # no default for this service: the first KB
+        assert versions["ferries"] in page.locator("#bundle").inner_text()
+        classic(page)
+        body = run(page)
+        assert body["kb"] == "ferries"
+        page.wait_for_selector("li.item")
+        check_evidence(page, ".pane", infer(api, body))
+
+        page.select_option("#kb", "river")
+        page.wait_for_function("v => document.getElementById('bundle').textContent.includes(v)", arg=versions["river"])
+        body = run(page)
+        assert body["kb"] == "river"
+        page.wait_for_selector("li.item")
+        full = api.post("/v1/infer", json=body).json()
+        assert full["bundle_version"] == versions["river"]
+        answer = full["results"][0]
+        assert answer["evidence"][0]["chunk_id"].startswith("river-")
+        check_evidence(page, ".pane", answer)
+        # an entry opened from the evidence is read from the chosen KB too
+        with page.expect_request("**/v1/entries/**") as req:
+            page.locator("li.item").first.locator("details.prov summary").click()
+        assert req.value.url.endswith("kb=river")
+    assert page.errors == []
     page.close()

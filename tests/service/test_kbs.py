@@ -107,6 +107,7 @@ def test_a_reload_swaps_one_kb_only(two_kbs, bundle_b, small_copy):
 
 # --- every route × every kind of caller --------------------------------------------------------
 OPEN = {("GET", "/healthz"), ("GET", "/readyz"), ("GET", "/metrics")}
+LISTINGS = {("GET", "/v1/kbs")}  # about the caller's KBs, so it names none (test_the_kb_listing_...)
 ADMIN_ROUTES = {("POST", "/v1/admin/reload"), ("POST", "/v1/admin/compact")}
 WRITE_ROUTES = {("PUT", "/v1/documents/{doc_id}"), ("DELETE", "/v1/documents/{doc_id}")}
 PATH_VALUES = {"chunk_id": "faq-0001", "doc_id": "faq-0001"}
@@ -159,7 +160,7 @@ def test_every_route_refuses_strangers_and_hides_foreign_kbs(two_kbs, bundle_b):
     assert needs_body == set(body_of), "a route with a body needs a valid body in bodies()"
     checked = 0
     for method, path, where in ops:
-        if (method, path) in OPEN:
+        if (method, path) in OPEN | LISTINGS:
             continue
         assert where in ("body", "query"), f"{method} {path} takes no kb"
         body = body_of.get((method, path))
@@ -184,7 +185,30 @@ def test_every_route_refuses_strangers_and_hides_foreign_kbs(two_kbs, bundle_b):
         else:
             assert own.status_code in (200, 409), (label, own.text)  # 409: the sample KB has no generator
         checked += 1
-    assert checked == len(ops) - len(OPEN) >= 12
+    assert checked == len(ops) - len(OPEN) - len(LISTINGS) >= 12
+
+
+def test_the_kb_listing_shows_each_credential_its_own_kbs(two_kbs, inproc):
+    versions = {kb: infer(two_kbs, kb)["bundle_version"] for kb in ("sample", "small")}
+    chunks = {kb: two_kbs.get("/v1/index", params={"kb": kb}, headers=bearer(API_KEY)).json()["index"]["counts"]["chunks"]
+              for kb in ("sample", "small")}
+
+    def listing(token: str | None, client=two_kbs) -> tuple[int, dict]:
+        r = client.get("/v1/kbs", headers=bearer(token) if token else {})
+        return r.status_code, {k: v for k, v in r.json().items() if k != "request_id"}
+
+    def item(kb: str) -> dict:
+        return {"name": kb, "status": "ready", "error": None, "bundle_version": versions[kb], "chunks": chunks[kb]}
+
+    assert listing(API_KEY) == (200, {"kbs": [item("sample"), item("small")], "default": None, "write": False})
+    assert listing(ADMIN_TOKEN) == (200, {"kbs": [item("sample"), item("small")], "default": None, "write": True})
+    assert listing(SAMPLE_READ) == (200, {"kbs": [item("sample")], "default": "sample", "write": False})
+    assert listing(SMALL_WRITE) == (200, {"kbs": [item("small")], "default": "small", "write": True})
+    assert listing(None)[0] == listing("not-a-key-at-all")[0] == 401
+    # a service with one KB and no auth: that KB, named `default`, is every request's default
+    one = inproc.get("/v1/kbs").json()
+    assert (one["default"], [k["name"] for k in one["kbs"]], one["kbs"][0]["status"]) == ("default", ["default"], "ready")
+    assert one["kbs"][0]["bundle_version"] == inproc.get("/v1/index").json()["bundle_version"]
 
 
 def test_kb_settings_and_the_cli_bundle_option():

@@ -1,4 +1,5 @@
-"""GET /v1/index (the bundle's manifest summary) and GET /v1/entries/{chunk_id} (one KB chunk)."""
+"""GET /v1/kbs (the KBs a caller may name), GET /v1/index (the bundle's manifest summary) and
+GET /v1/entries/{chunk_id} (one KB chunk)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,39 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from softknn.errors import InvalidInput
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBQuery, KBsDep, RequestIdDep
 from softknn.service.errors import NotFound
-from softknn.service.schemas import EntryResponse, ErrorResponse, IndexResponse, entry_payload, runtime_payload, served
+from softknn.service.schemas import (
+    EntryResponse,
+    ErrorResponse,
+    IndexResponse,
+    KbsResponse,
+    entry_payload,
+    runtime_payload,
+    served,
+)
 
 router = APIRouter(prefix="/v1", tags=["index"])
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (401, 404, 422, 503)}
+
+
+@router.get("/kbs", response_model=KbsResponse, responses={401: {"model": ErrorResponse}},
+            summary="The KBs this credential may name, with their state and the default")
+async def list_kbs(kbs: KBsDep, who: ReaderDep, request_id: RequestIdDep) -> dict:
+    items = []
+    for name in kbs.visible(who):
+        rt = kbs.runtimes[name]
+        engine = rt.engine if rt.status == "ready" else None
+        items.append({"name": name, "status": rt.status, "error": rt.error,
+                      "bundle_version": engine.bundle.version if engine is not None else None,
+                      "chunks": len(engine.bundle.chunks) if engine is not None else None})
+    try:
+        default: str | None = kbs.default_for(who)
+    except InvalidInput:
+        default = None
+    return {"request_id": request_id, "kbs": items, "default": default, "write": who.write}
 
 
 @router.get("/index", response_model=IndexResponse, responses=ERRORS, summary="The served bundle's summary")

@@ -1,4 +1,5 @@
-// The public HTTP API, as the page uses it: POST v1/infer, GET v1/index, GET v1/entries/{id}.
+// The public HTTP API, as the page uses it: POST v1/infer, GET v1/kbs, GET v1/index, GET v1/entries/{id}.
+// With a KB chosen (setKb), every call names it: `kb` in a POST body, a query parameter on a GET.
 // Paths are relative so the page also works behind a proxy that mounts the service under a prefix.
 
 const KEY_STORAGE = "softknn.apiKey";
@@ -31,7 +32,20 @@ export function setKey(value) {
   }
 }
 
-async function call(path, { method = "GET", body } = {}) {
+let chosenKb = null; // null: the service's default for this key (its only KB, or the one named default)
+
+export function setKb(name) {
+  chosenKb = name || null;
+}
+
+function withKb(path, method, body) {
+  if (!chosenKb) return [path, body];
+  if (method === "GET") return [`${path}${path.includes("?") ? "&" : "?"}kb=${encodeURIComponent(chosenKb)}`, body];
+  return [path, body && body.kb === undefined ? { ...body, kb: chosenKb } : body];
+}
+
+async function call(path0, { method = "GET", body: body0, kbScoped = true } = {}) {
+  const [path, body] = kbScoped ? withKb(path0, method, body0) : [path0, body0];
   const headers = { Accept: "application/json" };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   const key = getKey();
@@ -65,6 +79,8 @@ async function call(path, { method = "GET", body } = {}) {
 
 export const infer = (body) => call("v1/infer", { method: "POST", body });
 export const indexSummary = () => call("v1/index");
+/** The KBs this key may name: {kbs: [{name, status, bundle_version, chunks, error}], default, write}. */
+export const kbList = () => call("v1/kbs", { kbScoped: false });
 export const entry = (chunkId) => call(`v1/entries/${encodeURIComponent(chunkId)}`);
 
 /** Defaults and bounds of POST /v1/infer from the OpenAPI document (null when it can't be read). */

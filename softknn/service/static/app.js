@@ -1,5 +1,5 @@
 // The explorer's wiring: the form → POST v1/infer (twice when comparing with α = 1) → render.js.
-import { ApiError, entry, getKey, indexSummary, infer, inferSchema, setKey } from "./api.js";
+import { ApiError, entry, getKey, indexSummary, infer, inferSchema, kbList, setKb, setKey } from "./api.js";
 import { bundleLine, compareStrip, h, kbChange, pane } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
@@ -151,6 +151,33 @@ async function loadIndex() {
   }
 }
 
+/** The KB picker: shown when this key sees several KBs; opens on the service's default for the key
+ * (or the first KB when there is none) and names the choice in every request from then on. */
+async function loadKbs() {
+  const field = $("kb-field");
+  const select = $("kb");
+  let listing;
+  try {
+    listing = await kbList();
+  } catch {
+    field.hidden = true; // 401 and the like: loadIndex says why
+    setKb(null);
+    return;
+  }
+  const names = listing.kbs.map((k) => k.name);
+  const keep = names.includes(select.value) ? select.value : (listing.default ?? names[0] ?? "");
+  select.replaceChildren(...listing.kbs.map((k) => h("option", { value: k.name },
+    k.status === "ready" ? `${k.name} · ${k.chunks} chunks` : `${k.name} · ${k.status}`)));
+  select.value = keep;
+  field.hidden = names.length < 2;
+  setKb(names.length < 2 ? null : keep);
+}
+
+async function loadHeader() {
+  await loadKbs();
+  await loadIndex();
+}
+
 function keyState() {
   $("key-state").textContent = getKey() ? "(set)" : "(none)";
 }
@@ -158,9 +185,10 @@ function keyState() {
 function init() {
   $("api-key").value = getKey();
   keyState();
-  $("api-key").addEventListener("change", () => { setKey($("api-key").value.trim()); keyState(); loadIndex(); });
+  $("api-key").addEventListener("change", () => { setKey($("api-key").value.trim()); keyState(); loadHeader(); });
   $("auth-form").addEventListener("submit", (ev) => { ev.preventDefault(); $("api-key").dispatchEvent(new Event("change")); });
-  $("key-clear").addEventListener("click", () => { $("api-key").value = ""; setKey(""); keyState(); loadIndex(); });
+  $("key-clear").addEventListener("click", () => { $("api-key").value = ""; setKey(""); keyState(); loadHeader(); });
+  $("kb").addEventListener("change", () => { setKb($("kb").value); loadIndex(); });
   $("alpha").addEventListener("input", () => syncAlpha("alpha"));
   $("alpha-range").addEventListener("input", () => syncAlpha("range"));
   $("mixing").addEventListener("change", alphaHint);
@@ -168,8 +196,7 @@ function init() {
   $("query").addEventListener("submit", run);
   $("text").addEventListener("keydown", (ev) => { if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) run(ev); });
   alphaHint();
-  loadIndex();
-  applySchema().finally(() => { document.body.dataset.ready = "1"; });
+  Promise.all([loadHeader(), applySchema()]).finally(() => { document.body.dataset.ready = "1"; });
 }
 
 init();

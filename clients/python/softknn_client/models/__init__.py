@@ -72,6 +72,8 @@ from .infer_request_retrieval_type_0 import InferRequestRetrievalType0
 from .infer_response import InferResponse
 from .infer_result import InferResult
 from .infer_result_label_scores_type_0 import InferResultLabelScoresType0
+from .kb_info import KBInfo
+from .kbs_response import KbsResponse
 from .model_card import ModelCard
 from .model_list import ModelList
 from .model_runtime import ModelRuntime
@@ -167,6 +169,8 @@ __all__ = (
     "InferResponse",
     "InferResult",
     "InferResultLabelScoresType0",
+    "KBInfo",
+    "KbsResponse",
     "ModelCard",
     "ModelList",
     "ModelRuntime",
