@@ -74,6 +74,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     kbs.first.batcher.start()  # one batcher, shared by every KB
     loading = asyncio.create_task(kbs.start())
     try:
+        if kbs.first.cluster is not None:
+            # one replica of a Ray Serve deployment: Serve runs this startup inside the replica's
+            # initialisation and routes requests only to initialised replicas, so waiting for the
+            # load here keeps a replica that is still loading out of rotation (beside a ready one it
+            # would answer 503 not_ready). kbs.start() never raises: a replica whose load failed
+            # still starts, /readyz reports it and a reload repairs it.
+            await loading
         yield
     finally:
         loading.cancel()  # shutdown while loading: stop waiting (a loading thread finishes on its own)

@@ -166,3 +166,39 @@ def test_startup_with_a_corrupt_bundle_is_reported_by_health(running_app, make_s
             assert r.status_code == 503
             assert "sha256 mismatch" in r.json()["error"]["message"]
         assert client.get("/healthz").json()["error"]["type"] == "startup_failed"
+
+
+class _SlowCluster:
+    """A stand-in for a Ray deployment's ReplicaLink (Runtime's `cluster`) whose load takes a while:
+    it waits, then opens and installs the bundle, as ReplicaLink.start does with the coordinator's."""
+
+    def __init__(self, path, wait_s: float):
+        self.path, self.wait_s, self.stopped = path, wait_s, False
+
+    async def start(self, runtime) -> None:
+        import asyncio
+
+        await asyncio.sleep(self.wait_s)
+        engine = await runtime.open(self.path)
+        runtime._install(engine, await runtime.open_generation(engine))
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_a_replica_of_a_cluster_finishes_startup_only_once_its_bundle_is_loaded(encoder, make_settings, bundle_dir):
+    """In a Ray deployment Serve routes requests only to replicas whose ASGI startup has finished; a
+    replica that finished it while still loading would take requests beside a ready one and answer
+    503 not_ready. So with a cluster the startup waits for the load: the first request is answered."""
+    from fastapi.testclient import TestClient
+
+    from softknn.service.app import create_app
+
+    cluster = _SlowCluster(bundle_dir, wait_s=1.0)
+    app = create_app(make_settings(), encoder=encoder, cluster=cluster)
+    with TestClient(app) as client:  # returns once the lifespan's startup has finished
+        assert client.app.state.runtime.status == "ready"
+        assert client.get("/readyz").status_code == 200
+        r = client.post("/v1/infer", json={"inputs": ["can my dog travel on the ferry?"]})
+        assert r.status_code == 200 and r.json()["bundle_version"] == load_bundle(bundle_dir, verify=False).version
+    assert cluster.stopped

@@ -194,7 +194,9 @@ def test_reload_with_two_replicas_reaches_both_and_frees_the_old_shards(deploy, 
     old, new = (read_manifest(p)["version_id"] for p in (sharded_bundle_path, kb3_bundle_path))
     d = deploy(sharded_bundle_path, replicas=2, replica_cpus=0.5, shard_cpus=0.5)
     c = d.client
-    assert {c.post("/v1/infer", json=REQUEST).json()["bundle_version"] for _ in range(6)} == {old}
+    first = [c.post("/v1/infer", json=REQUEST) for _ in range(6)]
+    assert [r.status_code for r in first] == [200] * 6, [r.text for r in first if r.status_code != 200]
+    assert {r.json()["bundle_version"] for r in first} == {old}
     r = c.post("/v1/admin/reload", json={"bundle": str(kb3_bundle_path)}, headers=ADMIN)
     assert r.status_code == 200, r.text
     assert (r.json()["bundle_version"], r.json()["previous_version"]) == (new, old)
