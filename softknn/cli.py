@@ -238,6 +238,47 @@ def verify(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> 
         typer.echo(f"write log: {wal['records']} records checksummed (writes {wal['first_seq']}..{wal['last_seq']}){torn}")
 
 
+@app.command(cls=Command)
+def push(bundle: Annotated[Path, typer.Argument(help="bundle directory")],
+         uri: Annotated[str, typer.Argument(help="where to put it: s3://bucket/kb, gs://…, any fsspec URI")]) -> None:
+    """Upload a verified bundle to object storage, its manifests last, for `serve --bundle URI`."""
+    need_bundle(bundle)
+    from softknn.index_builder.writes import has_pending_writes
+    from softknn.remote_bundle import is_remote
+    from softknn.remote_bundle import push as push_bundle
+
+    if not is_remote(uri):
+        _fail(SoftKNNError(f"{uri}: not a URI (s3://bucket/kb, gs://bucket/kb, file:///dir)"))
+    if has_pending_writes(bundle):
+        _fail(SoftKNNError(f"{bundle}: holds writes not yet compacted into it; run `softknn compact {bundle}` first"))
+    try:
+        n = push_bundle(bundle, uri)
+    except SoftKNNError as e:
+        _fail(e)
+    typer.echo(f"ok: {bundle} → {uri}, {n} files")
+
+
+@app.command(cls=Command)
+def fetch(uri: Annotated[str, typer.Argument(help="a bundle in object storage: s3://bucket/kb, …")],
+          shards: Annotated[bool, typer.Option("--shards", help="every shard's files too (for one node "
+                                                                 "serving all of a sharded bundle)")] = False) -> None:
+    """Download what serving a bundle opens into the node-local cache (SOFTKNN_CACHE_DIR); print its path."""
+    from softknn.bundle import read_manifest
+    from softknn.remote_bundle import fetch as fetch_shard
+    from softknn.remote_bundle import is_remote, localize
+
+    if not is_remote(uri):
+        _fail(SoftKNNError(f"{uri}: not a URI (s3://bucket/kb, gs://bucket/kb, file:///dir)"))
+    try:
+        local = localize(uri)
+        if shards:
+            for sh in read_manifest(local).get("shards") or []:
+                fetch_shard(f"{uri.rstrip('/')}/{sh['dir']}")
+    except SoftKNNError as e:
+        _fail(e)
+    typer.echo(str(local))
+
+
 def _store(bundle: Path):
     from softknn.index_builder.writes import KBStore
 

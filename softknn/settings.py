@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from softknn.kb_names import DEFAULT_KB, KB_NAME  # noqa: F401 (re-exported)
+from softknn.remote_bundle import Location
 from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT
 
 
@@ -144,10 +145,12 @@ class GeneratorSettings(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SOFTKNN_", env_nested_delimiter="__", extra="ignore")
 
-    bundle: Path | None = Field(None, description="bundle directory the service loads, as the KB named `default`")
-    bundles: dict[str, Path] = Field(default_factory=dict, description='named KBs the service loads besides, JSON: '
-                                     '{"faq": "DIR", "regs": "DIR2"} (`softknn serve --bundle faq=DIR`); requests '
-                                     "pick one with `kb`")
+    bundle: Location | None = Field(None, description="bundle the service loads, as the KB named `default`: a "
+                                    "directory, or a URI in object storage (s3://bucket/kb; fetched to "
+                                    "SOFTKNN_CACHE_DIR, softknn.remote_bundle)")
+    bundles: dict[str, Location] = Field(default_factory=dict, description='named KBs the service loads besides, '
+                                         'JSON: {"faq": "DIR", "regs": "s3://bucket/regs"} (`softknn serve --bundle '
+                                         'faq=DIR`); requests pick one with `kb`')
     host: str = Field("127.0.0.1", description="interface the service binds")
     port: int = Field(8000, ge=0, le=65535, description="TCP port of the service")
     log_level: str = Field("info", description="debug | info | warning | error")
@@ -175,10 +178,10 @@ class Settings(BaseSettings):
                 raise ValueError(f"auth.keys[{i}].kbs names {unknown}, not among the KBs served: {sorted(known)}")
         return self
 
-    def kbs(self) -> dict[str, Path | None]:
+    def kbs(self) -> dict[str, Location | None]:
         """The KBs served, by name: `bundles`, and `bundle` as the KB named `default` (also when it is
         unset and no `bundles` are given: one KB, waiting for POST /v1/admin/reload)."""
-        out: dict[str, Path | None] = dict(self.bundles)
+        out: dict[str, Location | None] = dict(self.bundles)
         if self.bundle is not None or not out:
             out = {DEFAULT_KB: self.bundle, **out}
         return out

@@ -60,6 +60,7 @@ from softknn.errors import BundleError, ShardUnavailable  # noqa: F401 (re-expor
 from softknn.manifest import Manifest
 from softknn.mapped_chunks import ChunkTexts, MappedChunks
 from softknn.memory_stores import pad_memory
+from softknn.remote_bundle import fetch, is_remote, source_of
 
 if TYPE_CHECKING:
     from softknn.lexical import LexicalIndex
@@ -111,6 +112,8 @@ class Shard:
                  use_gpu: bool = False):
         from softknn.bundle import MANIFEST, check_versions, load_bundle, read_manifest, verify_files
 
+        if is_remote(path):  # a shard of a bundle in object storage: its directory, fetched to this node
+            path = fetch(str(path))
         path = Path(path)
         try:
             inode = os.stat(path).st_ino
@@ -485,10 +488,14 @@ class ShardedBundle:
         self.backend.close()
 
 
-def shard_specs(path: Path, manifest: Manifest) -> list[tuple[str, int, str]]:
+def shard_specs(location: Path | str, manifest: Manifest) -> list[tuple[str, int, str]]:
     """Per shard of a sharded manifest: (its directory, its first global row, its version_id), the
-    arguments of `Shard`."""
-    return [(str(Path(path) / sh.dir), sh.rows[0], sh.version_id) for sh in manifest.shards or ()]
+    arguments of `Shard`. Of a bundle in object storage (a URI, or a local copy of one: source_of),
+    a shard's directory is its URI, which the shard fetches to its own node."""
+    base = str(location) if is_remote(location) else source_of(Path(location))
+    if base is not None:
+        return [(f"{base.rstrip('/')}/{sh.dir}", sh.rows[0], sh.version_id) for sh in manifest.shards or ()]
+    return [(str(Path(location) / sh.dir), sh.rows[0], sh.version_id) for sh in manifest.shards or ()]
 
 
 def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gpu: bool = False,

@@ -12,24 +12,29 @@ from typing import Annotated, Any
 import typer
 
 
-def split_bundles(values: list[str]) -> tuple[Path | None, dict[str, Path]]:
-    """--bundle values: (the plain DIR, if one; {NAME: DIR} of the NAME=DIR ones). NAME=DIR needs a
-    valid KB name before the first '=' (no '/': so ./a=b is a directory)."""
+def split_bundles(values: list[str]) -> tuple[Path | str | None, dict[str, Path | str]]:
+    """--bundle values: (the plain DIR or URI, if one; {NAME: DIR or URI} of the NAME=… ones). NAME=DIR
+    needs a valid KB name before the first '=' (no '/': so ./a=b is a directory). A URI
+    (s3://bucket/kb) stays a string (softknn.remote_bundle)."""
     from softknn.kb_names import KB_NAME  # not softknn.settings: it imports numpy
+    from softknn.remote_bundle import is_remote
 
-    plain: Path | None = None
-    named: dict[str, Path] = {}
+    def location(v: str) -> Path | str:
+        return v if is_remote(v) else Path(v)
+
+    plain: Path | str | None = None
+    named: dict[str, Path | str] = {}
     for v in values:
         name, eq, path = v.partition("=")
         if eq and KB_NAME.fullmatch(name):
             if name in named:
                 raise typer.BadParameter(f"two bundles for the KB {name!r}", param_hint="--bundle")
-            named[name] = Path(path)
+            named[name] = location(path)
         elif plain is not None:
-            raise typer.BadParameter(f"two plain bundle directories ({plain}, {v}): name them NAME=DIR",
+            raise typer.BadParameter(f"two plain bundles ({plain}, {v}): name them NAME=DIR",
                                      param_hint="--bundle")
         else:
-            plain = Path(v)
+            plain = location(v)
     return plain, named
 
 
@@ -72,12 +77,14 @@ def serve(
     plain, named = split_bundles(bundle or [])
     given = [*([plain] if plain is not None else []), *named.values()]
     if not given and os.environ.get("SOFTKNN_BUNDLE"):
-        given = [Path(os.environ["SOFTKNN_BUNDLE"])]
+        given = [os.environ["SOFTKNN_BUNDLE"]]
     if given:  # answered before FastAPI, torch and the model load
         from softknn.console import need_bundle
+        from softknn.remote_bundle import is_remote
 
         for path in given:
-            need_bundle(path)
+            if not is_remote(path):  # a URI is read by the service (its errors exit it, with the reason)
+                need_bundle(Path(path))
     import uvicorn
     from pydantic import ValidationError
 

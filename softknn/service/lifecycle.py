@@ -23,7 +23,6 @@ import weakref
 from collections.abc import AsyncGenerator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,7 +30,7 @@ import numpy as np
 from softknn.bundle import load_bundle
 from softknn.encoder import Encoder
 from softknn.engine import GROUP_SIZE, Engine, InferParams
-from softknn.errors import BundleError, DocumentNotFound, InputTooLarge, SoftKNNError
+from softknn.errors import BundleError, DocumentNotFound, InputTooLarge, SoftKNNError, WriteRefused
 from softknn.generation import GenAnswer, GenEngine, GenParams
 from softknn.generator import Generator, Step
 from softknn.index_builder.writes import (
@@ -43,6 +42,7 @@ from softknn.index_builder.writes import (
     version_name,
     writable,
 )
+from softknn.remote_bundle import Location, localize, source_of
 from softknn.rerank import Reranker
 from softknn.results import InferResult
 from softknn.service.batching import Batcher
@@ -216,7 +216,7 @@ class Runtime:
 
     def __init__(self, settings: Settings, metrics: Metrics, *, encoder: Encoder | None = None, shard_backend=None,
                  generator: Generator | None = None, cluster=None, kb: str = "default",
-                 bundle: Path | None = None, shared: Shared | None = None):
+                 bundle: Location | None = None, shared: Shared | None = None):
         self.settings = settings
         self.kb = kb
         self.bundle_path = bundle if bundle is not None else (settings.bundle if shared is None else None)
@@ -307,15 +307,16 @@ class Runtime:
                                         "runtime_fallback": self.encoder.info.fallback,
                                         "seconds": round(time.perf_counter() - t0, 2)})
 
-    async def open(self, path: Path) -> Engine:
-        """Verify and load a bundle for the loaded model (in a thread), then one warm-up pass.
+    async def open(self, path: Location) -> Engine:
+        """Verify and load a bundle for the loaded model (in a thread; a URI fetched first into the
+        node-local cache, softknn.remote_bundle.localize), then one warm-up pass.
 
         The warm-up goes through the batcher like any request, ahead of the queue: every forward
         pass of this process runs on the batcher's worker threads (one by default: two passes
         would fight for the same cores unless model.threads is 1 and batching.workers says so).
         """
         t0 = time.perf_counter()
-        engine = await asyncio.to_thread(self._load_engine, Path(path))
+        engine = await asyncio.to_thread(self._load_engine, path)
         tokens = len(self.counter.encode(WARMUP_TEXT).ids)
         try:
             await self.batcher.run(engine, [WARMUP_TEXT], [InferParams()], [tokens], [InferParams().k],
@@ -329,8 +330,9 @@ class Runtime:
                                          "chunks": len(engine.bundle), "seconds": round(time.perf_counter() - t0, 2)})
         return engine
 
-    def _load_engine(self, path: Path) -> Engine:
+    def _load_engine(self, location: Location) -> Engine:
         try:
+            path = localize(location)
             recover_swap(path)
             if has_pending_writes(path):  # acknowledged writes in its log: serve them (replayed), never the base alone
                 store = KBStore(path, self.model, use_gpu=self.settings.use_gpu_index)
@@ -346,7 +348,7 @@ class Runtime:
         except SoftKNNError:
             raise
         except Exception as e:  # a bundle that verifies but does not load is still the bundle's fault
-            raise BundleError(f"{path}: cannot be loaded: {type(e).__name__}: {e}", field="bundle") from e
+            raise BundleError(f"{location}: cannot be loaded: {type(e).__name__}: {e}", field="bundle") from e
 
     async def open_generation(self, engine: Engine) -> tuple[GenEngine | None, str]:
         """The GenEngine for `engine`'s bundle, or (None, why not). Never raises: a generator that does
@@ -534,7 +536,7 @@ class Runtime:
             self.metrics.memory_share.observe(r.diagnostics.memory_share)
         return engine, results
 
-    async def reload(self, path: Path) -> tuple[str | None, Engine]:
+    async def reload(self, path: Location) -> tuple[str | None, Engine]:
         """Open `path` off the hot path, then swap; (previous version id, new engine)."""
         if self.encoder is None or self._counter is None:
             raise NotReady("the model is still loading", headers={"Retry-After": "1"})
@@ -543,7 +545,7 @@ class Runtime:
         if self.cluster is not None:  # every replica of the deployment swaps, or none does
             async with self._reload_lock:
                 try:
-                    previous, engine = await self.cluster.reload(self, Path(path))
+                    previous, engine = await self.cluster.reload(self, path)
                 except Exception:
                     self.metrics.reloads.labels(self.kb, "refused").inc()
                     raise
@@ -578,6 +580,10 @@ class Runtime:
         if store is None:
             if engine.bundle.manifest.sharded:
                 writable(engine.bundle.manifest)  # refuses, saying why
+            uri = source_of(engine.bundle.path)
+            if uri is not None:  # a write into the cache would be lost with it, and never reach the store
+                raise WriteRefused(f"this KB is a cached copy of {uri}: writes are not supported on a bundle "
+                                   "served from object storage; build the new version and reload it")
             store = KBStore(engine.bundle.path, self.encoder, use_gpu=self.settings.use_gpu_index,
                             base=engine.bundle)  # type: ignore[arg-type]  # not sharded: a Bundle
         return store

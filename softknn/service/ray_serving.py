@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from softknn.errors import BundleError, ShardMismatch, ShardsNotPlaced, ShardUnavailable
+from softknn.remote_bundle import is_remote
 from softknn.shards import Shard
 
 if TYPE_CHECKING:
@@ -446,14 +447,15 @@ class Coordinator:
 
     def _open(self, path: str, gen: int) -> dict:
         """Open `path`'s shard set (generation `gen`), or raise: {version, names}."""
-        from softknn.bundle import MANIFEST, read_manifest
         from softknn.manifest import Manifest
+        from softknn.remote_bundle import is_remote, read_location_manifest
         from softknn.shards import shard_specs
 
-        m = Manifest.of(read_manifest(Path(path)), Path(path) / MANIFEST)
+        location = path if is_remote(path) else Path(path)  # a URI: the shards fetch their own files
+        m = Manifest.of(read_location_manifest(location), f"{path}/manifest.json")
         if not m.sharded:
             return {"version": m.version_id, "names": []}
-        specs = shard_specs(Path(path), m)
+        specs = shard_specs(location, m)
         names = actor_names(f"{ACTOR_PREFIX}{m.version_id}-g{gen}", len(specs), self.shard_opts.get("copies", 1))
         RayShards(specs, names=names, versions=[sp[2] for sp in specs], init_kwargs={"verify": True},
                   **self.shard_opts)
@@ -626,12 +628,13 @@ class ReplicaLink:
 
         names = ray.get(self.coord.names_for.remote(version))
         if names is None:
-            raise BundleError(f"{Path(specs[0][0]).parent}: holds version {version}, which this deployment neither "
+            raise BundleError(f"{str(specs[0][0]).rpartition('/')[0]}: holds version {version}, which this deployment neither "
                               "serves nor is reloading to (rebuilt in place?); POST /v1/admin/reload it")
         return RayShards.attach(names, specs, timeout_s=self.timeout_s)
 
     async def _open(self, runtime, state: dict):
-        engine = await runtime.open(Path(state["path"]))
+        path = state["path"]
+        engine = await runtime.open(path if is_remote(path) else Path(path))
         if engine.bundle.version != state["version"]:
             raise BundleError(f"{state['path']}: holds version {engine.bundle.version}, the deployment serves "
                               f"{state['version']} (rebuilt in place?); POST /v1/admin/reload it", field="bundle")
@@ -689,7 +692,7 @@ class ReplicaLink:
         except Exception as e:  # noqa: BLE001
             log.warning("coordinator unreachable: %s", _reason(e))
 
-    async def reload(self, runtime, path: Path) -> tuple[str | None, object]:
+    async def reload(self, runtime, path: Path | str) -> tuple[str | None, object]:
         """POST /v1/admin/reload on this replica: the coordinator swaps every replica or none."""
         from ray.exceptions import RayActorError
 
@@ -810,10 +813,10 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
 
 def _shard_count(settings) -> int:
     """How many shard actors serving settings.bundle starts (0 for an unsharded bundle)."""
-    from softknn.bundle import read_manifest
+    from softknn.remote_bundle import read_location_manifest
 
     try:
-        return len(read_manifest(settings.bundle).get("shards") or [])
+        return len(read_location_manifest(settings.bundle).get("shards") or [])
     except Exception:  # unreadable here: the replica reports it; size the cluster as if unsharded
         return 0
 

@@ -173,7 +173,8 @@ def infer_request_model(settings: Settings) -> type[InferRequestBase]:
 class ReloadRequest(BaseModel):
     model_config = STRICT
 
-    bundle: str = Field(min_length=1, max_length=4096, description="bundle directory, as the server sees it")
+    bundle: str = Field(min_length=1, max_length=4096, description="bundle directory, as the server sees "
+                        "it, or a URI in object storage (s3://bucket/kb), fetched to the server's cache")
     kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
+from softknn.remote_bundle import is_remote
 from softknn.service.auth import AdminDep
 from softknn.service.deps import KBsDep, RequestIdDep
 from softknn.service.schemas import ErrorResponse, ReloadRequest, ReloadResponse, served
@@ -22,5 +23,5 @@ async def reload(body: ReloadRequest, kbs: KBsDep, who: AdminDep, request_id: Re
     """The KB `kb` names (or the default KB) swaps; the others keep serving as they were. A bundle
     that fails verification or was built for other model weights is refused (422, bundle_error) and
     the old bundle keeps serving."""
-    previous, engine = await kbs.pick(body.kb, who).reload(Path(body.bundle))
+    previous, engine = await kbs.pick(body.kb, who).reload(body.bundle if is_remote(body.bundle) else Path(body.bundle))
     return {**served(request_id, engine), "previous_version": previous, "index": engine.bundle.summary()}

@@ -14,7 +14,8 @@ T = TypeVar("T", bound="ReloadRequest")
 class ReloadRequest:
     """
     Attributes:
-        bundle (str): bundle directory, as the server sees it
+        bundle (str): bundle directory, as the server sees it, or a URI in object storage (s3://bucket/kb), fetched to
+            the server's cache
         kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
             `default` (a name this key may not use answers 404 as one that does not exist)
     """

@@ -1,0 +1,212 @@
+"""Bundles served from object storage (softknn.remote_bundle), against moto's S3 server on this machine
+(a real HTTP S3 endpoint; s3fs reads it through AWS_ENDPOINT_URL, as it would MinIO or AWS):
+`softknn push` uploads, a serving process fetches only what it opens into its node-local cache, a
+shard fetches its own directory, a corrupt or half-uploaded object is refused and never cached, and
+the answers equal the local bundle's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from softknn.bundle import MANIFEST, load_bundle, read_manifest
+from softknn.engine import Engine, InferParams
+from softknn.errors import BundleError
+from tests.shards.test_sharded import QUERIES
+
+moto_server = pytest.importorskip("moto.server")
+pytest.importorskip("s3fs")
+PARAMS = InferParams(exact=True, k=8)
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory):
+    """moto's S3 server on a free port, the AWS_* environment pointing at it (for this process and
+    the Ray cluster this module starts after it), and a fresh node-local cache."""
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+           "SOFTKNN_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    import fsspec
+
+    fs = fsspec.filesystem("s3", skip_instance_cache=True)
+    fs.mkdir("kbs")
+    yield fs
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    server.stop()
+
+
+def _push(bundle, uri: str) -> None:
+    r = CliRunner().invoke(_app(), ["push", str(bundle), uri])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith(f"ok: {bundle} → {uri}, "), r.output
+
+
+def _app():
+    from softknn.cli import app
+
+    return app
+
+
+def _answers(encoder, path) -> list[dict]:
+    b = load_bundle(path, expected_fingerprint=encoder.info.fingerprint)
+    try:
+        return [r.to_dict() for r in Engine(encoder, b).infer(QUERIES[:3], PARAMS)]
+    finally:
+        close = getattr(b, "close", None)
+        if close is not None:
+            close()
+
+
+def _same(got: list[dict], want: list[dict]) -> None:
+    for a, b in zip(got, want, strict=True):
+        assert np.abs(np.asarray(a["embedding"]) - np.asarray(b["embedding"])).max() <= 1e-6
+        assert [e["chunk_id"] for e in a["evidence"]] == [e["chunk_id"] for e in b["evidence"]]
+
+
+def _cached_files(d) -> set[str]:
+    return {str(p.relative_to(d)) for p in d.rglob("*") if p.is_file()}
+
+
+def test_an_unsharded_bundle_pushed_fetched_and_served_equals_the_local_one(s3, encoder, sample_bundle_path):
+    from softknn.remote_bundle import SOURCE, localize
+
+    _push(sample_bundle_path, "s3://kbs/sample")
+    m = read_manifest(sample_bundle_path)
+    assert set(s3.find("kbs/sample")) == {f"kbs/sample/{n}" for n in [*m["files"], MANIFEST]}
+    local = localize("s3://kbs/sample")
+    assert local.name == m["version_id"]
+    assert _cached_files(local) == {*m["files"], MANIFEST, SOURCE}
+    assert json.loads((local / SOURCE).read_text()) == {"uri": "s3://kbs/sample"}
+    assert read_manifest(local) == m
+    _same(_answers(encoder, local), _answers(encoder, sample_bundle_path))
+    # a second open is served from the cache: it reads only the manifest from the store
+    s3.rm("kbs/sample/embeddings.npy")
+    assert localize("s3://kbs/sample") == local
+    s3.put_file(str(sample_bundle_path / "embeddings.npy"), "kbs/sample/embeddings.npy")
+
+
+def test_a_corrupt_or_truncated_object_is_refused_and_never_cached(s3, sample_bundle_path, tmp_path):
+    from softknn.remote_bundle import cache_root, localize
+
+    _push(sample_bundle_path, "s3://kbs/bad")
+    d = cache_root() / read_manifest(sample_bundle_path)["version_id"]
+
+    def refused(match: str) -> None:
+        shutil.rmtree(d, ignore_errors=True)  # the copy test 1 left (the same version)
+        with pytest.raises(BundleError, match=match):
+            localize("s3://kbs/bad")
+        assert not (d / "chunks.jsonl").exists() and not (d / MANIFEST).exists()  # nothing half-written
+        assert not [p for p in d.rglob("*") if ".part-" in p.name]
+
+    good = (sample_bundle_path / "chunks.jsonl").read_bytes()
+    s3.pipe_file("kbs/bad/chunks.jsonl", bytes([good[0] ^ 1]) + good[1:])  # same size, one bit off
+    refused(r"s3://kbs/bad/chunks.jsonl: sha256 mismatch")
+    s3.pipe_file("kbs/bad/chunks.jsonl", good[:-10])  # an upload cut short
+    refused(rf"s3://kbs/bad/chunks.jsonl: size {len(good) - 10} != manifest {len(good)}")
+    s3.pipe_file("kbs/bad/chunks.jsonl", good)
+    s3.rm("kbs/bad/index.faiss")
+    refused(r"s3://kbs/bad/index.faiss: missing from the store")
+    with pytest.raises(BundleError, match=r"s3://kbs/nothing: not a bundle \(no manifest.json\)"):
+        localize("s3://kbs/nothing")
+
+
+def test_a_sharded_bundle_fetches_metadata_here_and_each_shard_its_own_files(s3, encoder, sharded_bundle_path):
+    from softknn.remote_bundle import SOURCE, cache_root, localize
+    from softknn.shards import replica_files, shard_own_files, shard_specs
+
+    _push(sharded_bundle_path, "s3://kbs/sharded")
+    m = read_manifest(sharded_bundle_path)
+    local = localize("s3://kbs/sharded")
+    from softknn.manifest import Manifest
+
+    typed = Manifest.of(m, "m")
+    assert _cached_files(local) == {*replica_files(typed), MANIFEST, SOURCE}  # no shard's bulk files
+    assert [s[0] for s in shard_specs(local, typed)] == [f"s3://kbs/sharded/{sh['dir']}" for sh in m["shards"]]
+    _same(_answers(encoder, local), _answers(encoder, sharded_bundle_path))  # in-process shards fetch theirs
+    for sh in m["shards"]:
+        d = cache_root() / "shards" / sh["version_id"]
+        assert set(shard_own_files(typed.memory)) <= _cached_files(d)
+        assert read_manifest(d)["version_id"] == sh["version_id"]
+
+
+def test_the_service_serves_a_uri_and_refuses_writes_into_its_cache(s3, encoder, sample_bundle_path):
+    from fastapi.testclient import TestClient
+
+    from softknn.service.app import create_app
+    from softknn.service.testing import wait_ready
+    from softknn.settings import Settings
+
+    _push(sample_bundle_path, "s3://kbs/served")
+    version = read_manifest(sample_bundle_path)["version_id"]
+    settings = Settings(bundle="s3://kbs/served", model={"threads": 1}, auth={"admin_token": "t"})
+    assert settings.bundle == "s3://kbs/served"
+    with TestClient(create_app(settings, encoder=encoder)) as c:
+        wait_ready(c, 120)
+        r = c.post("/v1/infer", json={"inputs": QUERIES[:3], "exact": True, "k": 8})
+        assert r.status_code == 200 and r.json()["bundle_version"] == version
+        _same(r.json()["results"], _answers(encoder, sample_bundle_path))
+        r = c.put("/v1/documents/new-1", json={"text": "A new ferry timetable starts in May."},
+                  headers={"Authorization": "Bearer t"})
+        assert r.status_code == 409 and r.json()["error"]["type"] == "write_refused", r.text
+        assert "cached copy of s3://kbs/served" in r.json()["error"]["message"]
+        r = c.post("/v1/admin/reload", json={"bundle": "s3://kbs/missing"}, headers={"Authorization": "Bearer t"})
+        assert r.status_code == 422, r.text
+        assert r.json()["error"] == {"type": "bundle_error", "field": "bundle",
+                                     "message": "s3://kbs/missing: not a bundle (no manifest.json)"}
+        r = c.post("/v1/admin/reload", json={"bundle": "s3://kbs/served"}, headers={"Authorization": "Bearer t"})
+        assert r.status_code == 200 and r.json()["bundle_version"] == version, r.text
+
+
+def test_fetch_prints_the_cached_copy_and_push_refuses_a_path(s3, sharded_bundle_path):
+    from softknn.remote_bundle import cache_root
+
+    _push(sharded_bundle_path, "s3://kbs/cli")
+    m = read_manifest(sharded_bundle_path)
+    r = CliRunner().invoke(_app(), ["fetch", "s3://kbs/cli", "--shards"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == str(cache_root() / m["version_id"])
+    for sh in m["shards"]:
+        assert (cache_root() / "shards" / sh["version_id"] / "index.faiss").is_file()
+    r = CliRunner().invoke(_app(), ["push", str(sharded_bundle_path), "/tmp/somewhere"])
+    assert r.exit_code != 0 and "/tmp/somewhere: not a URI" in r.output
+
+
+@pytest.mark.slow
+def test_ray_shards_fetch_their_own_directories_and_answer_exactly(s3, ray_cluster, encoder, sharded_bundle_path):
+    """`serve --ray --bundle s3://…`: the coordinator reads the manifest from the store, each shard
+    actor fetches its directory to its node, the replica the metadata; answers equal the local bundle's."""
+    import httpx
+    from ray import serve
+
+    from softknn.service.ray_serving import kill_named_shards, serve_ray
+    from softknn.service.testing import free_port, wait_ready
+    from softknn.settings import Settings
+
+    _push(sharded_bundle_path, "s3://kbs/ray")
+    version = read_manifest(sharded_bundle_path)["version_id"]
+    port = free_port()
+    serve_ray(Settings(bundle="s3://kbs/ray", port=port, model={"threads": 1}), blocking=False,
+              replicas=1, replica_cpus=0.5, shard_cpus=0.5)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as c:
+            wait_ready(c, 600, interval=1, probe_timeout=30)
+            r = c.post("/v1/infer", json={"inputs": QUERIES[:3], "exact": True, "k": 8})
+            assert r.status_code == 200 and r.json()["bundle_version"] == version, r.text
+            _same(r.json()["results"], _answers(encoder, sharded_bundle_path))
+    finally:
+        serve.shutdown()
+        kill_named_shards()
