@@ -25,20 +25,19 @@ checked against a looser gate (pooled-embedding cosine ≥ INT8_MIN_COSINE) and 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 import uuid
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
 from softknn.encoder import RESUMABLE_TYPES, CaptureKV, PlainPass, TokenBatch, bind_hook
 from softknn.errors import ModelRuntimeError, UnsupportedModel
+from softknn.file_lock import exclusive_lock
 
 EXPORT_VERSION = 2  # bump when the graph's inputs/outputs or the export recipe change
 TOLERANCE = 1e-4  # fp32: max |onnx − torch| over every output
@@ -72,22 +71,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-@contextlib.contextmanager
-def _export_lock(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock on `path` (flock) while exporting; none where fcntl is absent."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: exports still write atomically, two may just both run
-        yield
-        return
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def graph_inputs(encoder) -> list[str]:
@@ -257,7 +240,7 @@ class OnnxForward:
         sidecar is in place before the model file appears, so a reader that sees the file sees its
         record."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        with _export_lock(self.cache_dir / ".export.lock"):
+        with exclusive_lock(self.cache_dir / ".export.lock"):
             if self.path.exists():  # another process exported it while this one waited
                 return
             fp32 = self.path if self.precision == "fp32" else self.path.with_name(self.path.name.replace("-int8", "-fp32"))

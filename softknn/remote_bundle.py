@@ -23,18 +23,17 @@ other S3-compatible stores); fsspec and the protocol's package (s3fs, gcsfs) mus
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
 from pydantic import StringConstraints
 
 from softknn.errors import BundleError
+from softknn.file_lock import exclusive_lock
 
 URI_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]*://"
 URI = re.compile(URI_PATTERN)
@@ -107,19 +106,6 @@ def replica_names(m) -> list[str]:
     return list(data_files(m.memory, m.lexical is not None, gen))
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    import fcntl
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def _download(fs, src: str, dst: Path, want_bytes: int, want_sha: str | None, uri: str) -> None:
     """src → dst through a temporary file, hashed as it streams; refuse a wrong size or sha256."""
     from softknn.bundle import fsync_dir
@@ -153,7 +139,7 @@ def _materialize(uri: str, names: list[str], raw: dict, local: Path) -> None:
 
     files = raw.get("files") or {}
     fs, root = _fs(uri)
-    with _locked(local.parent / f".{local.name}.lock"):
+    with exclusive_lock(local.parent / f".{local.name}.lock"):
         for name in names:
             rec = files.get(name)
             if rec is None:
