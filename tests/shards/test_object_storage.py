@@ -210,3 +210,28 @@ def test_ray_shards_fetch_their_own_directories_and_answer_exactly(s3, ray_clust
     finally:
         serve.shutdown()
         kill_named_shards()
+
+
+def test_a_push_over_the_served_uri_is_refused_by_a_shard_never_served(s3, encoder, sample_kb, sharded_bundle_path,
+                                                                       tmp_path):
+    """A new build pushed over the URI a deployment serves (instead of to a new prefix): a shard that
+    (re)starts then finds another version under its URI and refuses it, as after a rebuild in place."""
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.remote_bundle import cache_root
+    from softknn.shards import Shard, shard_specs
+
+    _push(sharded_bundle_path, "s3://kbs/inplace")
+    from softknn.manifest import Manifest
+
+    old = Manifest.of(read_manifest(sharded_bundle_path), "m")
+    spec = shard_specs("s3://kbs/inplace", old)[0]
+    kb = tmp_path / "kb"
+    shutil.copytree(sample_kb, kb)
+    lines = (kb / "kb.jsonl").read_text()
+    (kb / "kb.jsonl").write_text('{"id": "faq-0000", "text": "The harbour office opens at 07:00 on weekdays.", '
+                                 '"label": "tickets_and_fares"}\n' + lines)
+    build_bundle(kb, tmp_path / "new", BuildConfig(shards=2), encoder, progress=False)
+    _push(tmp_path / "new", "s3://kbs/inplace")
+    shutil.rmtree(cache_root() / "shards", ignore_errors=True)
+    with pytest.raises(BundleError, match=rf"holds shard version \w+, but this shard was opened for {spec[2]}"):
+        Shard(spec[0], spec[1], spec[2], verify=True)
