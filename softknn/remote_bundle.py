@@ -11,7 +11,8 @@ bundle it opens into a node-local cache, verified against the manifest's checksu
   finds every file it lists.
 
 The cache (`SOFTKNN_CACHE_DIR`, default ~/.cache/softknn/bundles) is keyed by the bundle's version id:
-a rebuilt bundle is a new directory, never an overwrite. Each file is downloaded to a temporary name,
+a rebuilt bundle is a new directory, never an overwrite; each folder keeps the versions opened
+last (`evict`, SOFTKNN_CACHE_KEEP). Each file is downloaded to a temporary name,
 hashed while it streams, fsynced and renamed into place; a file of the wrong sha256 is deleted and
 refused (BundleError naming it). A file already in the cache at its recorded size is kept: the loader
 checks the sha256 of every file it opens (load_bundle's `verify`, a shard's own), so a cached copy
@@ -41,6 +42,8 @@ RemoteURI = Annotated[str, StringConstraints(pattern=URI_PATTERN)]
 Location = Path | RemoteURI  # where a bundle is: a local directory or a URI in object storage
 SOURCE = "source.json"  # in a cached copy: the URI it came from (not part of the bundle; not checksummed)
 CACHE_ENV = "SOFTKNN_CACHE_DIR"
+KEEP_ENV, DEFAULT_KEEP = "SOFTKNN_CACHE_KEEP", 3
+VERSION = re.compile(r"[0-9a-f]{16}")  # a version id (softknn.bundle.version_id): a cache folder's name
 CHUNK = 1 << 22
 
 
@@ -133,13 +136,50 @@ def _download(fs, src: str, dst: Path, want_bytes: int, want_sha: str | None, ur
         tmp.unlink(missing_ok=True)
 
 
+def _lock_path(local: Path) -> Path:
+    return local.parent / f".{local.name}.lock"
+
+
+def cache_keep() -> int:
+    """How many versions a cache folder keeps (SOFTKNN_CACHE_KEEP, default 3; 0 = all)."""
+    return int(os.environ.get(KEEP_ENV) or DEFAULT_KEEP)
+
+
+def evict(folder: Path, keep: int, current: Path) -> list[Path]:
+    """Remove the least recently opened versions in `folder` beyond the `keep` newest (never
+    `current`, nor one whose lock another process holds: it is being fetched); the ones removed.
+    A process serving a removed version keeps its open and memory-mapped files (POSIX unlinks them
+    when the last map goes); a later open fetches it again."""
+    import fcntl
+    import shutil
+
+    if keep <= 0:
+        return []
+    others = sorted((d for d in folder.iterdir() if d.is_dir() and VERSION.fullmatch(d.name) and d != current),
+                    key=lambda d: d.stat().st_mtime_ns, reverse=True)  # newest first; `current` counts as the newest
+    removed = []
+    for d in others[keep - 1:]:
+        with open(_lock_path(d), "a+b") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue
+            try:
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(d)
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+    return removed
+
+
 def _materialize(uri: str, names: list[str], raw: dict, local: Path) -> None:
-    """Download each of `names` (checksummed in manifest `raw`) not yet in `local`; the manifest last."""
+    """Download each of `names` (checksummed in manifest `raw`) not yet in `local`, the manifest
+    last; mark `local` as just opened and evict the folder's least recently opened versions."""
     from softknn.bundle import MANIFEST, atomic_write_bytes
 
     files = raw.get("files") or {}
     fs, root = _fs(uri)
-    with exclusive_lock(local.parent / f".{local.name}.lock"):
+    with exclusive_lock(_lock_path(local)):
         for name in names:
             rec = files.get(name)
             if rec is None:
@@ -152,20 +192,29 @@ def _materialize(uri: str, names: list[str], raw: dict, local: Path) -> None:
             atomic_write_bytes(local / MANIFEST, json.dumps(raw, indent=2).encode())
         if not (local / SOURCE).is_file():
             atomic_write_bytes(local / SOURCE, json.dumps({"uri": uri}).encode())
+        os.utime(local)  # the recency evict() orders by
+    evict(local.parent, cache_keep(), local)
+
+
+def _checked_manifest(uri: str):
+    """The manifest at `uri`, raw and typed, its version_id the hash of its content (it names a cache folder)."""
+    from softknn.bundle import version_id
+    from softknn.manifest import Manifest
+
+    raw = read_remote_manifest(uri)
+    m = Manifest.of(raw, _join(uri, "manifest.json"))
+    if version_id(raw) != m.version_id or not VERSION.fullmatch(m.version_id):
+        raise BundleError(f"{_join(uri, 'manifest.json')}: version_id does not match its content (edited manifest)")
+    return raw, m
 
 
 def localize(location: str | Path, cache: Path | None = None) -> Path:
     """`location` as a local directory: a local path as it is; a URI fetched (the serving part)."""
     if not is_remote(location):
         return Path(location)
-    from softknn.bundle import version_id
-    from softknn.manifest import Manifest
 
     uri = str(location).rstrip("/")
-    raw = read_remote_manifest(uri)
-    m = Manifest.of(raw, _join(uri, "manifest.json"))
-    if version_id(raw) != m.version_id:
-        raise BundleError(f"{_join(uri, 'manifest.json')}: version_id does not match its content (edited manifest)")
+    raw, m = _checked_manifest(uri)
     local = (cache or cache_root()) / m.version_id
     _materialize(uri, replica_names(m), raw, local)
     return local
@@ -174,11 +223,9 @@ def localize(location: str | Path, cache: Path | None = None) -> Path:
 def fetch(uri: str, cache: Path | None = None) -> Path:
     """A shard directory's URI (`…/kb/shard-0001`) as a node-local directory with all its files."""
     from softknn.bundle import data_files
-    from softknn.manifest import Manifest
 
     uri = uri.rstrip("/")
-    raw = read_remote_manifest(uri)
-    m = Manifest.of(raw, _join(uri, "manifest.json"))
+    raw, m = _checked_manifest(uri)
     # a shard's manifest lists its own files; the directory is keyed by the shard's version id
     names = list(data_files(m.memory, m.lexical is not None))
     local = (cache or cache_root()) / "shards" / m.version_id

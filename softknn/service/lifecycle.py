@@ -42,7 +42,7 @@ from softknn.index_builder.writes import (
     version_name,
     writable,
 )
-from softknn.remote_bundle import Location, localize, source_of
+from softknn.remote_bundle import Location, is_remote, localize, source_of
 from softknn.rerank import Reranker
 from softknn.results import InferResult
 from softknn.service.batching import Batcher
@@ -239,6 +239,8 @@ class Runtime:
         self._reranker: Reranker | None = None  # /v1/rerank over the bundle serving now (Runtime.rerank)
         self._reload_lock = asyncio.Lock()  # reloads, KB writes and compactions: one at a time
         self._stores: weakref.WeakKeyDictionary[Engine, KBStore] = weakref.WeakKeyDictionary()  # engines serving a KB with writes
+        # engines serving a cached copy of a bundle in object storage: the URI (no writes into a cache)
+        self._sources: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
         self._compaction: asyncio.Task | None = None
         self._write_pool = self.shared.write_pool
         self.batcher = self.shared.batcher
@@ -344,6 +346,9 @@ class Runtime:
             seq = int((bundle.manifest.raw.get("writes") or {}).get("seq", 0))
             engine = Engine(self.model, renamed(bundle, version_name(bundle.version, seq)) if seq else bundle)
             engine.retriever.warm_filters()  # at open, not on the first filtered request
+            source = str(location) if is_remote(location) else source_of(path)  # a cache folder named directly too
+            if source is not None:
+                self._sources[engine] = source
             return engine
         except SoftKNNError:
             raise
@@ -580,7 +585,7 @@ class Runtime:
         if store is None:
             if engine.bundle.manifest.sharded:
                 writable(engine.bundle.manifest)  # refuses, saying why
-            uri = source_of(engine.bundle.path)
+            uri = self._sources.get(engine)
             if uri is not None:  # a write into the cache would be lost with it, and never reach the store
                 raise WriteRefused(f"this KB is a cached copy of {uri}: writes are not supported on a bundle "
                                    "served from object storage; build the new version and reload it")

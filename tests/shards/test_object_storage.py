@@ -235,3 +235,23 @@ def test_a_push_over_the_served_uri_is_refused_by_a_shard_never_served(s3, encod
     shutil.rmtree(cache_root() / "shards", ignore_errors=True)
     with pytest.raises(BundleError, match=rf"holds shard version \w+, but this shard was opened for {spec[2]}"):
         Shard(spec[0], spec[1], spec[2], verify=True)
+
+
+def test_the_cache_keeps_the_newest_versions_and_an_evicted_one_still_serves(s3, encoder, sample_bundle_path,
+                                                                              sharded_bundle_path, monkeypatch):
+    """SOFTKNN_CACHE_KEEP=1: opening a second version removes the first from the cache; a process
+    that has the first open keeps answering from it (its files stay mapped); opening it again
+    fetches it again."""
+    from softknn.remote_bundle import localize
+
+    _push(sample_bundle_path, "s3://kbs/keep-a")
+    _push(sharded_bundle_path, "s3://kbs/keep-b")
+    want = _answers(encoder, sample_bundle_path)
+    monkeypatch.setenv("SOFTKNN_CACHE_KEEP", "1")
+    a = localize("s3://kbs/keep-a")
+    served = load_bundle(a, expected_fingerprint=encoder.info.fingerprint)
+    b = localize("s3://kbs/keep-b")
+    assert not a.exists() and b.is_dir()
+    _same([r.to_dict() for r in Engine(encoder, served).infer(QUERIES[:3], PARAMS)], want)
+    assert localize("s3://kbs/keep-a") == a and a.is_dir() and not b.exists()
+    _same(_answers(encoder, a), want)
