@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Re-resolve the images' pinned requirements from pyproject.toml:
-#   docker/requirements-cpu.txt  Python 3.11, torch 2.13.0+cpu from docker/wheels, faiss-cpu, ray (the `ray` extra)
-#   docker/requirements-gpu.txt  Python 3.12 (Ubuntu 24.04's), CUDA torch 2.13.0, faiss-gpu + NVIDIA libs
+#   docker/requirements-cpu.txt  Python 3.11, torch 2.13.0+cpu from docker/wheels, faiss-cpu, ray and s3fs (the `ray` and `remote` extras)
+#   docker/requirements-gpu.txt  Python 3.12 (Ubuntu 24.04's), CUDA torch 2.13.0, faiss-gpu + NVIDIA libs, s3fs (`remote`)
 # Usage: bash docker/update-locks.sh   (needs docker/wheels/torch-2.13.0+cpu-*.whl; see docs/docker.md)
 # Resolves against the package index only (PIP_CONFIG_FILE=/dev/null): what the image build sees.
 # Uses pip's dry-run report, so nothing is installed here.
@@ -24,10 +24,12 @@ p = tomllib.load(open("pyproject.toml", "rb"))["project"]
 deps = p["dependencies"]
 with open(f"{work}/cpu.in", "w") as f:
     # the CPU image also carries the `ray` extra (docker-compose.yml's profile `ray`, docs/scale.md)
+    # and `remote` (bundles in object storage), as the GPU image carries `remote`
     f.write("\n".join(["torch==2.13.0+cpu", *[d for d in deps if not d.startswith("torch")],
-                       *p["optional-dependencies"]["ray"], "setuptools"]) + "\n")
+                       *p["optional-dependencies"]["ray"], *p["optional-dependencies"]["remote"], "setuptools"]) + "\n")
 with open(f"{work}/gpu.in", "w") as f:
-    f.write("\n".join([*[d for d in deps if not d.startswith("faiss-cpu")], *p["optional-dependencies"]["gpu"], "setuptools"]) + "\n")
+    f.write("\n".join([*[d for d in deps if not d.startswith("faiss-cpu")], *p["optional-dependencies"]["gpu"],
+                       *p["optional-dependencies"]["remote"], "setuptools"]) + "\n")
 EOF
 
 plat=(--implementation cp --only-binary=:all: --platform linux_x86_64 --platform manylinux1_x86_64

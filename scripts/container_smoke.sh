@@ -181,6 +181,11 @@ uid=$(timeout 60 podman exec "$SVC" id -u) || die "podman exec id -u"
 [ "$uid" != 0 ] || die "service process runs as root"
 lap "service runs as uid $uid"
 
+# object storage (`--bundle s3://…`, `softknn fetch`): the image carries the `remote` extra
+timeout 60 podman exec "$SVC" /opt/venv/bin/python -c 'import s3fs, softknn.remote_bundle as r; assert r.is_remote("s3://b/kb")' \
+  || die "the image cannot serve from object storage (s3fs missing)"
+lap "s3fs importable in the image"
+
 timeout 60 podman healthcheck run "$SVC" >/dev/null \
   || die "podman healthcheck run: $(podman inspect "$SVC" --format '{{.State.Health.Status}}')"
 lap "HEALTHCHECK: $(podman inspect "$SVC" --format '{{.State.Health.Status}}')"

@@ -159,3 +159,18 @@ def test_the_cpu_image_lock_carries_ray_and_no_cuda():
     assert pins["ray"] == "2.60.0" and pins["torch"] == "2.13.0+cpu"
     assert {"pyarrow", "pandas"} <= set(pins)  # ray[data]'s own dependencies are pinned too
     assert not [n for n in pins if n.startswith(("nvidia-", "triton", "cuda"))]
+
+
+def test_both_image_locks_carry_the_remote_extra_at_the_versions_pyproject_allows():
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["remote"]
+    for lock in ("requirements-cpu.txt", "requirements-gpu.txt"):
+        pins = {k.lower(): v for k, v in _pins(lock).items()}
+        for dep in map(Requirement, extra):
+            assert dep.name in pins, (lock, dep.name)
+            assert dep.specifier.contains(pins[dep.name]), (lock, dep.name, pins[dep.name])
+        # s3fs releases in step with fsspec: each pins the other's exact calendar version
+        assert pins["s3fs"] == pins["fsspec"], lock
