@@ -79,7 +79,9 @@ ModelOpt = Annotated[str | None, typer.Option("--model", help="sentence-transfor
 @app.command(cls=Command)
 def build(
     kb: Annotated[Path, typer.Argument(help="KB: a .jsonl/.json/.csv file, or a folder of them and .txt/.md files")],
-    out: Annotated[Path, typer.Option("--out", "-o", help="bundle directory to write")],
+    out: Annotated[str, typer.Option("--out", "-o", help="bundle directory to write, or an object storage URI "
+                                                        "(s3://bucket/kb: built in a folder beside the node's "
+                                                        "cache, pushed, then removed)")],
     model: ModelOpt = None,
     layer: Annotated[int, typer.Option(help="memory layer, 0-based; -1 = last")] = -1,
     index: Annotated[str, typer.Option(help="auto | flat | hnsw | ivf | ivfpq")] = "auto",
@@ -116,9 +118,20 @@ def build(
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + the layer-L memory), index it (FAISS and BM25)."""
     from softknn.index_builder.reader import Fields, read_kb, resolve_fields
+    from softknn.remote_bundle import is_remote
 
-    if out.exists() and not force:  # the checks that need no model come first
-        _fail(f"{out}: already exists; pass --force to replace it")
+    remote = out if is_remote(out) else None
+    try:  # the checks that need no model come first
+        if remote is not None:
+            from softknn.remote_bundle import holds_bundle
+
+            if holds_bundle(remote) and not force:
+                raise SoftKNNError(f"{remote}: already holds a bundle; pass --force to replace it (a deployment "
+                                   "serving it refuses the new files: push each version to a new prefix)")
+        elif Path(out).exists() and not force:
+            raise SoftKNNError(f"{out}: already exists; pass --force to replace it")
+    except SoftKNNError as e:
+        _fail(e)
     try:
         fields, notes = resolve_fields(kb, Fields(id=id_field, text=text_field or "text", label=label_field),
                                        text_given=text_field is not None)
@@ -161,8 +174,12 @@ def build(
             from softknn.generator import Generator
 
             gen = Generator.load(generator)
-        manifest = build_bundle(kb, out, cfg, _encoder(_build_runtime(settings)), force=force, progress=progress,
-                                encode=encode, generator=gen)
+        enc = _encoder(_build_runtime(settings))
+        if remote is None:
+            manifest = build_bundle(kb, Path(out), cfg, enc, force=force, progress=progress, encode=encode,
+                                    generator=gen)
+        else:
+            manifest = _build_and_push(kb, remote, cfg, enc, progress=progress, encode=encode, generator=gen)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
     c = manifest["counts"]
@@ -176,6 +193,23 @@ def build(
     _report_loo(manifest.get("calibration") or {})
     if encode is not None and encode.workers_used:
         typer.echo(f"encoded with Ray Data: {encode.workers_used} workers on {len(encode.nodes)} node(s)")
+
+
+def _build_and_push(kb: Path, uri: str, cfg, encoder, **kw) -> dict:
+    """Build into a staging folder beside the node-local cache, push it to `uri`, remove the folder.
+    The push writes the manifests last, so a reader never finds a manifest without its files."""
+    import shutil
+
+    from softknn.index_builder.pipeline import build_bundle
+    from softknn.remote_bundle import push, staging_dir
+
+    staging = staging_dir()
+    try:
+        manifest = build_bundle(kb, staging / "bundle", cfg, encoder, **kw)
+        push(staging / "bundle", uri)
+        return manifest
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _report_loo(cal: dict) -> None:

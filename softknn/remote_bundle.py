@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -90,6 +91,25 @@ def read_remote_manifest(uri: str) -> dict:
         raise BundleError(f"{_join(uri, MANIFEST)}: format_version {raw.get('format_version')!r}, "
                           f"this softknn reads {FORMAT_VERSION}")
     return raw
+
+
+def holds_bundle(uri: str) -> bool:
+    """Whether `uri` holds a bundle's top manifest (what `push` writes last)."""
+    from softknn.bundle import MANIFEST
+
+    fs, root = _fs(uri)
+    try:
+        return bool(fs.exists(_join(root, MANIFEST)))
+    except Exception as e:  # noqa: BLE001 - network, credentials: the store's own message
+        raise BundleError(f"{uri}: cannot read: {type(e).__name__}: {e}") from e
+
+
+def staging_dir() -> Path:
+    """A new empty folder beside the node-local cache, for a bundle built here to be pushed (the
+    caller removes it); never named like a cached version, so eviction leaves it alone."""
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=".build-", dir=root))
 
 
 def read_location_manifest(location: str | Path) -> dict:

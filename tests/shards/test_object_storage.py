@@ -255,3 +255,28 @@ def test_the_cache_keeps_the_newest_versions_and_an_evicted_one_still_serves(s3,
     _same([r.to_dict() for r in Engine(encoder, served).infer(QUERIES[:3], PARAMS)], want)
     assert localize("s3://kbs/keep-a") == a and a.is_dir() and not b.exists()
     _same(_answers(encoder, a), want)
+
+
+def test_build_out_a_uri_pushes_the_same_bundle_and_leaves_no_staging_folder(s3, encoder, sample_kb,
+                                                                             sharded_bundle_path):
+    """`softknn build KB --out s3://…`: built beside the node's cache, pushed, the folder removed; the
+    store then holds the bundle a local build of the same KB writes (same version id, same answers),
+    and a second build to the same URI is refused without --force before any model loads."""
+    from softknn.remote_bundle import cache_root, fetch, localize, read_remote_manifest
+
+    version = read_manifest(sharded_bundle_path)["version_id"]
+    r = CliRunner().invoke(_app(), ["build", str(sample_kb), "--out", "s3://kbs/built", "--shards", "2", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith(f"built s3://kbs/built: version {version}, "), r.output
+    assert read_remote_manifest("s3://kbs/built")["version_id"] == version
+    assert not list(cache_root().glob(".build-*"))  # the staging folder is gone
+    local = localize("s3://kbs/built")
+    for sh in read_manifest(local)["shards"]:
+        fetch(f"s3://kbs/built/{sh['dir']}")
+    _same(_answers(encoder, local), _answers(encoder, sharded_bundle_path))
+
+    again = CliRunner().invoke(_app(), ["build", str(sample_kb), "--out", "s3://kbs/built", "--no-progress"])
+    assert again.exit_code == 2
+    assert "s3://kbs/built: already holds a bundle; pass --force to replace it" in again.output
+    assert read_remote_manifest("s3://kbs/built")["version_id"] == version
+    assert not list(cache_root().glob(".build-*"))
