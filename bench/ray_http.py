@@ -1,11 +1,13 @@
 """`softknn serve` vs `softknn serve --ray` (2 shard actors) over HTTP: p50/p95, dense and hybrid.
 
-    python -m bench ray_http [--queries 40] [--warmup 5] [--bundle DIR] [--out bench/results/ray_http.json]
+    python -m bench ray_http [--queries 40] [--warmup 5] [--bundle DIR] [--ingress proxy|haproxy]
+                             [--ray-env KEY=VALUE ...] [--name ray_http]
 
 Both servers serve the same sharded bundle: the sample KB built with `softknn build --shards 2`
 (`--bundle`, default $SOFTKNN_BENCH_CACHE/sample2, built when missing). The single process opens
 its 2 shards in-process (softknn.shards.LocalShards), `--ray` as 2 Ray actors behind the Serve
-proxy and one model replica. Both run one torch thread and no API key (the harness's
+proxy (`--ingress proxy`, the default) or Ray Serve's HAProxy ingress (`--ingress haproxy`) and one
+model replica. Both run one torch thread and no API key (the harness's
 softknn/service/testing.py LiveServer). Each query (the sample KB's queries.jsonl, one input per
 request) goes to both servers, alternating which first, in dense and in hybrid retrieval, one
 request at a time: every figure sees the same load. The answers are compared (same evidence ids in
@@ -13,7 +15,9 @@ the same order, max |Δ| of similarities and embedding). `/healthz` is timed the
 no shard. Each side's p50/p95 is over `--queries` requests after `--warmup` warm-up requests.
 `moved`: then, in this process with the shards as 2 Ray actors, over the same queries: Engine.infer
 p50/p95 without the proxy, the shard fan-outs per request and the bytes of array data the shards
-send (per request and per shard method).
+send (per request and per shard method), with the memory rows read from the shards' files here
+(`local_reads`, what a replica on the shards' machine does) and through the actors (what one on
+another machine does), each query both ways. Written to bench/results/NAME.json and NAME.png.
 """
 
 from __future__ import annotations
@@ -47,9 +51,9 @@ def sharded_sample(path: Path) -> Path:
     return path
 
 
-def server(name: str, bundle: Path, ray: bool, env: dict[str, str] | None = None) -> LiveServer:
+def server(name: str, bundle: Path, ray: bool, env: dict[str, str] | None = None, ingress: str = "proxy") -> LiveServer:
     port = free_port()
-    cmd = LiveServer.command(bundle, port, log_level="warning") + (["--ray"] if ray else [])
+    cmd = LiveServer.command(bundle, port, log_level="warning") + (["--ray", "--ingress", ingress] if ray else [])
     return LiveServer.spawn(cmd, Path(tempfile.gettempdir()) / f"bench_ray_http_{name}.log", port=port,
                             env={"HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1", **(env or {})})
 
@@ -85,40 +89,50 @@ def moved(bundle: Path, qs: list[str]) -> dict:
     from softknn.engine import Engine, InferParams
     from softknn.service.ray_serving import RayShards
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)
+    ways = ("local_reads", "through_the_actors")
     try:
         set_threads(1)  # as the servers' one torch thread
         enc = Encoder()
-        b = load_bundle(bundle, expected_fingerprint=enc.info.fingerprint, shard_backend=RayShards.factory(num_cpus=1))
-        engine = Engine(enc, b)
-        be, log = b.backend, []
-        call_some = be.call_some
+        engines, logs = {}, {}
+        for w in ways:
+            b = load_bundle(bundle, expected_fingerprint=enc.info.fingerprint,
+                            shard_backend=RayShards.factory(num_cpus=1, local_reads=w == "local_reads"))
+            engines[w], logs[w] = Engine(enc, b), []
 
-        def counted_some(m, s, a):  # RayShards.call goes through call_some
-            out = call_some(m, s, a)
-            log.append((m, _nbytes(out)))
-            return out
+            def counted_some(m, s, a, call_some=b.backend.call_some, log=logs[w]):  # RayShards.call goes through it
+                out = call_some(m, s, a)
+                log.append((m, _nbytes(out)))
+                return out
 
-        be.call_some = counted_some  # type: ignore[method-assign]
-        out: dict = {}
+            b.backend.call_some = counted_some  # type: ignore[method-assign]
+        out: dict = {w: {} for w in ways}
         for mode in MODES:
             p = InferParams(retrieval=mode)
-            engine.infer([qs[0]], p)  # warm-up
-            ms, calls, nbytes, by_method = [], [], [], {}
-            for q in qs:
-                log.clear()
-                t = time.perf_counter()
-                engine.infer([q], p)
-                ms.append((time.perf_counter() - t) * 1e3)
-                calls.append(len(log))
-                nbytes.append(sum(n for _, n in log))
-                for m, n in log:
-                    by_method.setdefault(m, []).append(n)
-            out[mode] = {"infer_p50_ms": round(percentile(ms, 50), 2), "infer_p95_ms": round(percentile(ms, 95), 2),
-                         "fanouts_per_request": float(np.mean(calls)),
-                         "bytes_per_request_p50": int(np.median(nbytes)),
-                         "bytes_per_call_p50": {m: int(np.median(v)) for m, v in by_method.items()}}
-        b.close()
+            ms: dict = {w: [] for w in ways}
+            calls: dict = {w: [] for w in ways}
+            nbytes: dict = {w: [] for w in ways}
+            by_method: dict = {w: {} for w in ways}
+            for w in ways:
+                engines[w].infer([qs[0]], p)  # warm-up
+            for i, q in enumerate(qs):
+                for w in (ways if i % 2 else ways[::-1]):
+                    logs[w].clear()
+                    t = time.perf_counter()
+                    engines[w].infer([q], p)
+                    ms[w].append((time.perf_counter() - t) * 1e3)
+                    calls[w].append(len(logs[w]))
+                    nbytes[w].append(sum(n for _, n in logs[w]))
+                    for m, n in logs[w]:
+                        by_method[w].setdefault(m, []).append(n)
+            for w in ways:
+                out[w][mode] = {"infer_p50_ms": round(percentile(ms[w], 50), 2),
+                                "infer_p95_ms": round(percentile(ms[w], 95), 2),
+                                "fanouts_per_request": float(np.mean(calls[w])),
+                                "bytes_per_request_p50": int(np.median(nbytes[w])),
+                                "bytes_per_call_p50": {m: int(np.median(v)) for m, v in by_method[w].items()}}
+        for e in engines.values():
+            e.bundle.close()
         return out
     finally:
         ray.shutdown()
@@ -129,8 +143,10 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--bundle", type=Path, default=None, help="a 2-shard bundle (default: the sample KB's, built)")
     ap.add_argument("--ready-timeout", type=float, default=600.0)
+    ap.add_argument("--ingress", choices=("proxy", "haproxy"), default="proxy", help="the --ray server's ingress")
     ap.add_argument("--ray-env", action="append", default=[], metavar="KEY=VALUE",
                     help="an environment variable of the --ray server (and so of its Ray processes); repeatable")
+    ap.add_argument("--name", default="ray_http", help="results: bench/results/NAME.json and NAME.png")
 
 
 def _timed(c, method: str, path: str, body: dict | None) -> tuple[float, dict | None]:
@@ -144,7 +160,8 @@ def _timed(c, method: str, path: str, body: dict | None) -> tuple[float, dict | 
 def run(args: argparse.Namespace) -> dict:
     bundle = sharded_sample(args.bundle or CACHE / "sample2")
     ray_env = dict(kv.split("=", 1) for kv in args.ray_env)
-    srv = {"single": server("single", bundle, False), "ray_2_shards": server("ray", bundle, True, ray_env)}
+    srv = {"single": server("single", bundle, False),
+           "ray_2_shards": server("ray", bundle, True, ray_env, ingress=args.ingress)}
     lat: dict[str, dict[str, list[float]]] = {m: {s: [] for s in SIDES} for m in (*MODES, "healthz")}
     same, delta = {m: True for m in MODES}, {m: 0.0 for m in MODES}
     try:
@@ -181,16 +198,17 @@ def run(args: argparse.Namespace) -> dict:
         if mode in MODES:
             figures[mode] |= {"same_evidence_ids_and_order": bool(same[mode]), "max_abs_delta_score": delta[mode]}
     figures["moved"] = moved(bundle, qs[args.warmup:])
-    out = write("ray_http", {"command": args.command, "bundle": str(bundle), "queries": args.queries, "ray_env": ray_env,
+    out = write(args.name, {"command": args.command, "bundle": str(bundle), "queries": args.queries,
+                            "ingress": args.ingress, "ray_env": ray_env,
                              "warmup": args.warmup, "figures": figures,
                              "latencies_ms": {m: {s: [round(x * 1e3, 3) for x in v] for s, v in per.items()}
                                               for m, per in lat.items()}})
-    plot(lat, figures)
+    plot(lat, figures, args.name)
     print(json.dumps({"command": args.command, "figures": figures}, indent=2))
     return out
 
 
-def plot(lat: dict, figures: dict) -> None:
+def plot(lat: dict, figures: dict, name: str = "ray_http") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -207,7 +225,7 @@ def plot(lat: dict, figures: dict) -> None:
         ax.set_title(f"{mode}: p50 ×{figures[mode]['ratio_p50']}", fontsize=9)
         ax.set_ylabel("ms per request (HTTP)")
     fig.tight_layout()
-    fig.savefig(RESULTS / "ray_http.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
     plt.close(fig)
 
 

@@ -156,6 +156,9 @@ class Settings(BaseSettings):
     log_level: str = Field("info", description="debug | info | warning | error")
     cors_origins: list[str] = Field(default_factory=list, description="allowed CORS origins; empty = CORS off")
     use_gpu_index: bool = Field(True, description="put the FAISS index on the GPU when faiss-gpu sees one")
+    shard_local_reads: bool = Field(True, description="`serve --ray`: a replica reads the retrieved chunks' memory "
+                                    "rows of a shard on its own machine from the shard's files (the very files the "
+                                    "shard verified and mapped) instead of through the shard actor")
     model: ModelSettings = Field(default_factory=ModelSettings)
     defaults: InferDefaults = Field(default_factory=InferDefaults)
     limits: Limits = Field(default_factory=Limits)

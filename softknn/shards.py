@@ -36,7 +36,10 @@ with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engin
   with the whole KB's per-channel scale, copied into every shard, so a row dequantises as in the
   one-index bundle) and sends the requested rows as stored; the serving process dequantises and
   projects them with its model, one GEMM over the rows in one-index order (the same K/V bit for
-  bit); `recompute` runs here on the chunk texts this process holds.
+  bit); `recompute` runs here on the chunk texts this process holds. A serving process on the
+  machine of a shard reads those rows from the shard's own files instead (`map_local`: only the very
+  files the shard verified and mapped, same device, inode, size and mtime), the same bytes without
+  an actor call; elsewhere, or when the files differ, it asks the shard.
 
 The serving process keeps the KB's metadata memory-mapped from disk for the evidence: the chunks
 (softknn.mapped_chunks.MappedChunks: 24 B per chunk resident, a row decoded when read), the token
@@ -47,6 +50,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -66,6 +70,38 @@ if TYPE_CHECKING:
     from softknn.lexical import LexicalIndex
 
 SHARD_DIR = "shard-{:04d}"
+
+
+def host_id() -> str | None:
+    """This machine's boot id (Linux; None elsewhere): equal in two processes exactly when they run
+    on one machine since its last boot (in containers of one host too)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text(encoding="ascii").strip() or None
+    except OSError:
+        return None
+
+
+def _file_id(st: os.stat_result) -> list[int]:
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns]
+
+
+def map_local(maps: dict | None) -> dict[str, np.ndarray] | None:
+    """The arrays a shard described (`Shard.memory_maps`), mapped read-only by this process, when it
+    runs on the shard's machine and opens the very files the shard mapped (same device, inode, size
+    and mtime, checked on the open descriptor); else None, and the rows are read through the shard."""
+    if not maps or maps.get("host") is None or maps["host"] != host_id():
+        return None
+    out: dict[str, np.ndarray] = {}
+    for name, a in maps["arrays"].items():
+        try:
+            with open(a["path"], "rb") as f:
+                if _file_id(os.fstat(f.fileno())) != list(a["file"]):
+                    return None  # replaced since the shard opened it, or another machine's file
+                out[name] = np.memmap(f, dtype=np.dtype(a["dtype"]), mode="r", offset=int(a["offset"]),
+                                      shape=tuple(a["shape"]))
+        except (OSError, ValueError):  # unreadable here, or an empty array (nothing to map)
+            return None
+    return out
 
 
 def shard_files(dirs: Manifest | list[str], memory: str = "kv", lexical: bool = False) -> list[str]:
@@ -125,6 +161,7 @@ class Shard:
             verify_files(path, m, shard_own_files(m.memory))
             check_versions(path, raw, m)
         self.bundle = load_bundle(path, verify=False, use_gpu=use_gpu)
+        self._maps = self._memory_files()  # before the check below: the files of the directory it checks
         if version is not None and self.bundle.version != version:
             raise BundleError(f"{path}: holds shard version {self.bundle.version}, but this shard was opened for "
                               f"{version} (the bundle was rebuilt in place); reload the service to serve it")
@@ -140,9 +177,37 @@ class Shard:
     def ping(self) -> str:
         return self.version
 
+    def _memory_files(self) -> dict | None:
+        kv = self.bundle.kv
+        names = ("hidden",) if hasattr(kv, "hidden") else ("keys", "values") if hasattr(kv, "keys") else ()
+        arrays = {}
+        for name in names:
+            a = getattr(kv, name)
+            if not isinstance(a, np.memmap) or a.filename is None:
+                return None  # in memory (a GPU or converted copy): only this process reads it
+            arrays[name] = {"path": str(a.filename), "offset": int(a.offset), "dtype": a.dtype.str,
+                            "shape": list(a.shape), "file": _file_id(os.stat(a.filename))}
+        host = host_id()
+        return {"host": host, "arrays": arrays} if arrays and host else None
+
+    def memory_maps(self) -> dict | None:
+        """Where this shard's stored memory rows lie (per array: file, offset, dtype, shape, and the
+        file's device, inode, size and mtime as it was opened) and this machine's id, for a serving
+        process on this machine to read them itself (`map_local`); None when they are not mapped
+        from a file (a recompute store, or arrays held in memory)."""
+        return self._maps
+
     def run(self, method: str, args: tuple) -> tuple[str, object]:
         """(the version this shard holds, `method(*args)`): one call of a remote caller."""
         return self.version, getattr(self, method)(*args)
+
+    def run_packed(self, call: bytes) -> bytes:
+        """`run` with its arguments and answer each one pickle (protocol 5): what a Ray actor call
+        carries (softknn.service.ray_serving.RayShards). One bytes object each way costs a Ray call
+        less than its own serialisation of several arguments and a tuple answer (docs/benchmarks.md).
+        The same trust as Ray's own arguments, which are pickles between the cluster's processes."""
+        method, args = pickle.loads(call)  # from this deployment's replica
+        return pickle.dumps(self.run(method, args), protocol=5)
 
     def search(self, xq: np.ndarray, k: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(D, I) (B, min(k, n)): this shard's top k, I global (−1 stays −1)."""
@@ -332,11 +397,13 @@ class _KV:
     read from their shards (`rows`); `start`/`count` global."""
 
     def __init__(self, owner: ShardedBundle, start: np.ndarray, count: np.ndarray, nh: int, hs: int,
-                 first: list[int]):
-        """first: each shard's first global token row (shard s holds token rows first[s] + its local rows)."""
+                 first: list[int], local: list[dict | None] | None = None):
+        """first: each shard's first global token row (shard s holds token rows first[s] + its local rows);
+        local: per shard its arrays mapped by this process (map_local), or None: read through the shard."""
         self.owner, self.start, self.count = owner, start, count
         self.num_heads, self.head_dim = nh, hs
         self.first = np.asarray(first, dtype=np.int64)
+        self.local = list(local) if local is not None else [None] * len(first)
 
     def attach(self, encoder, layer: int) -> None:
         """Stored K/V need no model (the other memories are `_sharded_memory`'s HiddenStore / RecomputeStore)."""
@@ -348,10 +415,17 @@ class _KV:
         rows = np.asarray(rows, dtype=np.int64)
         which = np.searchsorted(self.first, rows, side="right") - 1
         todo = [s for s in range(len(self.first)) if (which == s).any()]
-        res = self.owner.call_some("kv_rows", todo, [(rows[which == s] - self.first[s],) for s in todo])
+        asked = [s for s in todo if self.local[s] is None]
+        res = dict(zip(asked, self.owner.call_some("kv_rows", asked, [(rows[which == s] - self.first[s],)
+                                                                     for s in asked]), strict=True)) if asked else {}
         shape = (len(rows), self.num_heads, self.head_dim)
         k, v = np.empty(shape, dtype=np.float32), np.empty(shape, dtype=np.float32)
-        for s, (ks, vs) in zip(todo, res, strict=True):
+        for s in todo:
+            if s in res:
+                ks, vs = res[s]
+            else:  # what Shard.kv_rows reads, from the same file
+                mine, arr = rows[which == s] - self.first[s], self.local[s]
+                ks, vs = np.asarray(arr["keys"][mine]), np.asarray(arr["values"][mine])  # type: ignore[index]
             k[which == s], v[which == s] = ks, vs  # to float32 as KVStore.rows converts
         return torch.from_numpy(k), torch.from_numpy(v)
 
@@ -369,22 +443,28 @@ class _HiddenRows:
 
     ndim = 2
 
-    def __init__(self, owner: ShardedBundle, first: list[int], ntok: int, width: int, dtype):
+    def __init__(self, owner: ShardedBundle, first: list[int], ntok: int, width: int, dtype,
+                 local: list[dict | None] | None = None):
         self.owner, self.first = owner, np.asarray(first, dtype=np.int64)
         self.shape, self.dtype = (ntok, width), np.dtype(dtype)
+        self.local = list(local) if local is not None else [None] * len(first)  # as _KV's
 
     def __getitem__(self, rows) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
         out = np.empty((len(rows), self.shape[1]), dtype=self.dtype)
         which = np.searchsorted(self.first, rows, side="right") - 1
         todo = [s for s in range(len(self.first)) if (which == s).any()]
-        res = self.owner.call_some("hidden_rows", todo, [(rows[which == s] - self.first[s],) for s in todo])
-        for s, r in zip(todo, res, strict=True):
-            out[which == s] = r
+        asked = [s for s in todo if self.local[s] is None]
+        res = dict(zip(asked, self.owner.call_some("hidden_rows", asked, [(rows[which == s] - self.first[s],)
+                                                                         for s in asked]), strict=True)) if asked else {}
+        for s in todo:
+            # what Shard.hidden_rows reads, from the same file, when this process maps it
+            out[which == s] = res[s] if s in res else self.local[s]["hidden"][rows[which == s] - self.first[s]]  # type: ignore[index]
         return out
 
 
-def _sharded_memory(b: ShardedBundle, start: np.ndarray, count: np.ndarray, first: list[int], ntok: int):
+def _sharded_memory(b: ShardedBundle, start: np.ndarray, count: np.ndarray, first: list[int], ntok: int,
+                    local: list[dict | None] | None = None):
     """The memory store of a sharded bundle, by the manifest's `memory`: stored K/V gathered on the
     shards (`_KV`); hidden states read from the shards and projected here, where the model is
     (HiddenStore over `_HiddenRows`, with the KB's one int8 scale, which every shard holds a copy of);
@@ -395,7 +475,7 @@ def _sharded_memory(b: ShardedBundle, start: np.ndarray, count: np.ndarray, firs
     kind = memory_kind(m.memory)
     nh, hs = m.model.num_heads, m.model.head_dim
     if kind == "kv":
-        return _KV(b, start, count, nh, hs, first)
+        return _KV(b, start, count, nh, hs, first, local)
     if kind == "recompute":
         return RecomputeStore(cast("list[str]", ChunkTexts(b.chunks)), start, count, nh, hs)  # read on access
     scale = None
@@ -404,7 +484,7 @@ def _sharded_memory(b: ShardedBundle, start: np.ndarray, count: np.ndarray, firs
         if any(x is None or not np.array_equal(x, scales[0]) for x in scales):
             raise BundleError(f"{b.path}: its shards hold different int8 scales (not the shards of one build)")
         scale = np.asarray(scales[0], dtype=np.float32)
-    rows = _HiddenRows(b, first, ntok, nh * hs, HIDDEN_DTYPES[kind])
+    rows = _HiddenRows(b, first, ntok, nh * hs, HIDDEN_DTYPES[kind], local)
     return HiddenStore(cast("np.ndarray", rows), scale, start, count, nh, hs)
 
 
@@ -546,7 +626,10 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
     m = manifest
     b = ShardedBundle(path=path, manifest=m, backend=backend, chunks=chunks, lo=lo, labels=list(m.labels))
     b.index = _Index(b, IndexSpec(m.index.kind, m.index.params, m.index.reason))
-    b.kv = _sharded_memory(b, np.concatenate(starts), np.concatenate(counts), first, tok)
+    local = None
+    if getattr(backend, "local_reads", False):  # shards in other processes: read their rows here where we can
+        local = [map_local(x) for x in backend.call("memory_maps", [()] * len(specs))]
+    b.kv = _sharded_memory(b, np.concatenate(starts), np.concatenate(counts), first, tok, local)
     b.token_spans = _Spans(spans, first)
     b.lexical = _Lexical(b, lex_parts) if lex_parts else None
     return b

@@ -63,6 +63,9 @@ def serve(
                                             "placed then); exit 2 after --wait-nodes-timeout")] = 1,
     wait_nodes_timeout: Annotated[float, typer.Option("--wait-nodes-timeout", min=0,
                                                       help="with --ray: seconds --wait-nodes waits")] = 300.0,
+    ingress: Annotated[str, typer.Option("--ingress", help="with --ray: proxy (Serve's Python proxy) | haproxy "
+                                         "(Ray Serve's HAProxy ingress, straight to the replicas' own HTTP "
+                                         "servers: docs/scale.md)")] = "proxy",
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/infer, GET /v1/index, /healthz, /readyz, /metrics, /docs.
 
@@ -113,6 +116,12 @@ def serve(
                         fg=typer.colors.RED, err=True)
             raise typer.Exit(2)
 
+        from softknn.service.ray_serving import INGRESS_ENV
+
+        if ingress not in INGRESS_ENV:
+            typer.secho(f"error: --ingress must be one of {', '.join(INGRESS_ENV)}, got {ingress!r}",
+                        fg=typer.colors.RED, err=True)
+            raise typer.Exit(2)
         from softknn.console import need_ray
 
         need_ray()
@@ -127,14 +136,16 @@ def serve(
 
         try:
             serve_ray(settings, address=address, replicas=replicas, shard_resources=resources,
-                      shard_replicas=shard_replicas, min_nodes=wait_nodes, nodes_timeout_s=wait_nodes_timeout)
-        except NotEnoughNodes as e:
+                      shard_replicas=shard_replicas, min_nodes=wait_nodes, nodes_timeout_s=wait_nodes_timeout,
+                      ingress=ingress)
+        except (NotEnoughNodes, ValueError) as e:
             typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
         return
     if (address is not None or replicas != 1 or shard_resources is not None or shard_replicas != 1
-            or wait_nodes != 1):
-        typer.secho("error: --address, --replicas, --shard-resources, --shard-replicas and --wait-nodes need --ray",
+            or wait_nodes != 1 or ingress != "proxy"):
+        typer.secho("error: --address, --replicas, --shard-resources, --shard-replicas, --wait-nodes and --ingress "
+                    "need --ray",
                     fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
     # the lingering close: a client still sending when it is answered (408, 413) reads its answer, not a reset

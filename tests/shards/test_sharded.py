@@ -238,3 +238,28 @@ def test_a_read_only_query_is_scored_without_a_torch_warning(sharded_bundle_path
                        text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == f"(2, {read_manifest(sharded_bundle_path / 'shard-0000')['counts']['chunks']})"
+
+
+def test_a_shard_s_memory_is_mapped_here_only_from_the_very_files_it_mapped(sharded_bundle_path, tmp_path):
+    """map_local maps a shard's memory rows from the files the shard opened (same machine, device,
+    inode, size, mtime): the same bytes; another machine's, or a file replaced since, is refused
+    (None: the rows are then read through the shard)."""
+    import os
+
+    from softknn.shards import Shard, host_id, map_local
+
+    d = tmp_path / "b"
+    shutil.copytree(sharded_bundle_path, d)
+    shard = Shard(d / "shard-0000", 0)
+    maps = shard.memory_maps()
+    assert maps is not None and maps["host"] == host_id() and set(maps["arrays"]) == {"hidden"}
+    hidden = shard.bundle.kv.hidden
+    got = map_local(maps)
+    assert got is not None and np.array_equal(got["hidden"], hidden) and got["hidden"].dtype == hidden.dtype
+    assert not got["hidden"].flags.writeable
+    assert map_local({**maps, "host": "another-machine"}) is None
+    f = d / "shard-0000" / "mem_hidden.npy"
+    shutil.copy2(f, tmp_path / "copy.npy")
+    os.replace(tmp_path / "copy.npy", f)  # the same bytes and mtime in a new file: not the file the shard mapped
+    assert map_local(maps) is None
+    assert map_local(None) is None
