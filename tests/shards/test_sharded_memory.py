@@ -163,3 +163,54 @@ def test_ray_sharded_hidden_int8_serves_the_unsharded_answers(sample_int8, encod
     assert index["memory"]["kind"] == "hidden-int8"
     assert [[e["chunk_id"] for e in r["evidence"]] for r in got] == [[e["chunk_id"] for e in r["evidence"]] for r in want]
     assert_tree_close(got, want, 1e-6)
+
+
+class _ShardsElsewhere:
+    """In-process shards behind the interface a remote backend has (RayShards: `local_reads`), each
+    call logged: what a replica on the shards' machine sees, without Ray."""
+
+    def __init__(self, specs, local_reads: bool):
+        from softknn.shards import LocalShards, Shard
+
+        self.inner = LocalShards([Shard(d, lo, v) for d, lo, v in specs])
+        self.local_reads, self.calls = local_reads, []
+
+    def call(self, method, args):
+        self.calls.append(method)
+        return self.inner.call(method, args)
+
+    def call_some(self, method, shards, args):
+        self.calls.append(method)
+        return self.inner.call_some(method, shards, args)
+
+    def health(self):
+        return []
+
+    def close(self):
+        self.inner.close()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_local_reads_gather_the_bytes_the_shards_send(built, encoder, kind):
+    """With local reads every stored representation gathers bit for bit what the shards send (and
+    what the one-index store gathers), and asks no shard for memory rows; without, it asks them."""
+    one, two = built(kind)
+    made: dict[bool, _ShardsElsewhere] = {}
+
+    def factory(local_reads):
+        def make(specs, version=""):
+            made[local_reads] = _ShardsElsewhere(specs, local_reads)
+            return made[local_reads]
+        return make
+
+    want = Engine(encoder, load_bundle(one)).memory.gather(IDS, WEIGHTS, CPU)
+    for local_reads in (True, False):
+        b = load_bundle(two, shard_backend=factory(local_reads))
+        got = Engine(encoder, b).memory.gather(IDS, WEIGHTS, CPU)
+        for f in ("key", "value", "token_mask", "weight"):
+            assert torch.equal(getattr(want, f), getattr(got, f)), (local_reads, f)
+        asked = [m for m in made[local_reads].calls if m.endswith("_rows")]
+        reads_rows = kind != "recompute"  # recompute encodes the chunk texts this process holds
+        assert asked == ([] if local_reads or not reads_rows else [{"kv": "kv_rows"}.get(kind, "hidden_rows")]), asked
+        assert ("memory_maps" in made[local_reads].calls) == local_reads
+        b.close()
