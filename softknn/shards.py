@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import bisect
 import os
-import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -200,14 +199,6 @@ class Shard:
     def run(self, method: str, args: tuple) -> tuple[str, object]:
         """(the version this shard holds, `method(*args)`): one call of a remote caller."""
         return self.version, getattr(self, method)(*args)
-
-    def run_packed(self, call: bytes) -> bytes:
-        """`run` with its arguments and answer each one pickle (protocol 5): what a Ray actor call
-        carries (softknn.service.ray_serving.RayShards). One bytes object each way costs a Ray call
-        less than its own serialisation of several arguments and a tuple answer (docs/benchmarks.md).
-        The same trust as Ray's own arguments, which are pickles between the cluster's processes."""
-        method, args = pickle.loads(call)  # from this deployment's replica
-        return pickle.dumps(self.run(method, args), protocol=5)
 
     def search(self, xq: np.ndarray, k: int, exact: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(D, I) (B, min(k, n)): this shard's top k, I global (−1 stays −1)."""

@@ -32,7 +32,6 @@ import asyncio
 import logging
 import math
 import os
-import pickle
 import re
 import time
 import uuid
@@ -243,7 +242,7 @@ class RayShards:
             i = self._pick(s, set())
             assert i is not None  # a shard has at least one copy
             picks.append(i)
-        refs = [self.handles[i].run_packed.remote(_pack(method, a)) for i, a in zip(picks, args, strict=True)]
+        refs = [self.handles[i].run.remote(method, a) for i, a in zip(picks, args, strict=True)]
         tried: list[set[int]] = [set() for _ in shards]
         out: list[Any] = []
         deadline = time.monotonic() + self.timeout_s
@@ -251,7 +250,7 @@ class RayShards:
             for j, s in enumerate(shards):
                 while True:
                     try:
-                        out.append(pickle.loads(ray.get(refs[j], timeout=max(0.0, deadline - time.monotonic()))))
+                        out.append(ray.get(refs[j], timeout=max(0.0, deadline - time.monotonic())))
                         break
                     except (RayActorError, ActorUnavailableError) as e:
                         i = picks[j]
@@ -262,7 +261,7 @@ class RayShards:
                             raise ShardUnavailable(f"a KB shard is unavailable ({_reason(e)}); retry shortly") from e
                         log.warning("%s failed a call (%s): resent to copy %d", self._who(i), _reason(e),
                                     nxt % self.copies)
-                        picks[j], refs[j] = nxt, self.handles[nxt].run_packed.remote(_pack(method, args[j]))
+                        picks[j], refs[j] = nxt, self.handles[nxt].run.remote(method, args[j])
         except (ShardUnavailable, GetTimeoutError) as e:
             for r in refs:
                 try:
@@ -325,11 +324,6 @@ class RayShards:
             for g in self.groups:
                 _remove_group(g)
         self.handles, self.groups = [], []
-
-
-def _pack(method: str, args: tuple) -> bytes:
-    """A shard call as Shard.run_packed takes it."""
-    return pickle.dumps((method, args), protocol=5)
 
 
 def actor_names(prefix: str, n_shards: int, copies: int = 1) -> list[str]:
