@@ -103,6 +103,9 @@ def build(
     shards: Annotated[int, typer.Option(help="split the bundle into N shards (contiguous row ranges; "
                                               "`softknn serve --ray` serves one actor per shard)")] = 1,
     force: Annotated[bool, typer.Option(help="replace an existing bundle")] = False,
+    cache: Annotated[Path | None, typer.Option(help="an encode cache folder: the model runs only over chunks whose "
+                                                    "text it does not hold, and keeps them there for the next build "
+                                                    "(a KB update re-encodes its new and changed chunks only)")] = None,
     progress: Annotated[bool, typer.Option(help="show a progress bar")] = True,
     ray: Annotated[bool, typer.Option("--ray", help="encode with Ray Data on a Ray cluster's workers "
                                                     "(the same bundle, byte for byte; docs/scale.md)")] = False,
@@ -175,11 +178,13 @@ def build(
 
             gen = Generator.load(generator)
         enc = _encoder(_build_runtime(settings))
+        stats: dict = {}
         if remote is None:
             manifest = build_bundle(kb, Path(out), cfg, enc, force=force, progress=progress, encode=encode,
-                                    generator=gen)
+                                    generator=gen, cache=cache, stats=stats)
         else:
-            manifest = _build_and_push(kb, remote, cfg, enc, progress=progress, encode=encode, generator=gen)
+            manifest = _build_and_push(kb, remote, cfg, enc, progress=progress, encode=encode, generator=gen,
+                                       cache=cache, stats=stats)
     except (SoftKNNError, ValueError) as e:
         _fail(e)
     c = manifest["counts"]
@@ -190,6 +195,10 @@ def build(
     if g:
         typer.echo(f"generator {g['name']}: {len(g['layers'])} memory layers, {g['memory']}, {g['tokens']} tokens, "
                    f"{g['bytes_per_chunk']:,.0f} bytes per chunk")
+    if cache is not None:
+        damaged = stats.get("cache_batches_damaged", 0)
+        typer.echo(f"encode cache {cache}: {stats['encoded']} chunks encoded, {stats['reused']} reused"
+                   + (f", {damaged} damaged batches removed and encoded again" if damaged else ""))
     _report_loo(manifest.get("calibration") or {})
     if encode is not None and encode.workers_used:
         typer.echo(f"encoded with Ray Data: {encode.workers_used} workers on {len(encode.nodes)} node(s)")

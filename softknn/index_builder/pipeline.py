@@ -30,6 +30,7 @@ from softknn.engine import InferParams
 from softknn.errors import BundleError, KBFormatError
 from softknn.generator import Generator
 from softknn.index_builder.chunker import Chunk, chunk_documents
+from softknn.index_builder.encode_cache import chunk_key
 from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
 from softknn.index_builder.reader import Fields, read_kb
 from softknn.lexical import LexicalIndex, LexicalSpec
@@ -172,68 +173,89 @@ def _encode_shard(encoder: Encoder, chunks: list[Chunk], rows: list[int], layer:
     write_shard(shard, rows, arrays)
 
 
-def _assemble(work: Path, n_shards: int, chunks: list[Chunk], nh: int, hs: int, dim: int, dtype, tmp: Path,
-              memory_kind: str = "kv") -> int:
-    """Concatenate shards into chunk order; returns the number of memory tokens."""
+def _picks_from_rows(batches: list[Path], n: int) -> list[tuple[int, int]]:
+    """row -> (batch, position in it), from each batch's rows.npy (a build's own work folder)."""
+    picks: list[tuple[int, int]] = [(-1, -1)] * n
+    for i, sh in enumerate(batches):
+        for b, r in enumerate(np.load(sh / "rows.npy").tolist()):
+            picks[r] = (i, b)
+    return picks
+
+
+def _assemble(batches: list[Path], picks: list[tuple[int, int]], chunks: list[Chunk], nh: int, hs: int, dim: int,
+              dtype, tmp: Path, memory_kind: str = "kv") -> int:
+    """Concatenate the encoded batches into chunk order; returns the number of memory tokens.
+
+    `picks[r]`: the batch and position in it that hold chunk row r's encoding. A batch that records the
+    first char its chunks had (starts.npy: the encode cache's) has its spans shifted to the chunk's place."""
     n = len(chunks)
-    shards = [work / f"shard-{s:06d}" for s in range(n_shards)]
-    counts = np.zeros(n, dtype=np.int64)
-    where: list[tuple[int, int]] = [(-1, -1)] * n  # row -> (shard, first token in shard)
-    for s, sh in enumerate(shards):
-        rows, cnt = np.load(sh / "rows.npy"), np.load(sh / "counts.npy")
-        firsts = np.concatenate([[0], np.cumsum(cnt)[:-1]])
-        for r, c, f in zip(rows.tolist(), cnt.tolist(), firsts.tolist(), strict=True):
-            counts[r], where[r] = c, (s, f)
+    cnts = [np.load(sh / "counts.npy") for sh in batches]
+    firsts = [np.concatenate([[0], np.cumsum(c)[:-1]]).astype(np.int64) for c in cnts]
+    olds = [np.load(sh / "starts.npy") if (sh / "starts.npy").is_file() else None for sh in batches]
+    counts = np.asarray([cnts[i][b] for i, b in picks], dtype=np.int64)
     start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     ntok = int(counts.sum())
+    by_batch: list[list[tuple[int, int]]] = [[] for _ in batches]  # batch -> [(row, position)]
+    for r, (i, b) in enumerate(picks):
+        by_batch[i].append((r, b))
     emb = allocated_memmap(tmp / "embeddings.npy", np.float32, (n, dim))
     spans = allocated_memmap(tmp / "token_spans.npy", np.int64, (ntok, 2))
-    # the memory: name in the shard -> (bundle array, how a shard's rows are converted)
+    # the memory: name in the batch -> (bundle array, how a batch's rows are converted)
     mem: dict[str, tuple[np.memmap, Convert | None]] = {}
     if memory_kind == "kv":
         mem["keys.npy"] = (allocated_memmap(tmp / "kv_keys.npy", dtype, (ntok, nh, hs)), None)
         mem["values.npy"] = (allocated_memmap(tmp / "kv_values.npy", dtype, (ntok, nh, hs)), None)
     elif memory_kind != "recompute":
         convert: Convert | None = None
-        if memory_kind == "hidden-int8":  # one scale per channel needs every shard's max first
+        if memory_kind == "hidden-int8":  # one scale per channel needs the max over every row first
             absmax = np.zeros(nh * hs, dtype=np.float32)
-            for sh in shards:
+            for i, sh in enumerate(batches):
                 h = np.load(sh / "hidden.npy", mmap_mode="r")
-                if len(h):
-                    absmax = np.maximum(absmax, np.abs(h).max(0))
+                for _, b in by_batch[i]:
+                    f, c = firsts[i][b], cnts[i][b]
+                    if c:
+                        absmax = np.maximum(absmax, np.abs(h[f : f + c]).max(0))
             scale = int8_scale(absmax)
             save_array(tmp / "mem_hidden_scale.npy", scale)
             convert = lambda x: quantize_int8(np.asarray(x), scale)  # noqa: E731
         mem["hidden.npy"] = (allocated_memmap(tmp / "mem_hidden.npy", HIDDEN_DTYPES[memory_kind], (ntok, nh * hs)), convert)
-    for sh in shards:
-        rows = np.load(sh / "rows.npy")
+    for i, sh in enumerate(batches):
+        if not by_batch[i]:
+            continue
         e, sp = (np.load(sh / f, mmap_mode="r") for f in ("emb.npy", "spans.npy"))
         src = {name: np.load(sh / name, mmap_mode="r") for name in mem}
-        for b, r in enumerate(rows.tolist()):
-            _, f = where[r]
-            c, dst = counts[r], start[r]
+        old = olds[i]
+        for r, b in by_batch[i]:
+            f, c, dst = firsts[i][b], counts[r], start[r]
             emb[r] = e[b]
-            spans[dst : dst + c] = sp[f : f + c]
+            shift = 0 if old is None else chunks[r].start - int(old[b])
+            spans[dst : dst + c] = sp[f : f + c] + shift if shift else sp[f : f + c]
             for name, (arr, convert) in mem.items():
                 x = src[name][f : f + c]
                 arr[dst : dst + c] = convert(x) if convert else x
+        del e, sp, src
     for arr in (emb, spans, *(a for a, _ in mem.values())):
         arr.flush()
-    del emb, spans, mem, src
+    del emb, spans, mem
     save_array(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1))
     return ntok
 
 
 def build_bundle(
     kb: Path, out: Path, cfg: BuildConfig, encoder: Encoder, *, force: bool = False, progress: bool = True,
-    encode: EncodeStrategy | None = None, generator: Generator | None = None,
+    encode: EncodeStrategy | None = None, generator: Generator | None = None, cache: Path | None = None,
+    stats: dict | None = None,
 ) -> dict:
     """Build the bundle for KB `kb` at `out`; returns its manifest. With a causal LM `generator`, its
     keys/values of every chunk are stored too (softknn.index_builder.generator_memory).
 
     `encode`: where the model passes run. None: here, batch after batch. A strategy (e.g.
     softknn.index_builder.distributed.RayEncode) gets the same batches and returns the same arrays; the
-    shards, and so the bundle, are written here either way, byte for byte the same."""
+    shards, and so the bundle, are written here either way, byte for byte the same.
+
+    `cache`: an encode cache folder (softknn.index_builder.encode_cache): only chunks whose text it does
+    not hold are encoded, and the encoded batches stay there for the next build. `stats` (a dict) is
+    filled with the chunk counts: encoded, reused."""
     kb, out = Path(kb), Path(out)
     if out.exists() and not force:
         raise BundleError(f"{out}: already exists; pass --force to replace it")
@@ -270,14 +292,24 @@ def build_bundle(
         gen_plan = plan_record(generator, gen_spec)
     plan = _plan_hash(chunks, cfg, encoder, layer, gen_plan)
     try:
-        return _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, force=force, progress=progress,
-                      encode=encode, generator=(generator, gen_spec) if generator else None)
+        gen = (generator, gen_spec) if generator else None
+        if cache is None:
+            return _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, force=force, progress=progress,
+                          encode=encode, generator=gen, stats=stats)
+        from softknn.index_builder.encode_cache import EncodeCache
+
+        info = encoder.info
+        ec = EncodeCache(cache, fingerprint=info.fingerprint, precision=info.precision, layer=layer,
+                         memory=cfg.memory, kv_dtype=cfg.kv_dtype)
+        with ec.locked():
+            return _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, force=force, progress=progress,
+                          encode=encode, generator=gen, stats=stats, cache=ec)
     except OSError as e:
         raise _write_error(e, parent) from e
 
 
 def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, progress, encode=None,
-           generator=None) -> dict:
+           generator=None, stats=None, cache=None) -> dict:
     """The writing half of build_bundle: shards (resumed), then the bundle, assembled and renamed in."""
     for stale in parent.glob(f".{out.name}.tmp-*"):  # a killed run's half-assembled bundle: never loadable, only space
         shutil.rmtree(stale, ignore_errors=True)
@@ -291,24 +323,17 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
         shutil.rmtree(stale, ignore_errors=True)
 
     dtype = KV_DTYPES[cfg.kv_dtype]
-    batches = _batches(chunks, encoder.tokenizer, cfg.batch_size)
-    todo = [s for s in range(len(batches)) if not (work / f"shard-{s:06d}").is_dir()]
-    bar = tqdm(total=len(chunks), desc="encoding", unit="chunk", disable=not progress, initial=len(chunks) - sum(len(batches[s]) for s in todo))
-    if encode is None:
-        for s in todo:
-            _encode_shard(encoder, chunks, batches[s], layer, cfg, work / f"shard-{s:06d}")
-            bar.update(len(batches[s]))
-    else:  # the batches elsewhere, in any order; each shard written here as its arrays arrive
-        for s, arrays in encode(encoder, chunks, [(s, batches[s]) for s in todo], layer, cfg):
-            write_shard(work / f"shard-{s:06d}", batches[s], arrays)
-            bar.update(len(batches[s]))
-    bar.close()
-
+    if cache is None:
+        sources, picks, encoded = _encode_here(work, chunks, cfg, encoder, layer, progress, encode)
+    else:
+        sources, picks, encoded = _encode_cached(cache, chunks, cfg, encoder, layer, progress, encode)
+    if stats is not None:
+        stats.update(chunks=len(chunks), encoded=encoded, reused=len(chunks) - encoded)
     tmp = parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
         info = encoder.info
-        ntok = _assemble(work, len(batches), chunks, info.num_heads, info.head_dim, info.dim, dtype, tmp, cfg.memory)
+        ntok = _assemble(sources, picks, chunks, info.num_heads, info.head_dim, info.dim, dtype, tmp, cfg.memory)
         xb = np.load(tmp / "embeddings.npy")
         spec = choose_index(len(chunks), info.dim, cfg.index_type, cfg.index_params)
         # serialize + Python write, not faiss.write_index: a full disk then raises OSError with errno
@@ -339,7 +364,61 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     shutil.rmtree(work, ignore_errors=True)
+    if cache is not None:
+        removed = cache.prune({chunk_key(c.text) for c in chunks})
+        if stats is not None:
+            stats.update(cache_batches_removed=removed, cache_batches_damaged=cache.removed)
     return manifest
+
+
+def _encode_here(work: Path, chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int, progress: bool,
+                 encode: EncodeStrategy | None) -> tuple[list[Path], list[tuple[int, int]], int]:
+    """Every chunk encoded into this build's work folder (finished batches of a killed run kept):
+    (the batches, row -> (batch, position), chunks encoded by this run)."""
+    batches = _batches(chunks, encoder.tokenizer, cfg.batch_size)
+    todo = [s for s in range(len(batches)) if not (work / f"shard-{s:06d}").is_dir()]
+    done = len(chunks) - sum(len(batches[s]) for s in todo)
+    bar = tqdm(total=len(chunks), desc="encoding", unit="chunk", disable=not progress, initial=done)
+    if encode is None:
+        for s in todo:
+            _encode_shard(encoder, chunks, batches[s], layer, cfg, work / f"shard-{s:06d}")
+            bar.update(len(batches[s]))
+    else:  # the batches elsewhere, in any order; each shard written here as its arrays arrive
+        for s, arrays in encode(encoder, chunks, [(s, batches[s]) for s in todo], layer, cfg):
+            write_shard(work / f"shard-{s:06d}", batches[s], arrays)
+            bar.update(len(batches[s]))
+    bar.close()
+    sources = [work / f"shard-{s:06d}" for s in range(len(batches))]
+    return sources, _picks_from_rows(sources, len(chunks)), len(chunks) - done
+
+
+def _encode_cached(cache, chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int, progress: bool,
+                   encode: EncodeStrategy | None) -> tuple[list[Path], list[tuple[int, int]], int]:
+    """Only the chunks whose text `cache` (an EncodeCache, locked) lacks are encoded, once per distinct
+    text, in the builder's batches; each batch is kept in the cache. Same return as _encode_here."""
+    keys = [chunk_key(c.text) for c in chunks]
+    first: dict[bytes, int] = {}
+    for r, k in enumerate(keys):
+        if k not in cache.known:
+            first.setdefault(k, r)
+    rows = list(first.values())
+    batches = [[rows[i] for i in b] for b in _batches([chunks[r] for r in rows], encoder.tokenizer, cfg.batch_size)] \
+        if rows else []
+    bar = tqdm(total=len(rows), desc="encoding (new chunks)", unit="chunk", disable=not progress)
+
+    def keep(batch: list[int], arrays: dict[str, np.ndarray]) -> None:
+        cache.write([keys[r] for r in batch], [chunks[r].start for r in batch], arrays)
+        bar.update(len(batch))
+
+    if encode is None:
+        for batch in batches:
+            keep(batch, encode_batch(encoder, [chunks[r].text for r in batch], [chunks[r].start for r in batch],
+                                     layer, cfg))
+    else:
+        for s, arrays in encode(encoder, chunks, list(enumerate(batches)), layer, cfg):
+            keep(batches[s], arrays)
+    bar.close()
+    return cache.batches, [cache.known[k] for k in keys], len(rows)
 
 
 def _finalize_sharded(full: Path, out: Path, parent: Path, manifest: dict, lex, n_shards: int, *, force: bool) -> dict:

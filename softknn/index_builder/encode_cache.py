@@ -1,0 +1,144 @@
+"""The builder's encode cache: each chunk's model pass kept by the chunk's text, so a rebuild after a
+KB update runs the model only over the chunks whose text is new (`softknn build --cache DIR`).
+
+A chunk's encoding (its embedding, its memory rows, its tokens' char offsets) depends on its text,
+the model and the memory settings only: not on the document it came from, its place or its id. The
+cache keeps the builder's own encoded batches (`pipeline.encode_batch`'s arrays), each with the
+sha256 of every chunk text it holds and each chunk's first char (the stored spans are document char
+spans: a reused chunk's are shifted to its new place), under one folder per model and memory
+setting (`DIR/<key>/`: the model's weight fingerprint and numerics, the memory layer, what is stored).
+
+- A batch is written whole (a folder renamed into place), with the sha256 of each of its files; a
+  batch whose files do not match them is removed and its chunks encoded again, never read.
+- One build at a time per folder (an exclusive lock on `DIR/<key>/.lock`).
+- After a build, batches of which it used no chunk are removed: the cache holds the newest build's
+  chunks (plus the unused rows of batches it used in part).
+- What a cached build writes equals a fresh build's chunks, spans, token counts, BM25 index and
+  manifest counts exactly; its embeddings and memory rows equal a fresh build's up to the float
+  round-off of padding a chunk with different neighbours in its batch (tests/builder/test_encode_cache.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from softknn.bundle import fsync_dir, save_array
+from softknn.file_lock import exclusive_lock
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+SUMS = "sha256.json"
+
+
+def chunk_key(text: str) -> bytes:
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+def stored_memory(memory: str, kv_dtype: str) -> str:
+    """What encode_batch keeps of the memory for these settings: every hidden-* kind keeps float32
+    states (quantised only when a bundle is assembled), so they share one cache."""
+    if memory == "kv":
+        return f"kv-{kv_dtype}"
+    return "hidden-float32" if memory.startswith("hidden") else memory
+
+
+def _keys(a: np.ndarray) -> list[bytes]:
+    """A batch's keys.npy, (n, 32) uint8, as digests."""
+    return [row.tobytes() for row in np.asarray(a, dtype=np.uint8).reshape(-1, 32)]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+class EncodeCache:
+    def __init__(self, root: Path, *, fingerprint: str, precision: str, layer: int, memory: str, kv_dtype: str):
+        self.settings = {"format": FORMAT, "model_fingerprint": fingerprint, "precision": precision,
+                         "memory_layer": layer, "stored": stored_memory(memory, kv_dtype)}
+        key = hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16]
+        self.dir = Path(root) / key
+        self.batches: list[Path] = []
+        self.known: dict[bytes, tuple[int, int]] = {}  # chunk text sha256 -> (batch, position in it)
+        self.removed = 0  # batches dropped for failing their checksums
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[EncodeCache]:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with exclusive_lock(self.dir / ".lock"):
+            settings = self.dir / "settings.json"
+            if not settings.is_file():
+                settings.write_text(json.dumps(self.settings, indent=1, sort_keys=True) + "\n")
+            for stale in self.dir.glob("*.tmp-*"):  # a killed build's half-written batch
+                shutil.rmtree(stale, ignore_errors=True)
+            self._index()
+            yield self
+
+    def _index(self) -> None:
+        self.batches, self.known = [], {}
+        for d in sorted(self.dir.glob("batch-*")):
+            try:
+                sums = json.loads((d / SUMS).read_text())
+                bad = [name for name, digest in sums.items() if _sha256(d / name) != digest]
+                keys = np.load(d / "chunk_keys.npy", allow_pickle=False) if not bad else None
+            except (OSError, ValueError) as e:
+                bad, keys = [str(e)], None
+            if bad or keys is None:
+                log.warning("encode cache: %s fails its checksums (%s): removed, its chunks are encoded again",
+                            d, ", ".join(bad))
+                shutil.rmtree(d, ignore_errors=True)
+                self.removed += 1
+                continue
+            i = len(self.batches)
+            self.batches.append(d)
+            for b, k in enumerate(_keys(keys)):
+                self.known.setdefault(k, (i, b))
+
+    def write(self, keys: list[bytes], starts: list[int], arrays: dict[str, np.ndarray]) -> None:
+        """One encoded batch (encode_batch's arrays for the chunks of `keys`, first chars `starts`)."""
+        name = "batch-" + hashlib.sha256(b"".join(keys)).hexdigest()[:24]
+        final = self.dir / name
+        if final.is_dir():  # the same chunks in the same batch: already here
+            return
+        tmp = self.dir / f"{name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        files = {**arrays, "chunk_keys": np.frombuffer(b"".join(keys), dtype=np.uint8).reshape(-1, 32),
+                 "starts": np.asarray(starts, dtype=np.int64)}
+        sums = {}
+        for n, a in files.items():
+            save_array(tmp / f"{n}.npy", a)
+            with open(tmp / f"{n}.npy", "rb+") as f:
+                os.fsync(f.fileno())
+            sums[f"{n}.npy"] = _sha256(tmp / f"{n}.npy")
+        (tmp / SUMS).write_text(json.dumps(sums, sort_keys=True))
+        os.replace(tmp, final)
+        fsync_dir(self.dir)
+        i = len(self.batches)
+        self.batches.append(final)
+        for b, k in enumerate(keys):
+            self.known.setdefault(k, (i, b))
+
+    def prune(self, used: set[bytes]) -> int:
+        """Remove the batches holding none of `used`; returns how many."""
+        n = 0
+        for d in self.batches:
+            if not d.is_dir():
+                continue
+            if not any(k in used for k in _keys(np.load(d / "chunk_keys.npy", allow_pickle=False))):
+                shutil.rmtree(d, ignore_errors=True)
+                n += 1
+        return n
