@@ -133,6 +133,8 @@ def build(
                                    "serving it refuses the new files: push each version to a new prefix)")
         elif Path(out).exists() and not force:
             raise SoftKNNError(f"{out}: already exists; pass --force to replace it")
+        if cache is not None:
+            _check_cache_dir(cache)
     except SoftKNNError as e:
         _fail(e)
     try:
@@ -202,6 +204,18 @@ def build(
     _report_loo(manifest.get("calibration") or {})
     if encode is not None and encode.workers_used:
         typer.echo(f"encoded with Ray Data: {encode.workers_used} workers on {len(encode.nodes)} node(s)")
+
+
+def _check_cache_dir(cache: Path) -> None:
+    """--cache names a folder this process can write (made if missing), before the model loads."""
+    if cache.exists() and not cache.is_dir():
+        raise SoftKNNError(f"--cache {cache}: not a folder (the encode cache is a folder of encoded batches)")
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SoftKNNError(f"--cache {cache}: cannot use it as the encode cache folder: {e.strerror or e}") from e
+    if not os.access(cache, os.W_OK | os.X_OK):
+        raise SoftKNNError(f"--cache {cache}: the encode cache folder is not writable")
 
 
 def _build_and_push(kb: Path, uri: str, cfg, encoder, **kw) -> dict:

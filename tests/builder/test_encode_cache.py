@@ -184,3 +184,14 @@ def test_the_cli_builds_through_the_cache_and_says_what_it_encoded(tmp_path, kbs
     encoded = int(r2.output.split("encode cache ")[1].split(": ")[1].split(" chunks encoded")[0])
     assert encoded == 3
     assert f"{encoded} chunks encoded, {n - encoded} reused" in r2.output
+
+
+def test_a_cache_path_that_is_not_a_folder_is_refused_before_the_model_loads(tmp_path, kbs):
+    from softknn.cli import app
+
+    v1, _ = kbs
+    (tmp_path / "file").write_text("x")
+    r = CliRunner().invoke(app, ["build", str(v1.parent), "--out", str(tmp_path / "b"), "--cache", str(tmp_path / "file")])
+    assert r.exit_code == 2, r.output  # softknn's usage errors exit 2
+    assert f"error: --cache {tmp_path / 'file'}: not a folder" in r.output
+    assert not (tmp_path / "b").exists()
