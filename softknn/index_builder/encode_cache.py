@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from softknn.bundle import fsync_dir, save_array
+from softknn.bundle import fsync_dir, save_array, sha256_file
 from softknn.file_lock import exclusive_lock
 
 log = logging.getLogger(__name__)
@@ -56,14 +56,6 @@ def stored_memory(memory: str, kv_dtype: str) -> str:
 def _keys(a: np.ndarray) -> list[bytes]:
     """A batch's keys.npy, (n, 32) uint8, as digests."""
     return [row.tobytes() for row in np.asarray(a, dtype=np.uint8).reshape(-1, 32)]
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class EncodeCache:
@@ -93,7 +85,7 @@ class EncodeCache:
         for d in sorted(self.dir.glob("batch-*")):
             try:
                 sums = json.loads((d / SUMS).read_text())
-                bad = [name for name, digest in sums.items() if _sha256(d / name) != digest]
+                bad = [name for name, digest in sums.items() if sha256_file(d / name) != digest]
                 keys = np.load(d / "chunk_keys.npy", allow_pickle=False) if not bad else None
             except (OSError, ValueError) as e:
                 bad, keys = [str(e)], None
@@ -123,7 +115,7 @@ class EncodeCache:
             save_array(tmp / f"{n}.npy", a)
             with open(tmp / f"{n}.npy", "rb+") as f:
                 os.fsync(f.fileno())
-            sums[f"{n}.npy"] = _sha256(tmp / f"{n}.npy")
+            sums[f"{n}.npy"] = sha256_file(tmp / f"{n}.npy")
         (tmp / SUMS).write_text(json.dumps(sums, sort_keys=True))
         os.replace(tmp, final)
         fsync_dir(self.dir)

@@ -182,9 +182,63 @@ def _picks_from_rows(batches: list[Path], n: int) -> list[tuple[int, int]]:
     return picks
 
 
+class _MemoryWriter:
+    """Writes the memory files (the bundle's names) of a range of chunk rows from the encoded
+    batches: the whole KB into a one-index bundle, or each shard's rows straight into its folder
+    (no whole-KB copy first). hidden-int8's per-channel scale is the whole KB's, from every row."""
+
+    def __init__(self, batches: list[Path], by_batch: list[list[tuple[int, int]]], firsts: list[np.ndarray],
+                 counts: np.ndarray, start: np.ndarray, kind: str, dtype, nh: int, hs: int):
+        self.batches, self.by_batch, self.firsts = batches, by_batch, firsts
+        self.counts, self.start, self.kind = counts, start, kind
+        # name in the batch -> (name in the bundle, dtype, row shape, how a batch's rows are converted)
+        self.files: dict[str, tuple[str, object, tuple[int, ...], Convert | None]] = {}
+        self.scale: np.ndarray | None = None
+        if kind == "kv":
+            self.files["keys.npy"] = ("kv_keys.npy", dtype, (nh, hs), None)
+            self.files["values.npy"] = ("kv_values.npy", dtype, (nh, hs), None)
+        elif kind != "recompute":
+            convert: Convert | None = None
+            if kind == "hidden-int8":  # one scale per channel needs the max over every row first
+                absmax = np.zeros(nh * hs, dtype=np.float32)
+                for i, sh in enumerate(batches):
+                    h = np.load(sh / "hidden.npy", mmap_mode="r")
+                    for r, b in by_batch[i]:
+                        f, c = firsts[i][b], counts[r]
+                        if c:
+                            absmax = np.maximum(absmax, np.abs(h[f : f + c]).max(0))
+                scale = self.scale = int8_scale(absmax)
+                convert = lambda x: quantize_int8(np.asarray(x), scale)  # noqa: E731
+            self.files["hidden.npy"] = ("mem_hidden.npy", HIDDEN_DTYPES[kind], (nh * hs,), convert)
+
+    def write(self, dst: Path, lo: int, hi: int) -> None:
+        """The memory of rows [lo, hi) as dst/<name>.npy, token 0 being row lo's first."""
+        if not self.files:
+            return
+        t0 = int(self.start[lo])
+        t1 = int(self.start[hi - 1] + self.counts[hi - 1])
+        out = {name: allocated_memmap(dst / final, dt, (t1 - t0, *shape)) for name, (final, dt, shape, _) in self.files.items()}
+        for i, sh in enumerate(self.batches):
+            rows = [(r, b) for r, b in self.by_batch[i] if lo <= r < hi]
+            if not rows:
+                continue
+            src = {name: np.load(sh / name, mmap_mode="r") for name in self.files}
+            for r, b in rows:
+                f, c, d = self.firsts[i][b], self.counts[r], self.start[r] - t0
+                for name, (_, _, _, convert) in self.files.items():
+                    x = src[name][f : f + c]
+                    out[name][d : d + c] = convert(x) if convert else x
+            del src
+        for arr in out.values():
+            arr.flush()
+        del out
+
+
 def _assemble(batches: list[Path], picks: list[tuple[int, int]], chunks: list[Chunk], nh: int, hs: int, dim: int,
-              dtype, tmp: Path, memory_kind: str = "kv") -> int:
-    """Concatenate the encoded batches into chunk order; returns the number of memory tokens.
+              dtype, tmp: Path, memory_kind: str = "kv", *, with_memory: bool = True) -> tuple[int, _MemoryWriter]:
+    """Concatenate the encoded batches into chunk order: embeddings, spans, chunk token ranges and
+    (`with_memory`) the memory; returns (the number of memory tokens, the memory's writer, which
+    writes the memory of any row range: a sharded build writes each shard's with it).
 
     `picks[r]`: the batch and position in it that hold chunk row r's encoding. A batch that records the
     first char its chunks had (starts.npy: the encode cache's) has its spans shifted to the chunk's place."""
@@ -195,50 +249,32 @@ def _assemble(batches: list[Path], picks: list[tuple[int, int]], chunks: list[Ch
     counts = np.asarray([cnts[i][b] for i, b in picks], dtype=np.int64)
     start = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     ntok = int(counts.sum())
-    by_batch: list[list[tuple[int, int]]] = [[] for _ in batches]  # batch -> [(row, position)]
+    by_batch: list[list[tuple[int, int]]] = [[] for _ in batches]  # batch -> [(row, position)], rows ascending
     for r, (i, b) in enumerate(picks):
         by_batch[i].append((r, b))
     emb = allocated_memmap(tmp / "embeddings.npy", np.float32, (n, dim))
     spans = allocated_memmap(tmp / "token_spans.npy", np.int64, (ntok, 2))
-    # the memory: name in the batch -> (bundle array, how a batch's rows are converted)
-    mem: dict[str, tuple[np.memmap, Convert | None]] = {}
-    if memory_kind == "kv":
-        mem["keys.npy"] = (allocated_memmap(tmp / "kv_keys.npy", dtype, (ntok, nh, hs)), None)
-        mem["values.npy"] = (allocated_memmap(tmp / "kv_values.npy", dtype, (ntok, nh, hs)), None)
-    elif memory_kind != "recompute":
-        convert: Convert | None = None
-        if memory_kind == "hidden-int8":  # one scale per channel needs the max over every row first
-            absmax = np.zeros(nh * hs, dtype=np.float32)
-            for i, sh in enumerate(batches):
-                h = np.load(sh / "hidden.npy", mmap_mode="r")
-                for _, b in by_batch[i]:
-                    f, c = firsts[i][b], cnts[i][b]
-                    if c:
-                        absmax = np.maximum(absmax, np.abs(h[f : f + c]).max(0))
-            scale = int8_scale(absmax)
-            save_array(tmp / "mem_hidden_scale.npy", scale)
-            convert = lambda x: quantize_int8(np.asarray(x), scale)  # noqa: E731
-        mem["hidden.npy"] = (allocated_memmap(tmp / "mem_hidden.npy", HIDDEN_DTYPES[memory_kind], (ntok, nh * hs)), convert)
     for i, sh in enumerate(batches):
         if not by_batch[i]:
             continue
         e, sp = (np.load(sh / f, mmap_mode="r") for f in ("emb.npy", "spans.npy"))
-        src = {name: np.load(sh / name, mmap_mode="r") for name in mem}
         old = olds[i]
         for r, b in by_batch[i]:
             f, c, dst = firsts[i][b], counts[r], start[r]
             emb[r] = e[b]
             shift = 0 if old is None else chunks[r].start - int(old[b])
             spans[dst : dst + c] = sp[f : f + c] + shift if shift else sp[f : f + c]
-            for name, (arr, convert) in mem.items():
-                x = src[name][f : f + c]
-                arr[dst : dst + c] = convert(x) if convert else x
-        del e, sp, src
-    for arr in (emb, spans, *(a for a, _ in mem.values())):
+        del e, sp
+    for arr in (emb, spans):
         arr.flush()
-    del emb, spans, mem
+    del emb, spans
     save_array(tmp / "chunk_tokens.npy", np.stack([start, counts], axis=1))
-    return ntok
+    writer = _MemoryWriter(batches, by_batch, firsts, counts, start, memory_kind, dtype, nh, hs)
+    if writer.scale is not None:
+        save_array(tmp / "mem_hidden_scale.npy", writer.scale)
+    if with_memory:
+        writer.write(tmp, 0, n)
+    return ntok, writer
 
 
 def build_bundle(
@@ -333,12 +369,15 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
     tmp.mkdir()
     try:
         info = encoder.info
-        ntok = _assemble(sources, picks, chunks, info.num_heads, info.head_dim, info.dim, dtype, tmp, cfg.memory)
+        sharded = cfg.shards > 1  # each shard's memory and FAISS index are written into its folder (write_shards)
+        ntok, memory = _assemble(sources, picks, chunks, info.num_heads, info.head_dim, info.dim, dtype, tmp,
+                                 cfg.memory, with_memory=not sharded)
         xb = np.load(tmp / "embeddings.npy")
         spec = choose_index(len(chunks), info.dim, cfg.index_type, cfg.index_params)
-        # serialize + Python write, not faiss.write_index: a full disk then raises OSError with errno
-        # (same bytes; faiss's own writer fails with a RuntimeError that names no cause)
-        (tmp / "index.faiss").write_bytes(faiss.serialize_index(build_index(xb, spec)).tobytes())
+        if not sharded:
+            # serialize + Python write, not faiss.write_index: a full disk then raises OSError with errno
+            # (same bytes; faiss's own writer fails with a RuntimeError that names no cause)
+            (tmp / "index.faiss").write_bytes(faiss.serialize_index(build_index(xb, spec)).tobytes())
         with open(tmp / "chunks.jsonl", "w", encoding="utf-8") as f:
             for c in chunks:
                 f.write(json.dumps(c.record(), sort_keys=True, ensure_ascii=False) + "\n")
@@ -357,7 +396,8 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
             gen, spec = generator
             manifest["generator"] = write_generator_memory(tmp, texts, gen, spec, work, progress=progress)
         if cfg.shards > 1:  # the one-index files above, split into shards (calibration stays global)
-            manifest = _finalize_sharded(tmp, out, parent, manifest, lex, cfg.shards, force=force)
+            manifest = _finalize_sharded(tmp, out, parent, manifest, lex, cfg.shards, force=force,
+                                         write_memory=memory.write)
         else:
             manifest = finalize(tmp, out, manifest, force=force)
     except BaseException:
@@ -421,13 +461,14 @@ def _encode_cached(cache, chunks: list[Chunk], cfg: BuildConfig, encoder: Encode
     return cache.batches, [cache.known[k] for k in keys], len(rows)
 
 
-def _finalize_sharded(full: Path, out: Path, parent: Path, manifest: dict, lex, n_shards: int, *, force: bool) -> dict:
+def _finalize_sharded(full: Path, out: Path, parent: Path, manifest: dict, lex, n_shards: int, *, force: bool,
+                      write_memory=None) -> dict:
     from softknn.index_builder.sharding import finalize_sharded, write_shards
 
     tmp = parent / f".{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        top = write_shards(full, tmp, manifest, lex, n_shards)
+        top = write_shards(full, tmp, manifest, lex, n_shards, write_memory=write_memory)
         result = finalize_sharded(tmp, out, top, force=force)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

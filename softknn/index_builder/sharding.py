@@ -11,9 +11,14 @@ from softknn.memory_stores import INT8_SCALE, memory_files
 from softknn.shards import SHARD_DIR, shard_files, shard_ranges, slice_lexical
 
 
-def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> dict:
+def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int, *, write_memory=None) -> dict:
     """Split the assembled one-index bundle files in `full` into `n_shards` finalized sub-bundles under
-    `tmp`; returns the top-level manifest (without files/version: `finalize_sharded` adds them)."""
+    `tmp`; returns the top-level manifest (without files/version: `finalize_sharded` adds them).
+
+    `write_memory(folder, lo, hi)`: writes the memory files of chunk rows [lo, hi) into a shard's
+    folder (the builder's, from its encoded batches: then `full` holds no memory files). None: the
+    memory is sliced from `full`'s one-index files (the plain form; the two give the same bytes,
+    tests/shards/test_build.py)."""
     import faiss
 
     from softknn.bundle import MANIFEST, finalize, save_array
@@ -25,7 +30,7 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> d
     # the memory's per-token arrays, sliced by token range; hidden-int8's scale is the whole KB's
     # per-channel one, written into every shard, so a shard's rows dequantise as the one-index bundle's
     per_token = [name for name in memory_files(kind) if name != INT8_SCALE]
-    memory = {name: np.load(full / name, mmap_mode="r") for name in per_token}
+    memory = {} if write_memory is not None else {name: np.load(full / name, mmap_mode="r") for name in per_token}
     spans = np.load(full / "token_spans.npy", mmap_mode="r")
     ct = np.load(full / "chunk_tokens.npy")
     with open(full / "chunks.jsonl", encoding="utf-8") as f:
@@ -39,6 +44,8 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int) -> d
         part.mkdir()
         x = np.ascontiguousarray(xb[lo:hi])
         save_array(part / "embeddings.npy", x)
+        if write_memory is not None:
+            write_memory(part, lo, hi)
         for name, arr in memory.items():
             save_array(part / name, arr[t0:t1])
         if INT8_SCALE in memory_files(kind):

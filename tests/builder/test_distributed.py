@@ -38,6 +38,18 @@ def _manifest(bundle: Path) -> dict:
     return json.loads((bundle / "manifest.json").read_text())
 
 
+def _three_then_crash(done: list[int]):
+    """An encode strategy that encodes the first 3 batches it is given (appending their numbers to
+    `done`), then fails as a killed build would."""
+    def encode(enc, chunks, batches, layer, cfg):
+        for s, rows in batches[:3]:
+            yield s, pipeline.encode_batch(enc, [chunks[r].text for r in rows], [chunks[r].start for r in rows],
+                                           layer, cfg)
+            done.append(s)
+        raise OSError(5, "simulated crash")
+    return encode
+
+
 def _same_bundle(a: Path, b: Path) -> None:
     fa, fb = _files(a), _files(b)
     assert len(fa) >= 7 and fa == fb
@@ -108,14 +120,8 @@ def test_a_ray_build_resuming_a_local_one_equals_the_local_build(tmp_path, sampl
     from softknn.index_builder.distributed import RayEncode
 
     out = tmp_path / "b"
-    done = []
-
-    def three_then_crash(enc, chunks, batches, layer, cfg):
-        for s, rows in batches[:3]:
-            yield s, pipeline.encode_batch(enc, [chunks[r].text for r in rows], [chunks[r].start for r in rows],
-                                           layer, cfg)
-            done.append(s)
-        raise OSError(5, "simulated crash")
+    done: list[int] = []
+    three_then_crash = _three_then_crash(done)
 
     with pytest.raises(Exception, match="simulated crash"):
         build_bundle(sample_kb, out, BuildConfig(), encoder, progress=False, encode=three_then_crash)
@@ -141,6 +147,29 @@ def test_a_ray_build_resuming_a_local_one_equals_the_local_build(tmp_path, sampl
     import ray
 
     assert not ray.is_initialized()  # the cluster it started is stopped
+
+
+@pytest.mark.slow
+def test_a_cached_build_killed_part_way_and_finished_by_ray_equals_the_local_build(tmp_path, sample_kb,
+                                                                                   sample_bundle_path, encoder):
+    """Through an encode cache: the batches a killed build encoded stay in the cache, Ray Data encodes
+    only the rest, and the bundle is the plain local build's, byte for byte (the sample KB has no
+    repeated chunk text, so the cache's batches are the builder's own)."""
+    from softknn.index_builder.distributed import RayEncode
+
+    out, cache = tmp_path / "b", tmp_path / "cache"
+    done: list[int] = []
+    three_then_crash = _three_then_crash(done)
+
+    with pytest.raises(Exception, match="simulated crash"):
+        build_bundle(sample_kb, out, BuildConfig(), encoder, progress=False, encode=three_then_crash, cache=cache)
+    assert len(list(cache.glob("*/batch-*"))) == 3 and not out.exists()
+    ray_encode = RayEncode(workers=2)
+    stats: dict = {}
+    build_bundle(sample_kb, out, BuildConfig(), encoder, progress=False, encode=ray_encode, cache=cache, stats=stats)
+    assert stats["reused"] == 3 * 32 and stats["encoded"] == stats["chunks"] - 3 * 32
+    assert ray_encode.workers_used == 2
+    _same_bundle(sample_bundle_path, out)
 
 
 # --- a two-node cluster on one machine ------------------------------------------------------------
