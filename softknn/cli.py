@@ -199,7 +199,8 @@ def build(
                    f"{g['bytes_per_chunk']:,.0f} bytes per chunk")
     if cache is not None:
         damaged = stats.get("cache_batches_damaged", 0)
-        typer.echo(f"encode cache {cache}: {stats['encoded']} chunks encoded, {stats['reused']} reused"
+        n = stats["encoded"]
+        typer.echo(f"encode cache {cache}: {n} chunk{'' if n == 1 else 's'} encoded, {stats['reused']} reused"
                    + (f", {damaged} damaged batches removed and encoded again" if damaged else ""))
     _report_loo(manifest.get("calibration") or {})
     if encode is not None and encode.workers_used:

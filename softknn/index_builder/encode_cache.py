@@ -8,8 +8,10 @@ sha256 of every chunk text it holds and each chunk's first char (the stored span
 spans: a reused chunk's are shifted to its new place), under one folder per model and memory
 setting (`DIR/<key>/`: the model's weight fingerprint and numerics, the memory layer, what is stored).
 
-- A batch is written whole (a folder renamed into place), with the sha256 of each of its files; a
-  batch whose files do not match them is removed and its chunks encoded again, never read.
+- A batch is written whole (a folder renamed into place), with the sha256 of each of its files. A
+  build checks each batch it is about to use (its key file when the cache is opened: unused
+  batches cost no read); one whose files do not match is removed and its chunks encoded again,
+  never read.
 - One build at a time per folder (an exclusive lock on `DIR/<key>/.lock`).
 - After a build, batches of which it used no chunk are removed: the cache holds the newest build's
   chunks (plus the unused rows of batches it used in part).
@@ -67,6 +69,9 @@ class EncodeCache:
         self.batches: list[Path] = []
         self.known: dict[bytes, tuple[int, int]] = {}  # chunk text sha256 -> (batch, position in it)
         self.removed = 0  # batches dropped for failing their checksums
+        self._sums: list[dict[str, str]] = []  # per batch: file name -> sha256
+        self._keys: list[list[bytes]] = []  # per batch: its chunk keys
+        self._verified: set[int] = set()  # batches whose every file matched its sha256
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[EncodeCache]:
@@ -81,24 +86,61 @@ class EncodeCache:
             yield self
 
     def _index(self) -> None:
+        """The batches and the chunk keys they hold. Only each batch's key file is checked here; the rest
+        of a batch is checked when a build is about to use it (`verify`)."""
         self.batches, self.known = [], {}
+        self._sums, self._keys, self._verified = [], [], set()
         for d in sorted(self.dir.glob("batch-*")):
             try:
                 sums = json.loads((d / SUMS).read_text())
-                bad = [name for name, digest in sums.items() if sha256_file(d / name) != digest]
-                keys = np.load(d / "chunk_keys.npy", allow_pickle=False) if not bad else None
+                if sha256_file(d / "chunk_keys.npy") != sums.get("chunk_keys.npy"):
+                    raise ValueError("chunk_keys.npy")
+                keys = _keys(np.load(d / "chunk_keys.npy", allow_pickle=False))
             except (OSError, ValueError) as e:
-                bad, keys = [str(e)], None
-            if bad or keys is None:
-                log.warning("encode cache: %s fails its checksums (%s): removed, its chunks are encoded again",
-                            d, ", ".join(bad))
-                shutil.rmtree(d, ignore_errors=True)
-                self.removed += 1
+                self._drop(d, str(e))
                 continue
-            i = len(self.batches)
-            self.batches.append(d)
-            for b, k in enumerate(_keys(keys)):
-                self.known.setdefault(k, (i, b))
+            self._add(d, sums, keys, verified=False)
+
+    def _add(self, d: Path, sums: dict, keys: list[bytes], *, verified: bool) -> None:
+        i = len(self.batches)
+        self.batches.append(d)
+        self._sums.append(sums)
+        self._keys.append(keys)
+        if verified:
+            self._verified.add(i)
+        for b, k in enumerate(keys):
+            self.known.setdefault(k, (i, b))
+
+    def _drop(self, d: Path, why: str) -> None:
+        log.warning("encode cache: %s fails its checksums (%s): removed, its chunks are encoded again", d, why)
+        shutil.rmtree(d, ignore_errors=True)
+        self.removed += 1
+
+    def verify(self, keys: list[bytes]) -> None:
+        """Check every file of the batches that would give `keys` against its sha256 (each batch once);
+        a batch that fails is removed and its chunks are taken from another batch or encoded again."""
+        while True:
+            need = sorted({self.known[k][0] for k in keys if k in self.known} - self._verified)
+            if not need:
+                return
+            bad = set()
+            for i in need:
+                d = self.batches[i]
+                try:
+                    failed = [name for name, digest in self._sums[i].items() if sha256_file(d / name) != digest]
+                except OSError as e:
+                    failed = [str(e)]
+                if failed:
+                    self._drop(d, ", ".join(failed))
+                    bad.add(i)
+                else:
+                    self._verified.add(i)
+            if bad:
+                self.known = {}
+                for i, ks in enumerate(self._keys):
+                    if i not in bad and self.batches[i].is_dir():
+                        for b, k in enumerate(ks):
+                            self.known.setdefault(k, (i, b))
 
     def write(self, keys: list[bytes], starts: list[int], arrays: dict[str, np.ndarray]) -> None:
         """One encoded batch (encode_batch's arrays for the chunks of `keys`, first chars `starts`)."""
@@ -119,18 +161,15 @@ class EncodeCache:
         (tmp / SUMS).write_text(json.dumps(sums, sort_keys=True))
         os.replace(tmp, final)
         fsync_dir(self.dir)
-        i = len(self.batches)
-        self.batches.append(final)
-        for b, k in enumerate(keys):
-            self.known.setdefault(k, (i, b))
+        self._add(final, sums, list(keys), verified=True)
 
     def prune(self, used: set[bytes]) -> int:
         """Remove the batches holding none of `used`; returns how many."""
         n = 0
-        for d in self.batches:
+        for d, keys in zip(self.batches, self._keys, strict=True):
             if not d.is_dir():
                 continue
-            if not any(k in used for k in _keys(np.load(d / "chunk_keys.npy", allow_pickle=False))):
+            if not any(k in used for k in keys):
                 shutil.rmtree(d, ignore_errors=True)
                 n += 1
         return n

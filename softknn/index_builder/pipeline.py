@@ -437,6 +437,7 @@ def _encode_cached(cache, chunks: list[Chunk], cfg: BuildConfig, encoder: Encode
     """Only the chunks whose text `cache` (an EncodeCache, locked) lacks are encoded, once per distinct
     text, in the builder's batches; each batch is kept in the cache. Same return as _encode_here."""
     keys = [chunk_key(c.text) for c in chunks]
+    cache.verify(keys)  # the batches this build would read, each file against its sha256
     first: dict[bytes, int] = {}
     for r, k in enumerate(keys):
         if k not in cache.known:
@@ -458,7 +459,10 @@ def _encode_cached(cache, chunks: list[Chunk], cfg: BuildConfig, encoder: Encode
         for s, arrays in encode(encoder, chunks, list(enumerate(batches)), layer, cfg):
             keep(batches[s], arrays)
     bar.close()
-    return cache.batches, [cache.known[k] for k in keys], len(rows)
+    picks = [cache.known[k] for k in keys]
+    used = sorted({i for i, _ in picks})  # the batches this build reads (a removed one is never among them)
+    where = {i: j for j, i in enumerate(used)}
+    return [cache.batches[i] for i in used], [(where[i], b) for i, b in picks], len(rows)
 
 
 def _finalize_sharded(full: Path, out: Path, parent: Path, manifest: dict, lex, n_shards: int, *, force: bool,

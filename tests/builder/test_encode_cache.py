@@ -168,6 +168,18 @@ def test_the_cache_keeps_what_the_newest_build_used_and_encodes_a_damaged_batch_
     assert stats["cache_batches_damaged"] == 1 and stats["encoded"] == n_victim > 0
     e = np.load(tmp_path / "repaired" / "mem_hidden.npy")
     assert np.abs(e - np.load(tmp_path / "b2" / "mem_hidden.npy")).max() <= 2e-5 * max(1.0, float(np.abs(e).max()))
+    # a batch's key file damaged: refused when the cache is opened, its chunks encoded again
+    victim = sorted(folder.glob("batch-*"))[-1]
+    n_victim = sum(k.tobytes() in used for k in np.load(victim / "chunk_keys.npy"))
+    raw = bytearray((victim / "chunk_keys.npy").read_bytes())
+    raw[-1] ^= 0x01
+    (victim / "chunk_keys.npy").write_bytes(bytes(raw))
+    stats = {}
+    build_bundle(v2, tmp_path / "rekeyed", cfg, encoder, progress=False, cache=cache, stats=stats)
+    assert stats["cache_batches_damaged"] == 1 and stats["encoded"] == n_victim > 0
+    stats = {}
+    build_bundle(v2, tmp_path / "settled", cfg, encoder, progress=False, cache=cache, stats=stats)
+    assert (stats["cache_batches_damaged"], stats["encoded"]) == (0, 0)
 
 
 def test_the_cli_builds_through_the_cache_and_says_what_it_encoded(tmp_path, kbs):
