@@ -139,6 +139,15 @@ def test_an_update_encodes_only_its_new_chunks_and_answers_as_a_fresh_build(tmp_
             assert np.abs(np.asarray(a.embedding) - np.asarray(b.embedding)).max() <= 1e-4
 
 
+def _flip(path: Path, at: int, bits: int, used: set[bytes]) -> int:
+    """Damage one byte of a cache batch's file; returns how many chunks of `used` that batch holds."""
+    n = sum(k.tobytes() in used for k in np.load(path.parent / "chunk_keys.npy"))
+    raw = bytearray(path.read_bytes())
+    raw[at] ^= bits
+    path.write_bytes(bytes(raw))
+    return n
+
+
 def test_the_cache_keeps_what_the_newest_build_used_and_encodes_a_damaged_batch_again(tmp_path, encoder, kbs):
     v1, v2 = kbs
     cfg = BuildConfig(memory="hidden")
@@ -158,22 +167,14 @@ def test_the_cache_keeps_what_the_newest_build_used_and_encodes_a_damaged_batch_
     assert (stats["encoded"], stats["cache_batches_damaged"]) == (0, 0)
     assert _files(tmp_path / "again") == _files(tmp_path / "b2")
     # one byte of one batch's states flipped: that batch is dropped and its chunks encoded again
-    victim = batches[0]
-    n_victim = sum(k.tobytes() in used for k in np.load(victim / "chunk_keys.npy"))
-    raw = bytearray((victim / "hidden.npy").read_bytes())
-    raw[-3] ^= 0x40
-    (victim / "hidden.npy").write_bytes(bytes(raw))
+    n_victim = _flip(batches[0] / "hidden.npy", -3, 0x40, used)
     stats = {}
     build_bundle(v2, tmp_path / "repaired", cfg, encoder, progress=False, cache=cache, stats=stats)
     assert stats["cache_batches_damaged"] == 1 and stats["encoded"] == n_victim > 0
     e = np.load(tmp_path / "repaired" / "mem_hidden.npy")
     assert np.abs(e - np.load(tmp_path / "b2" / "mem_hidden.npy")).max() <= 2e-5 * max(1.0, float(np.abs(e).max()))
     # a batch's key file damaged: refused when the cache is opened, its chunks encoded again
-    victim = sorted(folder.glob("batch-*"))[-1]
-    n_victim = sum(k.tobytes() in used for k in np.load(victim / "chunk_keys.npy"))
-    raw = bytearray((victim / "chunk_keys.npy").read_bytes())
-    raw[-1] ^= 0x01
-    (victim / "chunk_keys.npy").write_bytes(bytes(raw))
+    n_victim = _flip(sorted(folder.glob("batch-*"))[-1] / "chunk_keys.npy", -1, 0x01, used)
     stats = {}
     build_bundle(v2, tmp_path / "rekeyed", cfg, encoder, progress=False, cache=cache, stats=stats)
     assert stats["cache_batches_damaged"] == 1 and stats["encoded"] == n_victim > 0
