@@ -21,6 +21,7 @@ from softknn.errors import BundleError, InvalidInput
 from softknn.filters import FilterNode
 from softknn.gen_attention import MIXING, POSITIONS, GenMemory, place_memory
 from softknn.gen_memory import GeneratorStore
+from softknn.generate.batch import job_for
 from softknn.generator import Generation, Generator, Sampling, Step
 
 
@@ -117,8 +118,17 @@ class _Prepared:
     memory_source: str = "none"
 
 
+RUNTIMES = ("graph", "torch")
+
+
 class GenEngine:
-    def __init__(self, engine: Engine, generator: Generator):
+    """Generation over one bundle. `runtime` "graph" decodes joint mixing and the plain model in the
+    decode graph with continuous batching (softknn.generate.batch; `weights` its format, `threads` its
+    ONNX Runtime threads, `max_batch` the most sequences a step decodes); fixed α mixing, `exact`
+    requests and runtime "torch" run the model in torch with the memory hook (the reference)."""
+
+    def __init__(self, engine: Engine, generator: Generator, *, runtime: str = "graph", weights: str = "auto",
+                 threads: int = 1, max_batch: int = 16):
         rec = engine.bundle.manifest.generator
         if rec is None:
             raise BundleError(f"{engine.bundle.path}: built without a generator (softknn build --generator MODEL)",
@@ -131,6 +141,18 @@ class GenEngine:
         self.store = GeneratorStore(engine.bundle.path, rec.model_dump(), len(engine.bundle))
         self.layers = list(rec.layers)
         self._local = threading.local()
+        if runtime not in RUNTIMES:
+            raise ValueError(f"generation runtime must be one of {RUNTIMES}, not {runtime!r}")
+        self.runtime, self.weights, self.threads, self.max_batch = runtime, weights, threads, max_batch
+
+    def uses_graph(self, p: GenParams, memory: GenMemory | None) -> bool:
+        """Whether a request decodes in the decode graph (else in torch with the memory hook)."""
+        return self.runtime == "graph" and not p.exact and (memory is None or p.mixing == "joint")
+
+    def decode_loop(self):
+        """The decode graph's loop for this bundle's memory layers (built on first use)."""
+        return self.generator.decode_loop(self.layers, weights=self.weights, threads=self.threads,
+                                          max_batch=self.max_batch)
 
     # --- retrieval and memory -------------------------------------------------------------------
     def retrieve(self, query: str, p: GenParams):
@@ -184,9 +206,14 @@ class GenEngine:
         sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
                             seed=p.seed)
         result: Generation | None = None
-        for item in self.generator.generate(prep.prefix + prep.rest, prep.memory, sampling=sampling, mixing=p.mixing,
-                                            alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled,
-                                            prior=p.prior):
+        if self.uses_graph(p, prep.memory):
+            job = job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior, keep_logits=keep_logits,
+                          cancelled=cancelled)
+            items: Iterator[Step | Generation] = self.decode_loop().submit(job)
+        else:
+            items = self.generator.generate(prep.prefix + prep.rest, prep.memory, sampling=sampling, mixing=p.mixing,
+                                            alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled, prior=p.prior)
+        for item in items:
             if isinstance(item, Generation):
                 result = item
             else:
@@ -255,6 +282,7 @@ class GenEngine:
             "memory_layers": len(self.layers) if prep.memory is not None else 0,
             "memory_tokens": sum(prep.memory.lengths) if prep.memory is not None else 0,
             "memory_source": prep.memory_source,
+            "runtime": f"graph {self.generator.weights(self.weights)}" if self.uses_graph(p, prep.memory) else "torch",
             "w_db_entropy": h_w, "w_db_effective_k": math.exp(h_w),
             "attention_effective_k": math.exp(h_att),
             "exact": p.exact,

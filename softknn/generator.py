@@ -18,6 +18,7 @@ import importlib.util
 import json
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -158,6 +159,45 @@ class Generation:
     trace: Trace | None = None
 
 
+def choose_token(logits: torch.Tensor, s: Sampling, rng: torch.Generator | None) -> int:
+    """The next token from (V,) logits: the argmax at temperature 0, else a draw from the softmax at
+    that temperature, restricted to the smallest nucleus whose mass reaches top_p."""
+    if s.temperature <= 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.double() / s.temperature, -1)
+    if s.top_p < 1.0:
+        sp, si = probs.sort(descending=True)
+        keep = sp.cumsum(0) - sp < s.top_p  # the smallest prefix whose mass reaches top_p
+        probs = torch.zeros_like(probs).scatter_(0, si[keep], sp[keep])
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=rng))
+
+
+class TextStream:
+    """The answer's text as tokens arrive: each token's piece of text, EOS and stop strings.
+
+    `add(tok)` returns the Step of a token that belongs to the answer (None for EOS); `finished`
+    turns True at EOS or when a stop string appears (the text is cut before it)."""
+
+    def __init__(self, tokenizer, eos_ids: set[int], stop: tuple[str, ...]):
+        self.tokenizer, self.eos_ids, self.stop = tokenizer, eos_ids, [st for st in stop if st]
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finished = False
+
+    def add(self, tok: int, logits: torch.Tensor | None = None) -> Step | None:
+        if tok in self.eos_ids:
+            self.finished = True
+            return None
+        self.token_ids.append(tok)
+        text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
+        hit = [h for st in self.stop if (h := text.find(st, max(0, len(self.text) - len(st)))) >= 0]
+        if hit:
+            text = text[: min(hit)]
+            self.finished = True
+        piece, self.text = text[len(self.text):], text
+        return Step(tok, piece, logits)
+
+
 def weight_fingerprint(model: torch.nn.Module) -> str:
     from softknn.encoder import weight_fingerprint as fp
 
@@ -190,6 +230,33 @@ class Generator:
 
         # transformers 5 renamed the forward's past_key_values to cache
         self.cache_kw = "cache" if "cache" in inspect.signature(type(model.model).forward).parameters else "past_key_values"
+        self._loops: dict[tuple, object] = {}  # (weights, layers) → DecodeLoop, built on first use
+        self._loops_lock = threading.Lock()
+        self._weights: dict[str, str] = {}  # asked → resolved ("auto" → q4 | fp32)
+
+    def weights(self, asked: str = "auto") -> str:
+        """The decode graph's weight format for `asked` (softknn.generate.graph.resolve_weights), once."""
+        from softknn.generate.graph import resolve_weights
+
+        with self._loops_lock:
+            if asked not in self._weights:
+                self._weights[asked] = resolve_weights(self.model, asked)
+            return self._weights[asked]
+
+    def decode_loop(self, layers: list[int], *, weights: str = "auto", threads: int = 1, max_batch: int = 16):
+        """The continuous-batching decode loop (softknn.generate.batch.DecodeLoop) of this model with
+        memory at `layers`: one per (weights, layers), shared by every engine that asks for it."""
+        from softknn.generate.batch import DecodeLoop
+        from softknn.generate.runtime import DecoderSession
+
+        w = self.weights(weights)
+        key = (w, tuple(sorted(layers)))
+        with self._loops_lock:
+            loop = self._loops.get(key)
+            if loop is None:
+                session = DecoderSession(self.model, w, list(key[1]), threads=threads)
+                loop = self._loops[key] = DecodeLoop(session, self.eos_ids, self.tokenizer, max_batch=max_batch)
+            return loop
 
     @classmethod
     def load(cls, name_or_path: str = PACKAGED, *, cache_dir: Path | None = None) -> Generator:
@@ -302,14 +369,7 @@ class Generator:
 
     # --- decoding -------------------------------------------------------------------------------
     def _choose(self, logits: torch.Tensor, s: Sampling, rng: torch.Generator | None) -> int:
-        if s.temperature <= 0:
-            return int(logits.argmax())
-        probs = torch.softmax(logits.double() / s.temperature, -1)
-        if s.top_p < 1.0:
-            sp, si = probs.sort(descending=True)
-            keep = sp.cumsum(0) - sp < s.top_p  # the smallest prefix whose mass reaches top_p
-            probs = torch.zeros_like(probs).scatter_(0, si[keep], sp[keep])
-        return int(torch.multinomial(probs / probs.sum(), 1, generator=rng))
+        return choose_token(logits, s, rng)
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], memory: GenMemory | None = None, *, sampling: Sampling = Sampling(),
@@ -329,7 +389,7 @@ class Generator:
         gen = Generation(prompt_tokens=len(prompt_ids), trace=trace)
         x = torch.tensor([prompt_ids])
         pos = prompt_positions(len(prompt_ids), memory if use else None)[None]  # (1, T)
-        text_so_far = ""
+        text = TextStream(self.tokenizer, self.eos_ids, sampling.stop)
         with bind(hook):
             for step in range(sampling.max_tokens):
                 if cancelled():
@@ -346,23 +406,15 @@ class Generator:
                 tok = self._choose(logits, sampling, rng)
                 if keep_logits:
                     gen.logits.append(logits.clone())
-                if tok in self.eos_ids:
-                    gen.finish_reason = "stop"
-                    break
-                gen.token_ids.append(tok)
-                text = self.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-                hit = [text.find(st, max(0, len(text_so_far) - len(st))) for st in sampling.stop if st]
-                hit = [h for h in hit if h >= 0]
-                if hit:
-                    text = text[: min(hit)]
-                piece, text_so_far = text[len(text_so_far):], text
-                yield Step(tok, piece, logits if keep_logits else None)
-                if hit:
+                step_out = text.add(tok, logits if keep_logits else None)
+                if step_out is not None:
+                    yield step_out
+                if text.finished:
                     gen.finish_reason = "stop"
                     break
                 x = torch.tensor([[tok]])
                 pos = pos[:, -1:] + 1
-        gen.text = text_so_far
+        gen.token_ids, gen.text = text.token_ids, text.text
         yield gen
 
     @torch.inference_mode()

@@ -1,0 +1,275 @@
+"""The generator's decode graph for ONNX Runtime, written op by op from a Llama-family model's weights.
+
+One graph serves prefill (T tokens of one sequence) and batched decoding (one token of each of B
+sequences). The KV cache lives outside the graph, preallocated by the caller (softknn.generate.batch):
+each layer's past keys, transposed, (B, nkv, hs, C) and values (B, nkv, C, hs) for C cache columns,
+which hold the retrieved chunks' stored keys/values first and then the sequence's own tokens.
+
+Per layer ℓ, with q, k, v the new tokens' (RoPE on q and k at `position_ids`, d = head dim):
+
+    s    = [q·K_pastᵀ ; q·k_newᵀ] / √d + bias          (B, nkv, g·T, C + T)
+    out  = softmax(s) · [V_past ; v_new]
+
+`bias` (B, 1, g·T, C + T) is additive: 0 where a query row may attend, −inf where it may not (cache
+columns not yet written, the future, a prefix row facing the memory), and β·log(k·w_db(c)) on
+chunk c's columns — so the joint softmax over [R's tokens ; own context] with the k-NN prior of
+softknn.gen_attention is the model's own attention over a cache with a float mask. Layers that hold
+no memory read `bias_plain` (the memory columns −inf). The graph returns the last position's
+logits (B, V), the new tokens' keys/values per layer (B, nkv, T, hs) for the caller to write into
+its cache, and `attn` (B, C + T): the last row's attention probabilities, averaged over the heads
+and memory layers — the evidence trace.
+
+Weights: `fp32` (MatMul, the model's numbers), `q4` (MatMulNBits 4-bit blocks, softknn.generate.quant:
+lossless for a GGUF Q4_1/Q8_0 model, activations in float32), `q4a8` (the same blocks, activations
+quantised to int8 per block inside the kernel, as llama.cpp's dot products do).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from softknn.errors import UnsupportedModel
+from softknn.generate.quant import is_lossless, pack_q4, pack_q8_as_two_q4
+
+WEIGHTS = ("fp32", "q4", "q4a8")
+OPSET = 18
+_ACCURACY = {"q4": 0, "q4a8": 4}  # MatMulNBits accuracy_level: 0 float activations, 4 int8
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    max_positions: int
+    eps: float
+
+    @property
+    def groups(self) -> int:
+        return self.heads // self.kv_heads
+
+
+def decoder_shape(config) -> DecoderShape:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return DecoderShape(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
+                        config.num_key_value_heads, head_dim, config.intermediate_size, config.vocab_size,
+                        config.max_position_embeddings, float(config.rms_norm_eps))
+
+
+def check_supported(model) -> None:
+    """The decode graph covers Llama / Qwen2 / Mistral with plain RoPE, SiLU, RMSNorm, full attention."""
+    cfg = model.config
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise UnsupportedModel(f"decode graph: activation {cfg.hidden_act!r}, not silu")
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    if (rope.get("rope_type") or rope.get("type") or "default") != "default":
+        raise UnsupportedModel(f"decode graph: rope type {rope.get('rope_type')!r}, not default")
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) is not False:
+        raise UnsupportedModel("decode graph: sliding-window attention")
+    if getattr(cfg, "mlp_bias", False):
+        raise UnsupportedModel("decode graph: MLP biases")
+
+
+@dataclass
+class _Builder:
+    nodes: list = field(default_factory=list)
+    inits: list = field(default_factory=list)
+    n: int = 0
+
+    def name(self, hint: str) -> str:
+        self.n += 1
+        return f"{hint}_{self.n}"
+
+    def ops(self, op_type: str, inputs: list[str], hint: str, outputs: int, domain: str = "", **attrs) -> list[str]:
+        """A node of `outputs` outputs; their names."""
+        from onnx import helper
+
+        outs = [self.name(hint) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), domain=domain, **attrs))
+        return outs
+
+    def op(self, op_type: str, inputs: list[str], hint: str, domain: str = "", **attrs) -> str:
+        """A node of one output; its name."""
+        return self.ops(op_type, inputs, hint, 1, domain, **attrs)[0]
+
+    def const(self, value: np.ndarray, hint: str) -> str:
+        from onnx import numpy_helper
+
+        name = self.name(hint)
+        self.inits.append(numpy_helper.from_array(np.require(value, requirements='C'), name))  # keeps 0-d scalars 0-d
+        return name
+
+    def ints(self, values: list[int], hint: str = "shape") -> str:
+        return self.const(np.array(values, dtype=np.int64), hint)
+
+
+class _Linear:
+    """x (…, K) @ Wᵀ (+ b) in the chosen weight format."""
+
+    def __init__(self, b: _Builder, weights: str):
+        self.b, self.weights = b, weights
+        self._blocksum_shape = {3: b.ints([0, 0, -1, 32], "blocks"), 2: b.ints([0, -1, 32], "blocks")}
+        self._axis = b.ints([-1], "axis")
+
+    def __call__(self, x: str, w: np.ndarray, hint: str, bias: np.ndarray | None = None, q8: bool = False,
+                 rank: int = 3) -> str:
+        b = self.b
+        if self.weights == "fp32":
+            y = b.op("MatMul", [x, b.const(np.ascontiguousarray(w.T, dtype=np.float32), hint + "_wT")], hint)
+        else:
+            parts = list(pack_q8_as_two_q4(w)) if q8 else [pack_q4(w)]
+            terms = []
+            for j, p in enumerate(parts):
+                n, k = p.shape
+                zp = b.const(np.zeros((n, (k // 32 + 1) // 2), dtype=np.uint8), hint + "_zp")
+                terms.append(b.op("MatMulNBits", [x, b.const(p.codes, f"{hint}_q{j}"), b.const(p.scales, f"{hint}_d{j}"),
+                                                  zp], hint, domain="com.microsoft", K=k, N=n, bits=4, block_size=32,
+                                  accuracy_level=_ACCURACY[self.weights]))
+            mins = np.sum([p.mins for p in parts], axis=0)  # (N, K/32)
+            if np.any(mins != 0):  # Σ_b m[n, b]·blocksum_b(x): the blocks' float minimum (softknn.generate.quant)
+                xs = b.op("ReduceSum", [b.op("Reshape", [x, self._blocksum_shape[rank]], hint), self._axis], hint,
+                          keepdims=0)  # (…, K/32)
+                terms.append(b.op("MatMul", [xs, b.const(np.ascontiguousarray(mins.T, dtype=np.float32), hint + "_mT")],
+                                  hint))
+            y = terms[0]
+            for t in terms[1:]:
+                y = b.op("Add", [y, t], hint)
+        if bias is not None:
+            y = b.op("Add", [y, b.const(bias.astype(np.float32), hint + "_b")], hint)
+        return y
+
+
+def rope_tables(inv_freq: torch.Tensor, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (max_positions, hs/2) of p·θ_i, computed as transformers' rotary embedding computes them."""
+    freqs = torch.arange(max_positions)[:, None].float() * inv_freq.float()[None]  # (P, hs/2)
+    return freqs.cos().numpy(), freqs.sin().numpy()
+
+
+def build_decoder(model, weights: str, memory_layers: list[int]):
+    """The onnx.ModelProto of `model`'s decode step (module doc) with memory at `memory_layers`."""
+    from onnx import TensorProto, helper
+
+    if weights not in WEIGHTS:
+        raise ValueError(f"weights must be one of {WEIGHTS}, not {weights!r}")
+    check_supported(model)
+    sh = decoder_shape(model.config)
+    sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+    b = _Builder()
+    lin = _Linear(b, weights)
+    nh, nkv, hs, g, H = sh.heads, sh.kv_heads, sh.head_dim, sh.groups, sh.hidden
+    mem = set(memory_layers)
+    plain_needed = len(mem) < sh.layers
+
+    cos, sin = rope_tables(model.model.rotary_emb.inv_freq, sh.max_positions)
+    cos_c, sin_c = b.const(cos, "cos"), b.const(sin, "sin")
+    scale = b.const(np.array(hs**-0.5, dtype=np.float32), "scale")
+    r_heads = b.ints([0, 0, nh, hs])
+    r_kv = b.ints([0, 0, nkv, hs])
+    r_group = b.ints([0, nkv, -1, hs])  # (B, nh, T, hs) → (B, nkv, g·T, hs): head h = h'·g + j reads kv head h'
+    r_ungroup = b.ints([0, nh, -1, hs])
+    r_hidden = b.ints([0, 0, H])
+    last = b.const(np.array(-1, dtype=np.int64), "last")
+    axes_heads = b.ints([1, 2], "axes")
+
+    inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["B", "T"]),
+              helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["B", "T"]),
+              helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["B", 1, "gT", "S"])]
+    if plain_needed:
+        inputs.append(helper.make_tensor_value_info("bias_plain", TensorProto.FLOAT, ["B", 1, "gT", "S"]))
+    outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", sh.vocab])]
+    emb = sd["model.embed_tokens.weight"]
+    x = b.op("Gather", [b.const(emb, "embed"), "input_ids"], "x", axis=0)  # (B, T, H)
+    attn_sum = None
+    for li in range(sh.layers):
+        p = f"model.layers.{li}."
+        pk, pv = f"past_key_{li}", f"past_value_{li}"
+        inputs += [helper.make_tensor_value_info(pk, TensorProto.FLOAT, ["B", nkv, hs, "C"]),
+                   helper.make_tensor_value_info(pv, TensorProto.FLOAT, ["B", nkv, "C", hs])]
+        h = b.op("SimplifiedLayerNormalization", [x, b.const(sd[p + "input_layernorm.weight"], "ln1")], "h",
+                 axis=-1, epsilon=sh.eps, stash_type=1)
+        wqkv = np.concatenate([sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"],
+                               sd[p + "self_attn.v_proj.weight"]])
+        bqkv = None
+        if p + "self_attn.q_proj.bias" in sd:
+            bqkv = np.concatenate([sd[p + "self_attn.q_proj.bias"], sd[p + "self_attn.k_proj.bias"],
+                                   sd[p + "self_attn.v_proj.bias"]])
+        qkv = lin(h, wqkv, f"qkv{li}", bqkv)  # (B, T, (nh + 2·nkv)·hs)
+        q, k, v = b.ops("Split", [qkv, b.ints([nh * hs, nkv * hs, nkv * hs], "split")], "qkv", 3, axis=-1)
+        q = b.op("RotaryEmbedding", [q, "position_ids", cos_c, sin_c], "q", domain="com.microsoft",
+                 num_heads=nh, interleaved=0)
+        k = b.op("RotaryEmbedding", [k, "position_ids", cos_c, sin_c], "k", domain="com.microsoft",
+                 num_heads=nkv, interleaved=0)
+        q = b.op("Transpose", [b.op("Reshape", [q, r_heads], "q")], "q", perm=[0, 2, 1, 3])  # (B, nh, T, hs)
+        q = b.op("Mul", [b.op("Reshape", [q, r_group], "q"), scale], "q")  # (B, nkv, g·T, hs), scaled
+        k_new = b.op("Transpose", [b.op("Reshape", [k, r_kv], "k")], f"key_{li}", perm=[0, 2, 1, 3])  # (B, nkv, T, hs)
+        v_new = b.op("Transpose", [b.op("Reshape", [v, r_kv], "v")], f"value_{li}", perm=[0, 2, 1, 3])
+        s_past = b.op("MatMul", [q, pk], "s_past")  # (B, nkv, g·T, C)
+        s_new = b.op("MatMul", [q, b.op("Transpose", [k_new], "kT", perm=[0, 1, 3, 2])], "s_new")  # (B, nkv, g·T, T)
+        s = b.op("Concat", [s_past, s_new], "s", axis=-1)
+        s = b.op("Add", [s, "bias" if li in mem else "bias_plain"], "s")
+        pr = b.op("Softmax", [s], "p", axis=-1)  # (B, nkv, g·T, C + T)
+        shp = b.op("Shape", [pk], "shape")  # C = the cache's last dim
+        c_len = b.op("Slice", [shp, b.ints([3]), b.ints([4]), b.ints([0])], "C")
+        zero, big = b.ints([0]), b.ints([2**62])
+        p_past = b.op("Slice", [pr, zero, c_len, b.ints([-1])], "p_past")
+        p_new = b.op("Slice", [pr, c_len, big, b.ints([-1])], "p_new")
+        o = b.op("Add", [b.op("MatMul", [p_past, pv], "o"), b.op("MatMul", [p_new, v_new], "o")], "o")  # (B, nkv, gT, hs)
+        o = b.op("Reshape", [b.op("Transpose", [b.op("Reshape", [o, r_ungroup], "o")], "o", perm=[0, 2, 1, 3]),
+                             r_hidden], "o")  # (B, T, H)
+        x = b.op("Add", [x, lin(o, sd[p + "self_attn.o_proj.weight"], f"o{li}")], "x")
+        h = b.op("SimplifiedLayerNormalization", [x, b.const(sd[p + "post_attention_layernorm.weight"], "ln2")], "h",
+                 axis=-1, epsilon=sh.eps, stash_type=1)
+        gu = lin(h, np.concatenate([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]), f"gu{li}")
+        gate, up = b.ops("Split", [gu, b.ints([sh.intermediate, sh.intermediate], "split")], "gu", 2, axis=-1)
+        act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], "sig")], "silu"), up], "act")
+        x = b.op("Add", [x, lin(act, sd[p + "mlp.down_proj.weight"], f"down{li}")], "x")
+        for kind, src in (("key", k_new), ("value", v_new)):
+            b.nodes.append(helper.make_node("Identity", [src], [f"{kind}_{li}"], name=f"{kind}_{li}_out"))
+            outputs.append(helper.make_tensor_value_info(f"{kind}_{li}", TensorProto.FLOAT, ["B", nkv, "T", hs]))
+        if li in mem:  # the last row's probabilities, mean over heads: (B, C + T)
+            rows = b.op("Concat", [b.op("Shape", [pr], "shape", end=2), b.ints([g, -1]),
+                                   b.op("Shape", [pr], "shape", start=3)], "rows", axis=0)
+            pl = b.op("Gather", [b.op("Reshape", [pr, rows], "p5"), last], "plast", axis=3)  # (B, nkv, g, S)
+            pm = b.op("ReduceMean", [pl, axes_heads], "pmean", keepdims=0)
+            attn_sum = pm if attn_sum is None else b.op("Add", [attn_sum, pm], "attn")
+    x = b.op("SimplifiedLayerNormalization", [x, b.const(sd["model.norm.weight"], "norm")], "h", axis=-1,
+             epsilon=sh.eps, stash_type=1)
+    xl = b.op("Gather", [x, last], "xlast", axis=1)  # (B, H): the last position
+    head_w = sd.get("lm_head.weight", emb)
+    q8 = weights != "fp32" and is_lossless(head_w, list(pack_q8_as_two_q4(head_w)))
+    logits = lin(xl, head_w, "head", q8=q8, rank=2)
+    b.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits_out"))
+    if attn_sum is not None:
+        b.nodes.append(helper.make_node("Mul", [attn_sum, b.const(np.array(1.0 / len(mem), dtype=np.float32), "inv")],
+                                        ["attn"], name="attn_out"))
+        outputs.append(helper.make_tensor_value_info("attn", TensorProto.FLOAT, ["B", "S"]))
+    graph = helper.make_graph(b.nodes, "softknn_decoder", inputs, outputs, b.inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
+                             producer_name="softknn")
+
+
+def lossless_q4(model) -> bool:
+    """Whether every linear weight of the decoder layers is exactly 4-bit blocks (a GGUF Q4_1 model):
+    then `q4` multiplies by the model's own numbers."""
+    for name, w in model.state_dict().items():
+        if ".layers." in name and name.endswith("proj.weight"):
+            a = w.detach().float().numpy()
+            if not is_lossless(a, [pack_q4(a)]):
+                return False
+    return True
+
+
+def resolve_weights(model, weights: str) -> str:
+    """`auto` → q4 where that is lossless (lossless_q4), else fp32; any other value as given."""
+    if weights == "auto":
+        return "q4" if lossless_q4(model) else "fp32"
+    if weights not in WEIGHTS:
+        raise ValueError(f"generator weights must be auto or one of {WEIGHTS}, not {weights!r}")
+    return weights

@@ -1,0 +1,199 @@
+"""The decode graph (softknn.generate) against its references: the 4-bit blocks against their plain
+dequantisation; joint mixing with memory in the KV cache against the unmodified model on the masked
+concatenation (and, with the k-NN prior, against the memory hook); batched decoding against each
+request's solo run; cancellation and refusals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from softknn.errors import InvalidInput
+from softknn.generate.batch import DecodeLoop, job_for
+from softknn.generate.graph import lossless_q4, resolve_weights
+from softknn.generate.quant import (
+    dequantize_q4,
+    is_lossless,
+    pack_q4,
+    pack_q8_as_two_q4,
+)
+from softknn.generate.runtime import DecoderSession
+from softknn.generator import Generation, Generator, Sampling
+from tests.core.test_generator import PROMPTS, _memory, _tiny
+from tests.numerics import close
+
+
+def _gen(it) -> Generation:
+    *_, last = it
+    assert isinstance(last, Generation)
+    return last
+
+
+# fp32 multiplies the model's float32 weights in another order than torch; q4 the same numbers block by
+# block (Σ_i q·x, then ·d, then the minimum's term): its float32 rounding reaches ~1.1e-4 on SmolLM2
+TOL = {"fp32": 1e-4, "q4": 3e-4}
+
+
+def _all_close(a: list[torch.Tensor], b: list[torch.Tensor], tol: float = 1e-4) -> bool:
+    """Every logit of every step |a − b| ≤ tol·max(1, |b|) (tests.numerics.close, vectorised)."""
+    assert len(a) == len(b)
+    return all(bool(((x - y).abs() <= tol * y.abs().clamp(min=1.0)).all()) for x, y in zip(a, b, strict=True))
+
+
+# --- the 4-bit blocks ---------------------------------------------------------------------------------
+def test_q4_blocks_hold_a_q4_1_weight_exactly_and_round_any_other_to_half_a_step():
+    rng = np.random.default_rng(0)
+    d = rng.uniform(1e-3, 1e-2, (8, 4)).astype(np.float32)
+    m = rng.uniform(-0.1, 0.0, (8, 4)).astype(np.float32)
+    q = rng.integers(0, 16, (8, 4, 32))
+    q[..., 0], q[..., 1] = 0, 15  # a Q4_1 block holds its minimum at code 0 and its maximum at 15
+    w = (d[..., None] * q + m[..., None]).reshape(8, 128).astype(np.float32)
+    p = pack_q4(w)
+    assert p.codes.shape == (8, 4, 16) and p.codes.dtype == np.uint8
+    assert is_lossless(w, [p])  # the same numbers, up to float32 rounding of d·q + m
+    other = rng.standard_normal((8, 128)).astype(np.float32)
+    po = pack_q4(other)
+    err = np.abs(other - dequantize_q4(po)).reshape(8, 4, 32).max(-1)
+    assert (err <= po.scales / 2 + 1e-6).all() and err.max() > 0
+
+
+def test_q8_blocks_split_into_two_exact_4_bit_planes():
+    rng = np.random.default_rng(1)
+    d = rng.uniform(1e-3, 1e-2, (6, 2)).astype(np.float32)
+    q8 = rng.integers(-127, 128, (6, 2, 32))
+    q8[..., 0] = 127  # the block's largest magnitude sets d = max|w|/127
+    w = (d[..., None] * q8).reshape(6, 64).astype(np.float32)
+    hi, lo = pack_q8_as_two_q4(w)
+    assert is_lossless(w, [hi, lo]) and not is_lossless(w + 1e-4, [hi, lo])
+    assert np.allclose(hi.scales, 16 * lo.scales) and np.allclose(hi.mins, -128 * lo.scales)
+
+
+def test_the_packaged_model_runs_its_own_gguf_numbers_in_q4(smol):
+    assert lossless_q4(smol.model) and resolve_weights(smol.model, "auto") == "q4"
+
+
+# --- joint in the KV cache = the masked concatenation ------------------------------------------------
+@pytest.fixture(scope="module")
+def smol() -> Generator:
+    return Generator.load()
+
+
+@pytest.fixture(scope="module", params=["fp32", "q4"])
+def loop(request, smol) -> DecodeLoop:
+    loop = DecodeLoop(DecoderSession(smol.model, request.param, list(range(smol.info.num_layers))), smol.eos_ids,
+                      smol.tokenizer, max_batch=8)
+    yield loop
+    loop.close()
+
+
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_joint_in_the_kv_cache_equals_the_masked_concatenation_on_smollm2(loop, smol, k):
+    """Raw prompts (each chunk sees only itself) and chat prompts (the chunks encoded after the
+    conversation's head, whose rows face no memory), both placements: the same greedy tokens and
+    logits within 1e-4 (relative above 1) of the unmodified model on the masked concatenation."""
+    for i, question in enumerate(PROMPTS[:2]):
+        positions = ("composite", "reordered")[(i + k) % 2]
+        for prefix, rest in ([], smol.layout(prompt=question)[1]), smol.layout(messages=[{"role": "user", "content": question}]):
+            ids, mem = _memory(smol, k, positions, prefix)
+            got = _gen(loop.submit(job_for(prefix + rest, mem, Sampling(max_tokens=4), keep_logits=True)))
+            ref = smol.generate_masked_reference(ids, prefix + rest, positions, Sampling(max_tokens=4),
+                                                 prefix_len=len(prefix))
+            assert got.token_ids == ref.token_ids
+            assert _all_close(got.logits, ref.logits, TOL[loop.session.weights]), (loop.session.weights, k, positions, bool(prefix))
+
+
+@pytest.mark.parametrize("prior", [1.0, 4.0])
+def test_the_knn_prior_in_the_mask_equals_the_memory_hook(loop, smol, prior):
+    prefix, rest = smol.layout(messages=[{"role": "user", "content": PROMPTS[2]}])
+    _, mem = _memory(smol, 4, "composite", prefix)
+    s = Sampling(max_tokens=4)
+    got = _gen(loop.submit(job_for(prefix + rest, mem, s, prior=prior, keep_logits=True)))
+    ref = smol.run(prefix + rest, mem, sampling=s, mixing="joint", prior=prior, keep_logits=True)
+    assert got.token_ids == ref.token_ids and _all_close(got.logits, ref.logits, TOL[loop.session.weights])
+    # the evidence trace: the memory mass per chunk of every token, as the hook records it
+    assert all(close(float(a), float(b), 1e-5) for x, y in zip(got.trace.mass, ref.trace.mass, strict=True)
+               for a, b in zip(x, y, strict=True))
+    assert torch.allclose(got.trace.token_mass, ref.trace.token_mass, atol=1e-5)
+
+
+def test_without_memory_the_graph_is_the_plain_model(loop, smol):
+    prompt = sum(smol.layout(messages=[{"role": "user", "content": PROMPTS[3]}]), [])
+    s = Sampling(max_tokens=6)
+    got = _gen(loop.submit(job_for(prompt, None, s, keep_logits=True)))
+    ref = smol.run(prompt, None, sampling=s, keep_logits=True)
+    assert got.token_ids == ref.token_ids and _all_close(got.logits, ref.logits, TOL[loop.session.weights])
+    assert got.trace is None
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_the_graph_covers_grouped_multi_query_heads_and_qkv_biases(smol, family):
+    tiny = _tiny(family, smol.tokenizer)
+    loop = DecodeLoop(DecoderSession(tiny.model, "fp32", [1, 2]), tiny.eos_ids, tiny.tokenizer)
+    try:
+        for k in (1, 4):
+            ids, mem = _memory(tiny, k, "composite", layers=[1, 2])
+            prompt = tiny.layout(prompt=PROMPTS[k % len(PROMPTS)])[1]
+            got = _gen(loop.submit(job_for(prompt, mem, Sampling(max_tokens=5), keep_logits=True)))
+            ref = tiny.run(prompt, mem, sampling=Sampling(max_tokens=5), mixing="joint", keep_logits=True)
+            assert got.token_ids == ref.token_ids and _all_close(got.logits, ref.logits), (family, k)
+    finally:
+        loop.close()
+
+
+# --- continuous batching ----------------------------------------------------------------------------
+def _requests(smol) -> list:
+    """Four different requests: their own R (k 1…8, both placements), questions and lengths."""
+    out = []
+    for i, (k, positions) in enumerate([(1, "composite"), (4, "reordered"), (8, "composite"), (2, "composite")]):
+        prefix, rest = smol.layout(messages=[{"role": "user", "content": PROMPTS[i]}])
+        _, mem = _memory(smol, k, positions, prefix)
+        out.append((prefix + rest, mem, Sampling(max_tokens=4 + 3 * i), 4.0 * (i % 2)))
+    return out
+
+
+def test_batched_decoding_gives_each_request_the_tokens_of_its_solo_greedy_run(smol):
+    loop = DecodeLoop(DecoderSession(smol.model, "q4", list(range(smol.info.num_layers))), smol.eos_ids,
+                      smol.tokenizer, max_batch=8)
+    try:
+        reqs = _requests(smol)
+        solo = [_gen(loop.submit(job_for(p, m, s, prior=b, keep_logits=True))) for p, m, s, b in reqs]
+        assert loop.max_running == 1
+        with loop.paused():  # all four wait, then run as one batch of 4 that shrinks as each ends
+            its = [loop.submit(job_for(p, m, s, prior=b, keep_logits=True)) for p, m, s, b in reqs[:3]]
+            late = []
+        first = next(its[0])  # the batch of three is decoding; the fourth joins it mid-way
+        late.append(loop.submit(job_for(*reqs[3][:3], prior=reqs[3][3], keep_logits=True)))
+        together = [_gen([first, *its[0]])] + [_gen(it) for it in its[1:]] + [_gen(late[0])]
+        assert loop.max_running >= 3
+        for a, b in zip(together, solo, strict=True):
+            assert a.token_ids == b.token_ids and a.text == b.text
+            assert _all_close(a.logits, b.logits, TOL["q4"])  # a batch of B rows sums in another order
+    finally:
+        loop.close()
+
+
+def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(smol):
+    loop = DecodeLoop(DecoderSession(smol.model, "q4", list(range(smol.info.num_layers))), smol.eos_ids,
+                      smol.tokenizer)
+    try:
+        reqs = _requests(smol)
+        checks = iter(range(1000))  # the loop asks at the prefill and before each step: cancelled at the 4th ask
+        with loop.paused():
+            keep = loop.submit(job_for(reqs[2][0], reqs[2][1], Sampling(max_tokens=10)))
+            gone = loop.submit(job_for(reqs[1][0], reqs[1][1], Sampling(max_tokens=10),
+                                       cancelled=lambda: next(checks) >= 3))
+        cancelled = _gen(gone)
+        assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) == 3
+        done = _gen(keep)
+        assert done.finish_reason in ("length", "stop") and len(done.token_ids) >= 4 and loop.running == []
+    finally:
+        loop.close()
+
+
+def test_a_prompt_past_the_models_positions_is_refused_before_it_runs(smol, loop):
+    with pytest.raises(InvalidInput) as e:
+        loop.submit(job_for([1] * 10, None, Sampling(max_tokens=smol.model.config.max_position_embeddings)))
+    assert e.value.field == "max_tokens"
+    with pytest.raises(InvalidInput):
+        loop.submit(job_for([], None, Sampling()))
