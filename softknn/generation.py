@@ -128,7 +128,7 @@ class GenEngine:
     requests and runtime "torch" run the model in torch with the memory hook (the reference)."""
 
     def __init__(self, engine: Engine, generator: Generator, *, runtime: str = "graph", weights: str = "auto",
-                 threads: int = 1, max_batch: int = 16):
+                 threads: int = 1, max_batch: int = 16, torch_concurrent: int = 2):
         rec = engine.bundle.manifest.generator
         if rec is None:
             raise BundleError(f"{engine.bundle.path}: built without a generator (softknn build --generator MODEL)",
@@ -144,6 +144,7 @@ class GenEngine:
         if runtime not in RUNTIMES:
             raise ValueError(f"generation runtime must be one of {RUNTIMES}, not {runtime!r}")
         self.runtime, self.weights, self.threads, self.max_batch = runtime, weights, threads, max_batch
+        self._torch_slots = threading.BoundedSemaphore(torch_concurrent)  # generations in torch at once
 
     def uses_graph(self, p: GenParams, memory: GenMemory | None) -> bool:
         """Whether a request decodes in the decode graph (else in torch with the memory hook)."""
@@ -211,8 +212,7 @@ class GenEngine:
                           cancelled=cancelled)
             items: Iterator[Step | Generation] = self.decode_loop().submit(job)
         else:
-            items = self.generator.generate(prep.prefix + prep.rest, prep.memory, sampling=sampling, mixing=p.mixing,
-                                            alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled, prior=p.prior)
+            items = self._in_torch(prep, p, sampling, keep_logits, cancelled)
         for item in items:
             if isinstance(item, Generation):
                 result = item
@@ -221,6 +221,13 @@ class GenEngine:
         assert result is not None
         self._local.generation = result  # per thread: concurrent generations share the engine
         yield self._answer(result, prep, p)
+
+    def _in_torch(self, prep: _Prepared, p: GenParams, sampling: Sampling, keep_logits: bool,
+                  cancelled: Callable[[], bool]) -> Iterator[Step | Generation]:
+        with self._torch_slots:
+            yield from self.generator.generate(prep.prefix + prep.rest, prep.memory, sampling=sampling, mixing=p.mixing,
+                                               alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled,
+                                               prior=p.prior)
 
     @property
     def last_generation(self) -> Generation:

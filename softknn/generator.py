@@ -314,7 +314,7 @@ class Generator:
             return prefix, rest
         assert messages is not None  # exactly one of prompt and messages (checked above)
         if not self.tokenizer.chat_template:
-            raise InvalidInput(f"{self.info.name} has no chat template: send a raw prompt", field="messages")
+            raise InvalidInput(f"{self.info.name} has no chat template: send a raw prompt (raw: true)", field="messages")
         last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
         if last is None:
             raise InvalidInput("messages need a user message", field="messages")

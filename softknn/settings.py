@@ -136,10 +136,19 @@ class GeneratorSettings(BaseModel):
                                                ".gguf file; unset = the one the bundle's generator memory was built with")
     cache_dir: Path | None = Field(None, description="where a GGUF generator is converted once and kept; "
                                                       "unset = ~/.cache/softknn/generators")
-    max_concurrent: int = Field(2, ge=1, description="generations running at once; more wait in the queue")
-    max_queue: int = Field(8, ge=0, description="generations waiting for a slot; past it 429")
+    max_concurrent: int = Field(16, ge=1, description="generations running at once (decoded together, one batch a "
+                                                      "step); more wait in the queue")
+    max_queue: int = Field(32, ge=0, description="generations waiting for a slot; past it 429")
     max_tokens: int = Field(512, ge=1, description="largest max_tokens a request may ask for")
-    threads: int = Field(1, ge=0, description="torch threads per generation (0 = cores)")
+    threads: int = Field(1, ge=0, description="ONNX Runtime threads of the decode graph (0 = cores)")
+    runtime: Literal["graph", "torch"] = Field("graph", description="graph: joint mixing and the plain model decode "
+                                               "in ONNX Runtime with the memory in the KV cache and continuous "
+                                               "batching; torch: every generation in torch with the memory hook (the "
+                                               "reference; fixed α and exact requests always run there)")
+    weights: Literal["auto", "fp32", "q4", "q4a8"] = Field("auto", description="decode graph weights: q4 = 4-bit "
+                                                           "blocks (lossless for a GGUF Q4_1 model), q4a8 = the same "
+                                                           "with int8 activations, auto = q4 where lossless, else fp32")
+    torch_concurrent: int = Field(2, ge=1, description="torch generations (fixed α, exact) running at once")
 
 
 class Settings(BaseSettings):

@@ -6,10 +6,12 @@ hot path, and swaps the engine reference in one assignment: requests admitted be
 engine they were pinned to (softknn.service.batching), requests after it get the new one.
 
 Generation: when the bundle's manifest has a generator record, its causal LM is loaded (once per
-name, kept across reloads) and a GenEngine over the same Engine is installed with it. Generations
-run on their own threads (`settings.generator.max_concurrent` at once, `max_queue` waiting, past it
-429); `generate` streams each token from its thread to the event loop, and a consumer that stops
-(a client gone mid-stream) cancels the generation at its next token, which frees its slot.
+name, kept across reloads) and a GenEngine over the same Engine is installed with it. At most
+`settings.generator.max_concurrent` generations run (`max_queue` wait, past it 429): each retrieves
+on a generation thread, then decodes in the generator's decode loop, one batched step for every
+running generation (softknn.generate.batch; fixed α and exact ones in torch on their thread);
+`generate` streams each token to the event loop, and a consumer that stops (a client gone
+mid-stream) cancels the generation at its next token, which frees its slot.
 """
 
 from __future__ import annotations
@@ -382,7 +384,9 @@ class Runtime:
         if gen is None:
             gen = Generator.load(name, cache_dir=self.settings.generator.cache_dir)
             self._generators[name] = gen
-        ge = GenEngine(engine, gen)
+        g = self.settings.generator
+        ge = GenEngine(engine, gen, runtime=g.runtime, weights=g.weights, threads=g.threads, max_batch=g.max_concurrent,
+                       torch_concurrent=g.torch_concurrent)
         log.info("generator loaded", extra={"generator": gen.info.name, "layers": len(ge.layers),
                                             "memory": ge.store.kind, "seconds": round(time.perf_counter() - t0, 2)})
         return ge

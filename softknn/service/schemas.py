@@ -525,14 +525,23 @@ def _with_fields(base: type[BaseModel], settings: Settings, name: str, doc: str,
 
 class GenerateRequestBase(GenerateFields):
     prompt: str | None
+    raw: bool
     messages: list[ChatMessage] | None
     max_tokens: int
 
     @model_validator(mode="after")
     def _one_of(self):
         if (self.prompt is None) == (self.messages is None):
-            raise PydanticCustomError("prompt_or_messages", "give exactly one of prompt (raw text) and messages (chat)")
+            raise PydanticCustomError("prompt_or_messages", "give exactly one of prompt (a question) and messages (chat)")
+        if self.raw and self.prompt is None:
+            raise PydanticCustomError("raw_needs_prompt", "raw applies to prompt, not to messages")
         return self
+
+    def chat(self) -> tuple[str | None, list[dict] | None]:
+        """(raw prompt, messages) for GenEngine: a prompt is one user turn unless raw."""
+        if self.messages is not None:
+            return None, [m.model_dump() for m in self.messages]
+        return (self.prompt, None) if self.raw else (None, [{"role": "user", "content": self.prompt}])
 
 
 def generate_request_model(settings: Settings) -> type[GenerateRequestBase]:
@@ -541,8 +550,10 @@ def generate_request_model(settings: Settings) -> type[GenerateRequestBase]:
     model = _with_fields(
         GenerateRequestBase, settings, "GenerateRequest",
         "Generation with the KB in the generator's attention: exactly one of `prompt` and `messages`.",
-        prompt=(Text | None, Field(None, max_length=lim.max_chars, description="raw text, tokenised as it is "
-                                   "(no chat template), the KB before it")),
+        prompt=(Text | None, Field(None, max_length=lim.max_chars, description="a question: one user turn through "
+                                   "the generator's chat template, as `messages` with one user message would be "
+                                   "(raw: text the model continues, tokenised as it is, the KB before it)")),
+        raw=(bool, Field(False, description="true: `prompt` is raw text to continue (no chat template)")),
         messages=(list[ChatMessage] | None, Field(None, min_length=1, max_length=256, description="a chat, through "
                                                   "the generator's chat template; the KB at the head of the last "
                                                   "user message")),

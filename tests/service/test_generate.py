@@ -81,8 +81,16 @@ def test_greedy_generate_is_the_engines_answer(client, ge):
     assert [t["text"] for t in got["tokens"]] == [t.text for t in want.tokens]
     assert got["usage"] == want.usage and got["generator"] == "smollm2-135m-instruct"
     assert got["bundle_version"] == ge.engine.bundle.version and got["request_id"]
-    raw = generate(client, prompt="Amber Line fares:", k=2)
+    # a prompt is one user turn (the chat template); raw: true is text the model continues
+    turn = generate(client, prompt=QUESTION, k=2)
+    assert turn["text"] == got["text"] and turn["usage"] == got["usage"]
+    raw = generate(client, prompt="Amber Line fares:", raw=True, k=2)
     assert raw["text"] == ge.answer(GenParams(max_tokens=TOKENS, k=2), prompt="Amber Line fares:").text
+    assert raw["usage"]["prompt_tokens"] == len(generator_ids(ge, "Amber Line fares:"))
+
+
+def generator_ids(ge, text: str) -> list[int]:
+    return ge.generator.layout(prompt=text)[1]
 
 
 def test_exact_joint_is_the_masked_concatenation(client, ge, generator):
@@ -123,6 +131,7 @@ def test_fixed_alpha_one_is_the_plain_model(client):
 
 @pytest.mark.parametrize("route,body,field", [
     ("/v1/generate", {"prompt": "x", "messages": MESSAGES}, None),
+    ("/v1/generate", {"messages": MESSAGES, "raw": True}, None),
     ("/v1/generate", {}, None),
     ("/v1/generate", {"prompt": "x", "max_tokens": 513}, "max_tokens"),
     ("/v1/chat/completions", {"messages": MESSAGES, "n": 2}, "n"),

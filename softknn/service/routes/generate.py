@@ -84,11 +84,11 @@ def build_router(GenerateRequest: type[GenerateRequestBase]) -> APIRouter:
         runtime = kbs.pick(body.kb, who)
         ge = runtime.generation()
         params = body.gen_params(body.max_tokens)
-        messages = [m.model_dump() for m in body.messages] if body.messages is not None else None
+        prompt, messages = body.chat()
         if not body.stream:
-            answer = await runtime.answer(ge, params, body.prompt, messages, request_id=request_id)
+            answer = await runtime.answer(ge, params, prompt, messages, request_id=request_id)
             return FastJSONResponse(generation_payload(request_id, ge, answer))
-        stream = runtime.generate(ge, params, body.prompt, messages, request_id=request_id)
+        stream = runtime.generate(ge, params, prompt, messages, request_id=request_id)
         first = await first_item(stream)
 
         async def events() -> AsyncGenerator[bytes, None]:

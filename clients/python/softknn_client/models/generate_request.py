@@ -53,7 +53,9 @@ class GenerateRequest:
             after another Default: 'composite'.
         prior (float | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax times
             (k·w_db(c))^β; 0 = the plain joint softmax Default: 4.0.
-        prompt (None | str | Unset): raw text, tokenised as it is (no chat template), the KB before it
+        prompt (None | str | Unset): a question: one user turn through the generator's chat template, as `messages` with
+            one user message would be (raw: text the model continues, tokenised as it is, the KB before it)
+        raw (bool | Unset): true: `prompt` is raw text to continue (no chat template) Default: False.
         retrieval (GenerateRequestRetrievalType0 | None | Unset): similarity of the k-NN, as /v1/infer's; null = the
             bundle's default
         seed (int | None | Unset): seed of the sampler (temperature > 0): the same seed, the same answer
@@ -82,6 +84,7 @@ class GenerateRequest:
     positions: GenerateRequestPositions | Unset = "composite"
     prior: float | Unset = 4.0
     prompt: None | str | Unset = UNSET
+    raw: bool | Unset = False
     retrieval: GenerateRequestRetrievalType0 | None | Unset = UNSET
     seed: int | None | Unset = UNSET
     spans: int | Unset = 3
@@ -171,6 +174,8 @@ class GenerateRequest:
         else:
             prompt = self.prompt
 
+        raw = self.raw
+
         retrieval: None | str | Unset
         if isinstance(self.retrieval, Unset):
             retrieval = UNSET
@@ -237,6 +242,8 @@ class GenerateRequest:
             field_dict["prior"] = prior
         if prompt is not UNSET:
             field_dict["prompt"] = prompt
+        if raw is not UNSET:
+            field_dict["raw"] = raw
         if retrieval is not UNSET:
             field_dict["retrieval"] = retrieval
         if seed is not UNSET:
@@ -397,6 +404,8 @@ class GenerateRequest:
 
         prompt = _parse_prompt(d.pop("prompt", UNSET))
 
+        raw = d.pop("raw", UNSET)
+
         def _parse_retrieval(data: object) -> GenerateRequestRetrievalType0 | None | Unset:
             if data is None:
                 return data
@@ -466,6 +475,7 @@ class GenerateRequest:
             positions=positions,
             prior=prior,
             prompt=prompt,
+            raw=raw,
             retrieval=retrieval,
             seed=seed,
             spans=spans,
