@@ -46,17 +46,19 @@ CORE_FILES = ("embeddings.npy", "index.faiss", "chunk_tokens.npy", "token_spans.
 DATA_FILES = CORE_FILES[:2] + MEMORY_FILES[DEFAULT_MEMORY] + CORE_FILES[2:]  # a bundle of the default memory `hidden`
 
 
-def data_files(memory: str, lexical: bool = False, generator: str | None = None) -> tuple[str, ...]:
+def data_files(memory: str, lexical: bool = False, generator: str | None = None,
+               generator_selects: bool = False) -> tuple[str, ...]:
     """Every file a bundle must hold: the core files, its memory's, the lexical index's if it has one,
-    and the generator memory's (of that kind) if it has one."""
+    and the generator memory's (of that kind, with its token selection) if it has one."""
     return (CORE_FILES[:2] + memory_files(memory) + CORE_FILES[2:] + (LEXICAL_FILES if lexical else ())
-            + generator_files(generator))
+            + generator_files(generator, generator_selects))
 
 
 def record_files(manifest: dict) -> tuple[str, ...]:
     """data_files of a manifest being written (a dict: the builder's record, before it is typed)."""
     gen = manifest.get("generator")
-    return data_files(manifest.get("memory", "kv"), bool(manifest.get("lexical")), gen["memory"] if gen else None)
+    return data_files(manifest.get("memory", "kv"), bool(manifest.get("lexical")), gen["memory"] if gen else None,
+                      bool(gen and gen.get("keep", 1.0) < 1.0))
 
 
 def sha256_file(path: Path, bufsize: int = 1 << 22) -> str:
@@ -180,7 +182,8 @@ def verify_bundle(path: Path) -> dict:
     from softknn.shards import shard_files
 
     gen = m.generator.memory if m.generator is not None else None
-    verify_files(path, m, shard_files(m) if m.sharded else data_files(m.memory, m.lexical is not None, gen))
+    selects = m.generator is not None and m.generator.keep < 1.0
+    verify_files(path, m, shard_files(m) if m.sharded else data_files(m.memory, m.lexical is not None, gen, selects))
     check_versions(path, raw, m)
     return raw
 
@@ -310,8 +313,9 @@ def load_bundle(
         from softknn.shards import replica_files
 
         gen = manifest.generator.memory if manifest.generator is not None else None
+        selects = manifest.generator is not None and manifest.generator.keep < 1.0
         verify_files(path, manifest, replica_files(manifest) if manifest.sharded
-                     else data_files(manifest.memory, manifest.lexical is not None, gen))
+                     else data_files(manifest.memory, manifest.lexical is not None, gen, selects))
         check_versions(path, raw, manifest)
     fp = manifest.model.fingerprint
     if expected_fingerprint is not None and fp != expected_fingerprint:

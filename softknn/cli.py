@@ -117,7 +117,10 @@ def build(
                                                           "for `softknn generate` and /v1/generate: "
                                                           "smollm2-135m-instruct (packaged), a model folder or a .gguf file")] = None,
     generator_layers: Annotated[str, typer.Option(help="with --generator: its memory layers, all or a,b,c (0-based)")] = "all",
-    generator_memory: Annotated[str, typer.Option(help="with --generator: fp32 | fp16 | int8 | recompute (nothing stored)")] = "fp16",
+    generator_memory: Annotated[str, typer.Option(help="with --generator: fp32 | fp16 | int8 | q4 | q2 | recompute "
+                                                       "(nothing stored)")] = "fp16",
+    generator_keep: Annotated[float, typer.Option(help="with --generator: the fraction of each chunk's tokens "
+                                                       "stored, those its own attention keeps (1 = all)")] = 1.0,
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + the layer-L memory), index it (FAISS and BM25)."""
     from softknn.index_builder.reader import Fields, read_kb, resolve_fields
@@ -173,7 +176,8 @@ def build(
         settings = _settings(model__name=model)
         cfg = BuildConfig(layer=layer, index_type=index, chunk_tokens=chunk_tokens, overlap=overlap,
                           batch_size=batch_size, kv_dtype=kv_dtype, memory=memory, lexical=lexical, shards=shards,
-                          fields=fields, generator_layers=generator_layers, generator_memory=generator_memory)
+                          fields=fields, generator_layers=generator_layers, generator_memory=generator_memory,
+                          generator_keep=generator_keep)
         gen = None
         if generator is not None:
             from softknn.generator import Generator
@@ -195,8 +199,9 @@ def build(
                f"index {manifest['index']['kind']} ({manifest['index']['reason']}), memory {manifest['memory']}")
     g = manifest.get("generator")
     if g:
-        typer.echo(f"generator {g['name']}: {len(g['layers'])} memory layers, {g['memory']}, {g['tokens']} tokens, "
-                   f"{g['bytes_per_chunk']:,.0f} bytes per chunk")
+        kept = f", {g['keep']:g} of each chunk's tokens kept" if g.get("keep", 1.0) < 1.0 else ""
+        typer.echo(f"generator {g['name']}: {len(g['layers'])} memory layers, {g['memory']}{kept}, {g['tokens']} tokens, "
+                   f"{g['bytes_per_token']:,.0f} bytes per token ({g['bytes_per_chunk']:,.0f} per chunk)")
     if cache is not None:
         damaged = stats.get("cache_batches_damaged", 0)
         n = stats["encoded"]

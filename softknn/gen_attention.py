@@ -250,6 +250,40 @@ class ReferenceHook(MemoryHook):
         return out.to(query.dtype).transpose(1, 2).contiguous(), None
 
 
+VOTE_WINDOW = 16  # SnapKV's observation window: the last tokens of a chunk vote for the tokens it keeps
+
+
+class VoteHook:
+    """At every layer, the model's own attention (SDPA, unchanged) and beside it the votes: for each
+    sequence of the batch (real tokens P + n_j, right-padded), the attention probabilities its last
+    VOTE_WINDOW rows pay to each column, summed over heads and layers: votes (B, T)."""
+
+    def __init__(self, prefix_len: int, lengths: list[int]):
+        self.P, self.lengths = prefix_len, lengths
+        self.votes: torch.Tensor = torch.zeros(0)
+
+    def covers(self, layer: int) -> bool:
+        return True
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, **kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        B, nh, T, hs = query.shape
+        g = nh // key.shape[1]
+        scaling = hs**-0.5 if scaling is None else scaling
+        k = key.repeat_interleave(g, 1)  # (B, nh, Tk, hs): query head h reads kv head h // g
+        s = (query @ k.transpose(-1, -2)) * scaling  # (B, nh, T, Tk)
+        if attention_mask is not None:
+            s = s.masked_fill(~attention_mask, -math.inf) if attention_mask.dtype == torch.bool else s + attention_mask
+        p = torch.softmax(s.float(), -1)
+        if self.votes.numel() == 0:
+            self.votes = torch.zeros(B, key.shape[2])
+        for j, n in enumerate(self.lengths):
+            end = self.P + n
+            self.votes[j] += p[j, :, max(self.P, end - VOTE_WINDOW) : end].sum((0, 1))
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+
 def rotate_keys(key: torch.Tensor, offset: int, inv_freq: torch.Tensor) -> torch.Tensor:
     """RoPE keys (..., n, hs) moved `offset` positions later: k·cos(oθ) + rotate_half(k)·sin(oθ).
 

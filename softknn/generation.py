@@ -20,7 +20,7 @@ from softknn.engine import Engine, InferParams
 from softknn.errors import BundleError, InvalidInput
 from softknn.filters import FilterNode
 from softknn.gen_attention import MIXING, POSITIONS, GenMemory, place_memory
-from softknn.gen_memory import GeneratorStore
+from softknn.gen_memory import ChunkKV, GeneratorStore
 from softknn.generate.batch import job_for
 from softknn.generator import Generation, Generator, Sampling, Step
 
@@ -116,6 +116,7 @@ class _Prepared:
     rows: list[int] = field(default_factory=list)
     retr: Any = None
     memory_source: str = "none"
+    kept: list[np.ndarray | None] = field(default_factory=list)  # each slot's stored tokens (None: all)
 
 
 RUNTIMES = ("graph", "torch")
@@ -164,18 +165,28 @@ class GenEngine:
         plain = enc.forward_plain(enc.tokenize([query], truncate=[True]))
         return self.engine.retrieve(plain.embedding.float().cpu().numpy(), [ip], [query])
 
-    def chunk_kv(self, rows: list[int], prefix: list[int], recompute: bool, positions: str
-                 ) -> tuple[list[torch.Tensor], int | list[int], str]:
-        """R's K/V, (n, L, 2, nkv, hs) each, and where each was encoded (its first token's position).
-        Recomputed ones are encoded after this prompt's prefix, at their placed positions."""
-        if recompute or self.store.kind == "recompute":
+    def chunk_kv(self, rows: list[int], prefix: list[int], exact: bool, positions: str
+                 ) -> tuple[list[ChunkKV], int | list[int], str]:
+        """R's K/V, ChunkKV each, and where each was encoded (its first token's position). `exact`:
+        recomputed in float32 after this prompt's prefix, each at its placed position; else from the
+        store's LRU, its files, or (a recompute memory) computed after the memory prefix the builder
+        uses, as the store would hold them."""
+        if exact:
             ids = [self.store.token_ids(r) for r in rows]
             starts = None
             if positions == "reordered":
                 starts = list(len(prefix) + np.concatenate([[0], np.cumsum([len(x) for x in ids])[:-1]]).astype(int))
             kv = self.generator.chunk_kv(ids, self.layers, prefix=prefix, starts=starts)
-            return [torch.from_numpy(x) for x in kv], [int(s) for s in starts] if starts else len(prefix), "recomputed"
-        return [self.store.chunk(r) for r in rows], self.store.prefix_len, f"stored {self.store.kind}"
+            return [ChunkKV(torch.from_numpy(x)) for x in kv], [int(s) for s in starts] if starts else len(prefix), \
+                "recomputed"
+        chunks = self.store.chunks(rows, self._recompute)
+        source = "recomputed" if self.store.kind == "recompute" else f"stored {self.store.kind}"
+        return chunks, self.store.prefix_len, source
+
+    def _recompute(self, rows: list[int]) -> list[ChunkKV]:
+        prefix = list(self.store.record.get("prefix") or [])
+        kv = self.generator.chunk_kv([self.store.token_ids(r) for r in rows], self.layers, prefix=prefix)
+        return [ChunkKV(torch.from_numpy(x)) for x in kv]
 
     def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None) -> _Prepared:
         p = p.validate()
@@ -192,12 +203,12 @@ class GenEngine:
             return _Prepared(prefix, rest, None, rows, retr, "prompt" if rows else "none")
         prefix, rest = gen.layout(prompt, messages)
         # exact: fp32 K/V encoded after this very prefix, so the masked-concatenation contract holds
-        recompute = p.exact and (self.store.kind != "fp32" or p.positions == "reordered"
+        recompute = p.exact and (self.store.kind != "fp32" or self.store.keep < 1 or p.positions == "reordered"
                                  or list(prefix) != list(self.store.record.get("prefix") or []))
-        kv, encoded_after, source = self.chunk_kv(rows, prefix, recompute, p.positions)
-        memory = place_memory(kv, self.layers, torch.tensor(w), p.positions, gen.inv_freq,
+        kvs, encoded_after, source = self.chunk_kv(rows, prefix, recompute, p.positions)
+        memory = place_memory([c.kv for c in kvs], self.layers, torch.tensor(w), p.positions, gen.inv_freq,
                               encoded_after=encoded_after, prefix_len=len(prefix))
-        return _Prepared(prefix, rest, memory, rows, retr, source)
+        return _Prepared(prefix, rest, memory, rows, retr, source, [c.kept for c in kvs])
 
     # --- decoding ---------------------------------------------------------------------------------
     def stream(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, *,
@@ -270,7 +281,8 @@ class GenEngine:
             order = sorted(range(len(rows)), key=lambda s: (-float(per_chunk[s]), -retr.weights[0][s]))
             for rank, s in enumerate(order[: p.evidence], 1):
                 c = chunks[rows[s]]
-                spans = self._spans(c, trace, s, p.spans) if trace is not None and n else []
+                kept = prep.kept[s] if prep.kept else None
+                spans = self._spans(c, trace, s, p.spans, kept) if trace is not None and n else []
                 drew = [] if share is None else [int(i) for i in share[:, s].argsort(descending=True)[:3]]
                 bm25 = retr.bm25[0]
                 evidence.append(GenEvidence(rank, c["chunk_id"], c["doc_id"], c["text"], c["start"], c["end"], c.get("label"),
@@ -299,18 +311,22 @@ class GenEngine:
         return GenAnswer(g.text, g.finish_reason, usage, evidence, diag, tokens, self.engine.bundle.version,
                          self.generator.info.name)
 
-    def _spans(self, c: dict, trace, s: int, top: int) -> list[dict[str, Any]]:
-        """The chunk's tokens with the most mass, as char spans in the chunk's document."""
+    def _spans(self, c: dict, trace, s: int, top: int, kept: np.ndarray | None) -> list[dict[str, Any]]:
+        """The chunk's tokens with the most mass, as char spans in the chunk's document (`kept`: the
+        chunk token each memory slot position holds, where the store kept only some)."""
         tm = trace.token_mass[s]  # (Lm,)
         offsets = self.generator.chunk_offsets(c["text"])
-        nt = min(len(offsets), int(tm.shape[0]))
+        where = np.arange(len(offsets)) if kept is None else np.asarray(kept)
+        nt = min(len(where), int(tm.shape[0]))
         if nt == 0:
             return []
         total = float(tm[:nt].sum()) or 1.0
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
         for i in tm[:nt].argsort(descending=True).tolist():
-            a, b = offsets[i]
+            if where[i] >= len(offsets):
+                continue
+            a, b = offsets[where[i]]
             word = c["text"][a:b].strip()
             if not any(ch.isalnum() for ch in word) or word.lower() in _FUNCTION_WORDS or word.lower() in seen:
                 continue  # punctuation, function words and repeats draw mass but tell a reader nothing

@@ -33,6 +33,7 @@ from softknn.gen_attention import (
     GenMemory,
     MemoryHook,
     Trace,
+    VoteHook,
     bind,
     chunk_positions,
     prompt_positions,
@@ -335,14 +336,18 @@ class Generator:
     # --- memory ---------------------------------------------------------------------------------
     @torch.inference_mode()
     def chunk_kv(self, ids: list[list[int]], layers: list[int], prefix: list[int] | tuple[int, ...] = (),
-                 batch_size: int = 8, starts: list[int] | None = None) -> list[np.ndarray]:
+                 batch_size: int = 8, starts: list[int] | None = None, votes: list[np.ndarray] | None = None
+                 ) -> list[np.ndarray]:
         """Each chunk on its own after the memory prefix P (positions |P|..|P|+n−1): (n, len(layers), 2,
         nkv, hs) float32 keys (after RoPE) and values at `layers`, P's own dropped. `starts[i]`: encode
         chunk i at positions starts[i].. instead (after P at 0..|P|−1). Batches are right-padded: a
-        causal model's real tokens never see pads."""
+        causal model's real tokens never see pads. `votes` (a list to fill): each chunk's (n,) attention
+        its last VOTE_WINDOW tokens pay to each of its tokens, summed over heads and every layer
+        (SnapKV's observation window; the forward itself is unchanged)."""
         from transformers import DynamicCache
 
         out: list[np.ndarray | None] = [None] * len(ids)
+        got_votes: list[np.ndarray | None] = [None] * len(ids)
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         P = len(prefix)
         for g in range(0, len(order), batch_size):
@@ -358,13 +363,20 @@ class Generator:
             if starts is not None:
                 for j, i in enumerate(idx):
                     pos[j, P:] = starts[i] + torch.arange(T - P)
-            self.model.model(input_ids=x, attention_mask=mask, position_ids=pos, **{self.cache_kw: cache}, use_cache=True)
+            hook = VoteHook(P, [len(ids[i]) for i in idx]) if votes is not None else None
+            with bind(hook):
+                self.model.model(input_ids=x, attention_mask=mask, position_ids=pos, **{self.cache_kw: cache},
+                                 use_cache=True)
             # a DynamicCache of full-attention layers: transformers types its layers as the union of every kind
             k = torch.stack([cache.layers[layer].keys for layer in layers], 1)  # type: ignore[union-attr, misc]
             v = torch.stack([cache.layers[layer].values for layer in layers], 1)  # type: ignore[union-attr, misc]
             kv = torch.stack([k, v], 2).permute(0, 4, 1, 2, 3, 5)  # (b, T, L, 2, nkv, hs)
             for j, i in enumerate(idx):
                 out[i] = kv[j, P : P + len(ids[i])].float().numpy().copy()
+                if hook is not None:
+                    got_votes[i] = hook.votes[j, P : P + len(ids[i])].numpy().copy()
+        if votes is not None:
+            votes.extend(v for v in got_votes if v is not None)
         return out  # type: ignore[return-value]
 
     # --- decoding -------------------------------------------------------------------------------

@@ -87,10 +87,13 @@ class GeneratorRecord(_Section):
     num_kv_heads: int
     head_dim: int
     layers: list[int]  # the memory layers, 0-based
-    memory: str  # fp32 | fp16 | int8 | recompute
+    memory: str  # fp32 | fp16 | int8 | q4 | q2 | recompute (softknn.gen_memory)
     prefix: list[int] = Field(default_factory=list)  # the tokens each chunk was encoded after
     tokens: int = 0
     bytes_per_chunk: float = 0.0
+    bytes_per_token: float = 0.0  # stored bytes / chunk tokens (measured on the files)
+    bytes_per_token_formula: float = 0.0  # softknn.gen_memory.bytes_per_token: what the layout should take
+    keep: float = 1.0  # fraction of each chunk's tokens stored (SnapKV-style selection); 1 = all
 
 
 class Manifest(_Section):

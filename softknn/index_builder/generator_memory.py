@@ -1,5 +1,6 @@
 """The builder's generator pass: every chunk through the causal LM on its own, after the memory
-prefix, its keys/values at the memory layers stored in the chosen representation (softknn.gen_memory).
+prefix, its keys/values at the memory layers stored in the chosen representation (softknn.gen_memory),
+of every token or of the tokens the chunk's own attention keeps (`keep` < 1).
 
 Resumable like the encoder pass: each batch of chunks is written to the build's work folder under a
 temporary name and renamed when whole, and a rerun skips the batches already there.
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from softknn.gen_memory import GEN_DIR, GEN_MEMORY_KINDS, quantize
+from softknn.gen_memory import BITS, GEN_DIR, GEN_MEMORY_KINDS, bytes_per_token, encode_chunk, select_tokens
 from softknn.generator import Generator
 
 BATCH = 16  # chunks per resumable unit of the generator pass
@@ -25,30 +26,56 @@ BATCH = 16  # chunks per resumable unit of the generator pass
 class GeneratorBuild:
     layers: str = "all"  # "all" or "a,b,c" (0-based; negative from the last)
     memory: str = "fp16"  # softknn.gen_memory.GEN_MEMORY_KINDS
+    keep: float = 1.0  # fraction of each chunk's tokens stored (softknn.gen_memory.select_tokens)
 
     def check(self) -> GeneratorBuild:
         if self.memory not in GEN_MEMORY_KINDS:
             raise ValueError(f"generator memory must be one of {GEN_MEMORY_KINDS}, not {self.memory!r}")
+        if not 0.0 < self.keep <= 1.0:
+            raise ValueError(f"generator keep must be in (0, 1], not {self.keep}")
         return self
+
+    @property
+    def selects(self) -> bool:
+        return self.keep < 1.0 and self.memory != "recompute"
 
 
 def plan_record(gen: Generator, spec: GeneratorBuild) -> dict:
     """What the generator pass depends on (part of the build's plan hash: no resume across changes)."""
-    return {"fingerprint": gen.info.fingerprint, "layers": gen.layers(spec.layers), "memory": spec.memory,
-            "prefix": gen.memory_prefix()}
+    rec: dict[str, object] = {"fingerprint": gen.info.fingerprint, "layers": gen.layers(spec.layers), "memory": spec.memory,
+           "prefix": gen.memory_prefix()}
+    if spec.keep < 1.0:
+        rec["keep"] = spec.keep
+    return rec
 
 
-def _write_batch(work: Path, b: int, kv: list[np.ndarray], kind: str) -> None:
+def _write_batch(work: Path, b: int, arrays: dict[str, np.ndarray]) -> None:
     final = work / f"gen-{b:06d}"
     tmp = work / f"gen-{b:06d}.tmp-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
-    if kind != "recompute":
-        q, scale = quantize(np.concatenate(kv), kind)
-        np.save(tmp / "kv.npy", q)
-        if scale is not None:
-            np.save(tmp / "kv_scale.npy", scale)
+    for name, a in arrays.items():
+        np.save(tmp / f"{name}.npy", a)
     (tmp / "done").write_text("ok")
     tmp.rename(final)
+
+
+def _encode_batch(gen: Generator, ids: list[list[int]], layers: list[int], prefix: list[int],
+                  spec: GeneratorBuild) -> dict[str, np.ndarray]:
+    """One batch of chunks → its stored arrays, rows in chunk order (token rows, then chunk rows)."""
+    if spec.memory == "recompute":
+        return {}
+    votes: list[np.ndarray] | None = [] if spec.selects else None
+    kvs = gen.chunk_kv(ids, layers, prefix=prefix, votes=votes)
+    parts: dict[str, list[np.ndarray]] = {}
+    for c, kv in enumerate(kvs):
+        kept = select_tokens(votes[c], spec.keep) if votes is not None else None
+        enc = encode_chunk(kv[kept] if kept is not None else kv, spec.memory)
+        if kept is not None:
+            enc["kept"] = kept.astype(np.int32)
+            enc["counts"] = np.array([len(kept)], dtype=np.int64)
+        for name, a in enc.items():
+            parts.setdefault(name, []).append(a)
+    return {name: np.concatenate(p) for name, p in parts.items()}
 
 
 def write_generator_memory(out: Path, texts: list[str], gen: Generator, spec: GeneratorBuild, work: Path,
@@ -65,8 +92,7 @@ def write_generator_memory(out: Path, texts: list[str], gen: Generator, spec: Ge
     bar = tqdm(total=len(ids), desc="generator memory", unit="chunk", disable=not progress,
                initial=len(ids) - sum(len(batches[b]) for b in todo))
     for b in todo:
-        kv = [] if spec.memory == "recompute" else gen.chunk_kv([ids[i] for i in batches[b]], layers, prefix=prefix)
-        _write_batch(work, b, kv, spec.memory)
+        _write_batch(work, b, _encode_batch(gen, [ids[i] for i in batches[b]], layers, prefix, spec))
         bar.update(len(batches[b]))
     bar.close()
     d = out / GEN_DIR
@@ -77,17 +103,37 @@ def write_generator_memory(out: Path, texts: list[str], gen: Generator, spec: Ge
     n_tok = int(lengths.sum())
     nbytes = 0
     if spec.memory != "recompute":
-        names = ["kv.npy"] + (["kv_scale.npy"] if spec.memory == "int8" else [])
+        names = ["kv"] + (["kv_scale"] if spec.memory == "int8" else []) + (["k_range", "v_range"]
+                                                                            if spec.memory in BITS else [])
+        if spec.selects:
+            names.append("kept")
+            counts = np.concatenate([np.load(work / f"gen-{b:06d}" / "counts.npy") for b in range(len(batches))])
+            np.save(d / "kv_offsets.npy", np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+            nbytes += (d / "kv_offsets.npy").stat().st_size
         for name in names:
-            parts = [np.load(work / f"gen-{b:06d}" / name, mmap_mode="r") for b in range(len(batches))]
-            arr = np.lib.format.open_memmap(d / name, mode="w+", dtype=parts[0].dtype, shape=(n_tok, *parts[0].shape[1:]))
-            o = 0
-            for p in parts:
-                arr[o : o + len(p)] = p
-                o += len(p)
-            arr.flush()
-            del arr
-            nbytes += (d / name).stat().st_size
+            nbytes += _concatenate(d / f"{name}.npy", [work / f"gen-{b:06d}" / f"{name}.npy" for b in range(len(batches))])
     info = gen.info
-    return {**info.record(), "layers": layers, "memory": spec.memory, "prefix": prefix, "tokens": n_tok,
-            "bytes_per_chunk": round(nbytes / max(len(ids), 1), 1)}
+    rows = int(np.load(d / "kv.npy", mmap_mode="r").shape[0]) if spec.memory != "recompute" else 0
+    formula = bytes_per_token(spec.memory, len(layers), info.num_kv_heads, info.head_dim, n_tok / max(len(ids), 1),
+                              rows / max(n_tok, 1), spec.selects)
+    rec = {**info.record(), "layers": layers, "memory": spec.memory, "prefix": prefix, "tokens": n_tok,
+           "bytes_per_chunk": round(nbytes / max(len(ids), 1), 1),
+           "bytes_per_token": round(nbytes / max(n_tok, 1), 1), "bytes_per_token_formula": round(formula, 1)}
+    if spec.keep < 1.0:
+        rec["keep"] = spec.keep
+    return rec
+
+
+def _concatenate(dst: Path, parts: list[Path]) -> int:
+    """The row-wise concatenation of the .npy files `parts` into dst (memory-mapped, no whole copy in
+    RAM); its size in bytes."""
+    arrays = [np.load(p, mmap_mode="r") for p in parts]
+    n = sum(len(a) for a in arrays)
+    out = np.lib.format.open_memmap(dst, mode="w+", dtype=arrays[0].dtype, shape=(n, *arrays[0].shape[1:]))
+    o = 0
+    for a in arrays:
+        out[o : o + len(a)] = a
+        o += len(a)
+    out.flush()
+    del out
+    return dst.stat().st_size

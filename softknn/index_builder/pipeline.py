@@ -62,6 +62,7 @@ class BuildConfig:
     shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.shards)
     generator_layers: str = "all"  # with a generator: its memory layers (softknn.index_builder.generator_memory)
     generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)
+    generator_keep: float = 1.0  # with a generator: the fraction of each chunk's tokens stored
 
 
 def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int, generator: dict | None = None) -> str:
@@ -323,7 +324,7 @@ def build_bundle(
     if generator is not None:
         if cfg.shards > 1:
             raise ValueError("generator memory is not sharded: build it with --shards 1")
-        gen_spec = GeneratorBuild(cfg.generator_layers, cfg.generator_memory).check()
+        gen_spec = GeneratorBuild(cfg.generator_layers, cfg.generator_memory, cfg.generator_keep).check()
         generator.layers(gen_spec.layers)  # a bad layer list is refused before any work
         gen_plan = plan_record(generator, gen_spec)
     plan = _plan_hash(chunks, cfg, encoder, layer, gen_plan)

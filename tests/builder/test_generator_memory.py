@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from softknn.bundle import load_bundle, verify_bundle
 from softknn.engine import Engine
 from softknn.errors import BundleError
-from softknn.gen_memory import GeneratorStore, generator_files
+from softknn.gen_memory import ChunkKV, GeneratorStore, generator_files
 from softknn.generation import GenEngine, GenParams
 from softknn.generator import Generator, Sampling
 from softknn.index_builder.generator_memory import BATCH
@@ -140,3 +141,106 @@ def test_exact_answers_equal_the_masked_reference_over_the_retrieved_chunks(tmp_
         assert max(float((a - b).abs().max()) for a, b in zip(got, ref.logits, strict=True)) <= 1e-4
         assert len(ans.evidence) == 3
         assert sum(e.mass_share for e in ans.evidence) == pytest.approx(ans.diagnostics["memory_share"], abs=1e-5)
+
+
+# --- compact memory: 4- and 2-bit codes, token selection, the LRU tier --------------------------------
+def test_bit_codes_round_trip_and_stay_within_half_a_step():
+    from softknn.gen_memory import _pack, _unpack, decode_chunk, encode_chunk
+
+    rng = np.random.default_rng(0)
+    for bits in (2, 4):
+        q = rng.integers(0, 1 << bits, (5, 3, 64))
+        assert np.array_equal(_unpack(_pack(q, bits), bits), q)
+    kv = rng.standard_normal((9, 2, 2, 3, 64)).astype(np.float32)
+    kv[:, :, 0, :, 5] *= 40  # an outlier key channel: per-channel ranges keep it from swamping the others
+    for kind, levels in (("q4", 15), ("q2", 3)):
+        enc = encode_chunk(kv, kind)
+        assert enc["kv"].dtype == np.uint8 and enc["kv"].shape == (9, 2, 2, 3, 64 * (4 if kind == "q4" else 2) // 8)
+        got = decode_chunk(kind, enc["kv"], k_range=enc["k_range"][0], v_range=enc["v_range"])
+        k_step = (kv[:, :, 0].max(0) - kv[:, :, 0].min(0)) / levels  # (L, nkv, hs) per channel over the chunk
+        v_step = (kv[:, :, 1].max(-1) - kv[:, :, 1].min(-1)) / levels  # (n, L, nkv) per token
+        assert (np.abs(got[:, :, 0] - kv[:, :, 0]) <= k_step * 0.5 + 2e-3 * np.abs(kv[:, :, 0]).max()).all()
+        assert (np.abs(got[:, :, 1] - kv[:, :, 1]) <= v_step[..., None] * 0.5 + 2e-3 * np.abs(kv[:, :, 1]).max()).all()
+    for kind in ("fp32", "fp16"):
+        assert np.abs(decode_chunk(kind, encode_chunk(kv, kind)["kv"]) - kv).max() <= (0 if kind == "fp32" else 0.05)
+
+
+def test_token_selection_keeps_the_most_voted_and_their_neighbours_in_order():
+    from softknn.gen_memory import select_tokens
+
+    votes = np.array([0.0, 0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0])
+    # max-pooled over 5: tokens 2..6 carry 9, 9..11 carry 5; ties go to the earlier token
+    assert select_tokens(votes, 0.25).tolist() == [2, 3, 4]
+    assert select_tokens(votes, 0.5).tolist() == [2, 3, 4, 5, 6, 9]
+    assert select_tokens(votes, 1.0).tolist() == list(range(12))
+    assert select_tokens(np.ones(3), 0.01).tolist() == [0]  # at least one token
+
+
+@pytest.fixture(scope="module")
+def q2_bundle(tmp_path_factory, kb20, encoder, gen) -> Path:
+    out = tmp_path_factory.mktemp("genq2") / "q2"
+    cfg = BuildConfig(generator_memory="q2", generator_layers="0,14,29", generator_keep=0.5, calibrate=False)
+    build_bundle(kb20, out, cfg, encoder, progress=False, generator=gen)
+    return out
+
+
+def test_a_selected_q2_store_holds_half_the_tokens_at_the_bytes_its_formula_says(q2_bundle, fp32_bundle, gen):
+    from softknn.gen_memory import decode_chunk, encode_chunk, select_tokens
+
+    m = verify_bundle(q2_bundle)
+    g = m["generator"]
+    assert (g["memory"], g["keep"]) == ("q2", 0.5)
+    assert set(generator_files("q2", True)) <= set(m["files"])
+    store = GeneratorStore(q2_bundle, g, 20)
+    n = [len(store.token_ids(r)) for r in range(20)]
+    assert [int(store.kv_offsets[r + 1] - store.kv_offsets[r]) for r in range(20)] == [-(-x // 2) for x in n]
+    # the measured bytes per token: the formula's, within the .npy headers (≤ 7 files × 128 B)
+    assert abs(g["bytes_per_token"] - g["bytes_per_token_formula"]) <= 7 * 128 / g["tokens"] + 0.1
+    # a chunk read back = the fp32 chunk's kept tokens through the codec (the plain path)
+    row = 3
+    votes: list[np.ndarray] = []
+    kv = gen.chunk_kv([store.token_ids(row)], [0, 14, 29], prefix=gen.memory_prefix(), votes=votes)[0]
+    kept = select_tokens(votes[0], 0.5)
+    c = store.decode(row)
+    assert c.kept.tolist() == kept.tolist()
+    enc = encode_chunk(kv[kept], "q2")
+    want = decode_chunk("q2", enc["kv"], k_range=enc["k_range"][0], v_range=enc["v_range"])
+    scale = np.abs(want).max()
+    assert np.abs(c.kv.numpy() - want).max() <= 0.02 * scale  # batched in the build, alone here: codes may flip
+
+
+def test_the_lru_serves_hot_chunks_from_ram_within_its_bytes_and_recomputes_what_is_not_stored(q2_bundle, gen, tmp_path,
+                                                                                             kb20, encoder):
+    g = verify_bundle(q2_bundle)["generator"]
+    store = GeneratorStore(q2_bundle, g, 20)
+    first = store.chunks([1, 2, 3], lambda rows: pytest.fail("a stored chunk is never recomputed"))
+    assert (store.hits, store.misses) == (0, 3)
+    again = store.chunks([3, 1], lambda rows: pytest.fail("no recompute"))
+    assert (store.hits, store.misses) == (2, 3) and again[0] is first[2] and again[1] is first[0]
+    small = GeneratorStore(q2_bundle, g, 20, cache_bytes=first[1].nbytes + first[2].nbytes)
+    small.chunks([1, 2, 3], lambda rows: [])
+    assert list(small._lru) == [2, 3] and small._lru_bytes == small.cache_bytes  # the least recently used left
+    out = tmp_path / "rc"
+    m = _build(kb20, out, encoder, gen, memory="recompute", layers="0,14,29")
+    rc = GeneratorStore(out, m["generator"], 20)
+    asked: list[list[int]] = []
+
+    def recompute(rows):
+        asked.append(rows)
+        return [ChunkKV(torch.from_numpy(x)) for x in gen.chunk_kv([rc.token_ids(r) for r in rows], [0, 14, 29],
+                                                                   prefix=gen.memory_prefix())]
+
+    rc.chunks([5, 6], recompute)
+    rc.chunks([6, 5, 7], recompute)
+    assert asked == [[5, 6], [7]] and (rc.hits, rc.misses) == (2, 3)
+
+
+def test_generation_over_a_selected_store_names_spans_of_kept_tokens(q2_bundle, encoder, gen):
+    ge = GenEngine(Engine(encoder, load_bundle(q2_bundle)), gen)
+    a = ge.answer(GenParams(max_tokens=6, k=2), messages=[{"role": "user", "content": "How much is a bicycle?"}])
+    assert a.diagnostics["memory_source"] == "stored q2" and a.evidence
+    for ev in a.evidence:
+        kept = ge.store.decode(next(r for r in range(20) if ge.engine.bundle.chunks[r]["chunk_id"] == ev.chunk_id)).kept
+        offsets = gen.chunk_offsets(ev.text)
+        allowed = {(ev.start + offsets[i][0], ev.start + offsets[i][1]) for i in kept}
+        assert all((s["start"], s["end"]) in allowed for s in ev.spans)
