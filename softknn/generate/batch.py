@@ -165,6 +165,7 @@ class DecodeLoop:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._hold = threading.Lock()  # taken by the loop around each round (paused())
+        self._bound: tuple | None = None  # ((n, C, cache id), Bound) of the last decode step
         self.steps = 0  # batched decode steps run (tests, metrics)
         self.max_running = 0
 
@@ -271,13 +272,14 @@ class DecodeLoop:
     def _emit(self, seq: _Seq, logits: np.ndarray, attn: np.ndarray | None) -> None:
         """Choose seq's next token from its logits (V,); record the trace; finish it when done."""
         job = seq.job
-        lt = torch.from_numpy(logits)
+        lt = torch.from_numpy(logits)  # a view of the step's output buffer: copied where it is kept
         if seq.gen.trace is not None and attn is not None and job.memory is not None:
             _trace_step(seq.gen.trace, attn[: job.memory.columns], job.memory)
         tok = choose_token(lt, job.sampling, seq.rng)
-        if job.keep_logits:
-            seq.gen.logits.append(lt.clone())
-        step = seq.text.add(tok, lt if job.keep_logits else None)
+        kept = lt.clone() if job.keep_logits else None
+        if kept is not None:
+            seq.gen.logits.append(kept)
+        step = seq.text.add(tok, kept)
         seq.steps += 1
         if step is not None:
             job.out.put(step)
@@ -354,11 +356,13 @@ class DecodeLoop:
         plain = np.zeros((n, 1, 1, C + 1), dtype=np.float32)
         plain[:, 0, 0, :C] = c.bias_plain[:n]
         g = self.shape.groups
+        key = (n, C, id(c.keys[0]))
+        if self._bound is None or self._bound[0] != key:  # the batch or the cache changed: bind again
+            self._bound = (key, self.session.bind([k[:n] for k in c.keys], [v[:n] for v in c.values], n, 1))
         try:
-            out = self.session.run(np.array([[s.last] for s in seqs], dtype=np.int64),
-                                   np.array([[s.next_pos] for s in seqs], dtype=np.int64),
-                                   np.tile(bias, (1, 1, g, 1)), np.tile(plain, (1, 1, g, 1)),
-                                   [k[:n] for k in c.keys], [v[:n] for v in c.values])
+            out = self._bound[1].run(np.array([[s.last] for s in seqs], dtype=np.int64),
+                                     np.array([[s.next_pos] for s in seqs], dtype=np.int64),
+                                     np.tile(bias, (1, 1, g, 1)), np.tile(plain, (1, 1, g, 1)))
         except Exception as e:  # noqa: BLE001 - a failed step fails the requests in it, not the loop
             for s in seqs:
                 s.job.out.put(e)

@@ -169,7 +169,6 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
 
     cos, sin = rope_tables(model.model.rotary_emb.inv_freq, sh.max_positions)
     cos_c, sin_c = b.const(cos, "cos"), b.const(sin, "sin")
-    scale = b.const(np.array(hs**-0.5, dtype=np.float32), "scale")
     r_heads = b.ints([0, 0, nh, hs])
     r_kv = b.ints([0, 0, nkv, hs])
     r_group = b.ints([0, nkv, -1, hs])  # (B, nh, T, hs) → (B, nkv, g·T, hs): head h = h'·g + j reads kv head h'
@@ -186,7 +185,9 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", sh.vocab])]
     emb = sd["model.embed_tokens.weight"]
     x = b.op("Gather", [b.const(emb, "embed"), "input_ids"], "x", axis=0)  # (B, T, H)
-    attn_sum = None
+    attn_sum, rows5 = None, None
+    c_len = b.op("Slice", [b.op("Shape", ["past_key_0"], "shape"), b.ints([3]), b.ints([4]), b.ints([0])], "C")
+    zero, big, axis_last = b.ints([0]), b.ints([2**62]), b.ints([-1])
     for li in range(sh.layers):
         p = f"model.layers.{li}."
         pk, pv = f"past_key_{li}", f"past_value_{li}"
@@ -194,11 +195,13 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
                    helper.make_tensor_value_info(pv, TensorProto.FLOAT, ["B", nkv, "C", hs])]
         h = b.op("SimplifiedLayerNormalization", [x, b.const(sd[p + "input_layernorm.weight"], "ln1")], "h",
                  axis=-1, epsilon=sh.eps, stash_type=1)
-        wqkv = np.concatenate([sd[p + "self_attn.q_proj.weight"], sd[p + "self_attn.k_proj.weight"],
+        # the attention's 1/√d folded into W_q (RoPE is linear: rot(s·q) = s·rot(q)); exact for d = 64
+        scaling = np.float32(hs**-0.5)
+        wqkv = np.concatenate([sd[p + "self_attn.q_proj.weight"] * scaling, sd[p + "self_attn.k_proj.weight"],
                                sd[p + "self_attn.v_proj.weight"]])
         bqkv = None
         if p + "self_attn.q_proj.bias" in sd:
-            bqkv = np.concatenate([sd[p + "self_attn.q_proj.bias"], sd[p + "self_attn.k_proj.bias"],
+            bqkv = np.concatenate([sd[p + "self_attn.q_proj.bias"] * scaling, sd[p + "self_attn.k_proj.bias"],
                                    sd[p + "self_attn.v_proj.bias"]])
         qkv = lin(h, wqkv, f"qkv{li}", bqkv)  # (B, T, (nh + 2·nkv)·hs)
         q, k, v = b.ops("Split", [qkv, b.ints([nh * hs, nkv * hs, nkv * hs], "split")], "qkv", 3, axis=-1)
@@ -207,7 +210,7 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
         k = b.op("RotaryEmbedding", [k, "position_ids", cos_c, sin_c], "k", domain="com.microsoft",
                  num_heads=nkv, interleaved=0)
         q = b.op("Transpose", [b.op("Reshape", [q, r_heads], "q")], "q", perm=[0, 2, 1, 3])  # (B, nh, T, hs)
-        q = b.op("Mul", [b.op("Reshape", [q, r_group], "q"), scale], "q")  # (B, nkv, g·T, hs), scaled
+        q = b.op("Reshape", [q, r_group], "q")  # (B, nkv, g·T, hs), scaled
         k_new = b.op("Transpose", [b.op("Reshape", [k, r_kv], "k")], f"key_{li}", perm=[0, 2, 1, 3])  # (B, nkv, T, hs)
         v_new = b.op("Transpose", [b.op("Reshape", [v, r_kv], "v")], f"value_{li}", perm=[0, 2, 1, 3])
         s_past = b.op("MatMul", [q, pk], "s_past")  # (B, nkv, g·T, C)
@@ -215,11 +218,8 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
         s = b.op("Concat", [s_past, s_new], "s", axis=-1)
         s = b.op("Add", [s, "bias" if li in mem else "bias_plain"], "s")
         pr = b.op("Softmax", [s], "p", axis=-1)  # (B, nkv, g·T, C + T)
-        shp = b.op("Shape", [pk], "shape")  # C = the cache's last dim
-        c_len = b.op("Slice", [shp, b.ints([3]), b.ints([4]), b.ints([0])], "C")
-        zero, big = b.ints([0]), b.ints([2**62])
-        p_past = b.op("Slice", [pr, zero, c_len, b.ints([-1])], "p_past")
-        p_new = b.op("Slice", [pr, c_len, big, b.ints([-1])], "p_new")
+        p_past = b.op("Slice", [pr, zero, c_len, axis_last], "p_past")  # C = every past cache's last dim
+        p_new = b.op("Slice", [pr, c_len, big, axis_last], "p_new")
         o = b.op("Add", [b.op("MatMul", [p_past, pv], "o"), b.op("MatMul", [p_new, v_new], "o")], "o")  # (B, nkv, gT, hs)
         o = b.op("Reshape", [b.op("Transpose", [b.op("Reshape", [o, r_ungroup], "o")], "o", perm=[0, 2, 1, 3]),
                              r_hidden], "o")  # (B, T, H)
@@ -233,12 +233,12 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
         for kind, src in (("key", k_new), ("value", v_new)):
             b.nodes.append(helper.make_node("Identity", [src], [f"{kind}_{li}"], name=f"{kind}_{li}_out"))
             outputs.append(helper.make_tensor_value_info(f"{kind}_{li}", TensorProto.FLOAT, ["B", nkv, "T", hs]))
-        if li in mem:  # the last row's probabilities, mean over heads: (B, C + T)
-            rows = b.op("Concat", [b.op("Shape", [pr], "shape", end=2), b.ints([g, -1]),
-                                   b.op("Shape", [pr], "shape", start=3)], "rows", axis=0)
-            pl = b.op("Gather", [b.op("Reshape", [pr, rows], "p5"), last], "plast", axis=3)  # (B, nkv, g, S)
-            pm = b.op("ReduceMean", [pl, axes_heads], "pmean", keepdims=0)
-            attn_sum = pm if attn_sum is None else b.op("Add", [attn_sum, pm], "attn")
+        if li in mem:  # the last row's probabilities, summed over memory layers: (B, nkv, g, C + T)
+            if rows5 is None:  # (B, nkv, g·T, S) → (B, nkv, g, T, S), the same for every layer
+                rows5 = b.op("Concat", [b.op("Shape", [pr], "shape", end=2), b.ints([g, -1]),
+                                        b.op("Shape", [pr], "shape", start=3)], "rows", axis=0)
+            pl = b.op("Gather", [b.op("Reshape", [pr, rows5], "p5"), last], "plast", axis=3)  # (B, nkv, g, S)
+            attn_sum = pl if attn_sum is None else b.op("Add", [attn_sum, pl], "attn")
     x = b.op("SimplifiedLayerNormalization", [x, b.const(sd["model.norm.weight"], "norm")], "h", axis=-1,
              epsilon=sh.eps, stash_type=1)
     xl = b.op("Gather", [x, last], "xlast", axis=1)  # (B, H): the last position
@@ -246,8 +246,9 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
     q8 = weights != "fp32" and is_lossless(head_w, list(pack_q8_as_two_q4(head_w)))
     logits = lin(xl, head_w, "head", q8=q8, rank=2)
     b.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits_out"))
-    if attn_sum is not None:
-        b.nodes.append(helper.make_node("Mul", [attn_sum, b.const(np.array(1.0 / len(mem), dtype=np.float32), "inv")],
+    if attn_sum is not None:  # the mean over heads and memory layers: (B, C + T)
+        pm = b.op("ReduceMean", [attn_sum, axes_heads], "pmean", keepdims=0)
+        b.nodes.append(helper.make_node("Mul", [pm, b.const(np.array(1.0 / len(mem), dtype=np.float32), "inv")],
                                         ["attn"], name="attn_out"))
         outputs.append(helper.make_tensor_value_info("attn", TensorProto.FLOAT, ["B", "S"]))
     graph = helper.make_graph(b.nodes, "softknn_decoder", inputs, outputs, b.inits)

@@ -59,19 +59,51 @@ class DecoderSession:
         """input_ids, position_ids (B, T) int64; bias[_plain] (B, 1, g·T, C + T) float32; keys[ℓ]
         (B, nkv, hs, C), values[ℓ] (B, nkv, C, hs) float32, C-contiguous. Returns the outputs by name:
         logits (B, V), key_ℓ / value_ℓ (B, nkv, T, hs), attn (B, C + T) where the graph has memory."""
+        B, T = input_ids.shape
+        return self.bind(keys, values, B, T).run(input_ids, position_ids, bias, bias_plain)
+
+    def bind(self, keys: list[np.ndarray], values: list[np.ndarray], B: int, T: int) -> Bound:
+        """The cache buffers and preallocated outputs bound once, for steps of B rows of T tokens."""
+        return Bound(self, keys, values, B, T)
+
+
+class Bound:
+    """An IOBinding of one session with the KV cache inputs (numpy buffers, not copied) and the outputs
+    (preallocated numpy arrays) bound: each `run` rebinds only the step's ids, positions and masks.
+    Valid while the cache arrays and the batch shape stay the same (DecodeLoop keeps one per shape)."""
+
+    def __init__(self, ds: DecoderSession, keys: list[np.ndarray], values: list[np.ndarray], B: int, T: int):
+        import onnxruntime as ort
+
+        self.ds, self.B, self.T = ds, B, T
+        self.binding = ds.session.io_binding()
+        self._keep = []  # the OrtValues over the caller's buffers live as long as the binding
+        for li in range(ds.shape.layers):
+            for name, arr in ((f"past_key_{li}", keys[li]), (f"past_value_{li}", values[li])):
+                if not arr.flags.c_contiguous:
+                    raise ValueError(f"{name}: the cache must be C-contiguous")
+                ov = ort.OrtValue.ortvalue_from_numpy(arr)
+                self._keep.append(ov)
+                self.binding.bind_ortvalue_input(name, ov)
+        sh, C = ds.shape, keys[0].shape[-1]
+        shapes: dict[str, tuple[int, ...]] = {"logits": (B, sh.vocab), "attn": (B, C + T)}
+        for li in range(sh.layers):
+            shapes[f"key_{li}"] = shapes[f"value_{li}"] = (B, sh.kv_heads, T, sh.head_dim)
+        self.outputs = {name: np.empty(shapes[name], dtype=np.float32) for name in ds.output_names}
+        for name, arr in self.outputs.items():
+            self.binding.bind_output(name, "cpu", 0, np.float32, list(arr.shape), arr.ctypes.data)
+
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, bias: np.ndarray,
+            bias_plain: np.ndarray | None) -> dict[str, np.ndarray]:
+        """One step; the outputs are this binding's arrays, overwritten by the next run (copy to keep)."""
         import onnxruntime as ort
 
         feed = {"input_ids": input_ids, "position_ids": position_ids, "bias": bias}
-        if self.has_plain_bias:
+        if self.ds.has_plain_bias:
             feed["bias_plain"] = bias if bias_plain is None else bias_plain
-        binding = self.session.io_binding()
-        for name, arr in feed.items():
-            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(arr)))
-        for li in range(self.shape.layers):
-            binding.bind_ortvalue_input(f"past_key_{li}", ort.OrtValue.ortvalue_from_numpy(keys[li]))
-            binding.bind_ortvalue_input(f"past_value_{li}", ort.OrtValue.ortvalue_from_numpy(values[li]))
-        for name in self.output_names:
-            binding.bind_output(name)
-        with self._lock:
-            self.session.run_with_iobinding(binding)
-        return dict(zip(self.output_names, binding.copy_outputs_to_cpu(), strict=True))
+        small = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for n, a in feed.items()}
+        for name, ov in small.items():
+            self.binding.bind_ortvalue_input(name, ov)
+        with self.ds._lock:
+            self.ds.session.run_with_iobinding(self.binding)
+        return self.outputs

@@ -1,0 +1,296 @@
+"""Generation serving beside llama.cpp: time to first token, decode tokens/s and concurrent streams.
+
+One run, one thread each (`torch.set_num_threads(1)`, the decode graph's ONNX Runtime with 1 thread,
+llama.cpp `n_threads` 1), the sample KB built with the generator (fp16 store, all 30 layers):
+
+- `single`: for k in KS and the first QUESTIONS test questions of the sample QA set, interleaved per
+  question: softknn memory (the decode graph, each weight format asked), softknn memory in torch with the
+  memory hook (the reference path, the decoder before the graph), softknn prompt mode (R's text in the
+  prompt, the graph), and llama.cpp prompt-RAG on the very token ids of softknn's prompt mode. TTFT =
+  the call to the first token (softknn: retrieval, placing R, prefill; llama.cpp: prefill of the
+  tokenised prompt); decode tok/s over the remaining tokens. Greedy, MAX_TOKENS, medians.
+- `streams`: N = 1, 4, 8, 16 concurrent streams through `POST /v1/chat/completions` (stream: true) of
+  a live `softknn serve` (one decode-graph thread), each a different question, k = 8; aggregate tokens/s
+  (all tokens / wall time from the first request to the last token) and per-stream p50 inter-token
+  latency; and llama.cpp's parallel decoding (N sequences in one llama_decode per step, prefilled in
+  turn, the prompt-RAG prompts of the same questions) at the same thread count, in its own process.
+
+    python -m bench gen_serving [--questions 10] [--ks 4,8,16] [--streams 1,4,8,16] [--weights q4,q4a8]
+        [--llama-python /work/peers/llamacpp/venv/bin/python --llama-preload /work/peers/llamacpp/libisoc23shim.so]
+
+→ bench/results/gen_serving.json and .png. llama.cpp's venv: ../shared/PEERS.md (the part is skipped,
+saying so, when its python is absent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from bench.common import RESULTS, write
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_TOKENS = 32
+LLAMA_PY = Path("/work/peers/llamacpp/venv/bin/python")
+LLAMA_PRELOAD = Path("/work/peers/llamacpp/libisoc23shim.so")
+
+
+class LlamaCpp:
+    """bench/llama_cpp_worker.py in llama.cpp's venv: one JSON line in, one out."""
+
+    def __init__(self, python: Path, preload: Path, gguf: Path, n_ctx: int, n_seq: int, threads: int = 1):
+        env = {**os.environ, "LD_PRELOAD": str(preload)}
+        self.proc = subprocess.Popen([str(python), str(ROOT / "bench" / "llama_cpp_worker.py"), str(gguf), str(n_ctx),
+                                      str(n_seq), str(threads)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                     text=True)
+
+    def ask(self, req: dict) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        rep = json.loads(self.proc.stdout.readline())
+        if "error" in rep:
+            raise RuntimeError(f"llama.cpp worker: {rep['error']}")
+        return rep
+
+    def close(self) -> None:
+        try:
+            self.ask_quit()
+        finally:
+            self.proc.wait(30)
+
+    def ask_quit(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"op": "quit"}) + "\n")
+        self.proc.stdin.flush()
+
+
+def _decode_rate(times: list[float]) -> float | None:
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 and times[-1] > times[0] else None
+
+
+def _stream_softknn(ge, params, question: str) -> dict:
+    from softknn.generator import Step
+
+    from bench.generation import msgs
+
+    t0 = time.perf_counter()
+    times = []
+    ans = None
+    for item in ge.stream(params, messages=msgs(question)):
+        if isinstance(item, Step):
+            times.append(time.perf_counter() - t0)
+        else:
+            ans = item
+    end = time.perf_counter() - t0
+    return {"ttft_s": times[0] if times else end, "decode_tok_s": _decode_rate(times), "tokens": len(times),
+            "prompt_tokens": ans.usage["prompt_tokens"], "memory_tokens": ans.diagnostics["memory_tokens"],
+            "runtime": ans.diagnostics["runtime"]}
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    xs = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(xs), 4) if xs else None
+
+
+def single(args, ctx) -> dict:
+    from softknn.engine import Engine
+    from softknn.generation import GenEngine, GenParams
+
+    from bench.generation import msgs
+
+    enc, gen, bundle, qs, llama = ctx["enc"], ctx["gen"], ctx["bundle"], ctx["questions"], ctx["llama"]
+    ks = [int(x) for x in args.ks.split(",")]
+    engines = {f"memory_{w}": (GenEngine(Engine(enc, bundle), gen, weights=w), {}) for w in args.weights.split(",")}
+    engines["memory_torch"] = (GenEngine(Engine(enc, bundle), gen, runtime="torch"), {})
+    engines["prompt_graph"] = (GenEngine(Engine(enc, bundle), gen, weights=args.weights.split(",")[0]),
+                               {"context": "prompt"})
+    base = GenParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    for ge, extra in engines.values():  # warm-up: each decode graph built and run once
+        _stream_softknn(ge, replace(base, k=4, **extra), qs[0]["question"])
+    rows: dict[str, dict[int, list[dict]]] = {name: {k: [] for k in ks} for name in [*engines, "llama_cpp"]}
+    for k in ks:
+        for i, q in enumerate(qs):
+            order = list(engines) + ["llama_cpp"]
+            if i % 2:
+                order.reverse()  # interleaved, order alternating by question
+            for name in order:
+                if name == "llama_cpp":
+                    if llama is None:
+                        continue
+                    ge = engines["prompt_graph"][0]
+                    prep = ge.prepare(replace(base, k=k, context="prompt"), None, msgs(q["question"]))
+                    r = llama.ask({"op": "gen", "ids": prep.prefix + prep.rest, "max_tokens": MAX_TOKENS})
+                    rows[name][k].append({"ttft_s": r["ttft_s"], "decode_tok_s": _decode_rate(r["times"]),
+                                          "tokens": r["tokens"], "prompt_tokens": r["prompt_tokens"], "q": q["id"]})
+                    continue
+                ge, extra = engines[name]
+                rows[name][k].append({**_stream_softknn(ge, replace(base, k=k, **extra), q["question"]), "q": q["id"]})
+    summ = {}
+    for name, per_k in rows.items():
+        summ[name] = {str(k): {"ttft_median_s": _median(r, "ttft_s"), "decode_tok_s_median": _median(r, "decode_tok_s"),
+                               "prompt_tokens_median": _median(r, "prompt_tokens"),
+                               "memory_tokens_median": _median(r, "memory_tokens")} for k, r in per_k.items() if r}
+    return {"summary": summ, "runs": {n: {str(k): r for k, r in v.items()} for n, v in rows.items()}}
+
+
+async def _chat_streams(url: str, questions: list[str], k: int) -> list[list[float]]:
+    """N concurrent streamed chat completions; each stream's token arrival times after the common start."""
+    import httpx
+
+    t0 = time.perf_counter()
+
+    async def one(client, q: str) -> list[float]:
+        times = []
+        body = {"messages": [{"role": "user", "content": q}], "stream": True, "max_tokens": MAX_TOKENS, "k": k,
+                "temperature": 0}
+        async with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    ev = json.loads(line[6:])
+                    if ev.get("choices") and ev["choices"][0].get("delta", {}).get("content"):
+                        times.append(time.perf_counter() - t0)
+        return times
+
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        return list(await asyncio.gather(*(one(client, q) for q in questions)))
+
+
+def _streams_summary(streams: list[list[float]]) -> dict:
+    tokens = sum(len(s) for s in streams)
+    wall = max(s[-1] for s in streams if s)
+    gaps = [b - a for s in streams for a, b in zip(s, s[1:])]
+    per_stream_p50 = [statistics.median([b - a for a, b in zip(s, s[1:])]) for s in streams if len(s) > 2]
+    return {"streams": len(streams), "tokens": tokens, "wall_s": round(wall, 3), "aggregate_tok_s": round(tokens / wall, 2),
+            "inter_token_p50_ms": round(1000 * statistics.median(gaps), 2) if gaps else None,
+            "per_stream_p50_ms_median": round(1000 * statistics.median(per_stream_p50), 2) if per_stream_p50 else None,
+            "ttft_median_s": round(statistics.median(s[0] for s in streams if s), 3)}
+
+
+def streams(args, ctx) -> dict:
+    from softknn.generation import GenParams
+    from softknn.service.testing import LiveServer, free_port
+
+    from bench.generation import gen_engine, msgs
+
+    levels = [int(x) for x in args.streams.split(",")]
+    qs = [q["question"] for q in ctx["all_test"]]
+    port = free_port()
+    env = {"HF_HUB_OFFLINE": "1", "SOFTKNN_GENERATOR__THREADS": "1", "SOFTKNN_GENERATOR__MAX_CONCURRENT": str(max(levels)),
+           "SOFTKNN_GENERATOR__WEIGHTS": args.weights.split(",")[0], "SOFTKNN_MODEL__THREADS": "1"}
+    srv = LiveServer.spawn(LiveServer.command(ctx["bundle_path"], port, log_level="warning"),
+                           Path("/tmp/bench_gen_serving.log"), port=port, env=env)
+    out: dict = {"softknn": {}, "llama_cpp": {}}
+    try:
+        srv.wait_ready(600)
+        asyncio.run(_chat_streams(srv.url, qs[:2], 8))  # warm-up: the decode graph is built on first use
+        for n in levels:
+            out["softknn"][str(n)] = _streams_summary(asyncio.run(_chat_streams(srv.url, qs[:n], 8)))
+            print("softknn", n, out["softknn"][str(n)], flush=True)
+    finally:
+        srv.close()
+    if args.llama_python and Path(args.llama_python).exists():
+        ge = gen_engine(ctx["enc"], ctx["gen"], ctx["bundle"])
+        prompts = [(lambda p: p.prefix + p.rest)(ge.prepare(GenParams(max_tokens=MAX_TOKENS, k=8, context="prompt"), None,
+                                                            msgs(q))) for q in qs[: max(levels)]]
+        per_seq = max(len(p) for p in prompts) + MAX_TOKENS + 8
+        for n in levels:
+            llama = LlamaCpp(Path(args.llama_python), Path(args.llama_preload), ctx["gguf"], per_seq * n, n)
+            try:
+                llama.ask({"op": "parallel", "prompts": prompts[:1], "max_tokens": 2})  # warm-up
+                r = llama.ask({"op": "parallel", "prompts": prompts[:n], "max_tokens": MAX_TOKENS})
+                out["llama_cpp"][str(n)] = _streams_summary([s["times"] for s in r["streams"]])
+                print("llama.cpp", n, out["llama_cpp"][str(n)], flush=True)
+            finally:
+                llama.close()
+    return out
+
+
+def add_cli_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--questions", type=int, default=10, help="test questions per k in `single`")
+    ap.add_argument("--ks", default="4,8,16")
+    ap.add_argument("--streams", default="1,4,8,16")
+    ap.add_argument("--weights", default="q4,q4a8", help="decode-graph weight formats (the first also serves `streams`)")
+    ap.add_argument("--parts", default="single,streams")
+    ap.add_argument("--llama-python", default=str(LLAMA_PY))
+    ap.add_argument("--llama-preload", default=str(LLAMA_PRELOAD))
+
+
+def run(args: argparse.Namespace) -> dict:
+    from softknn.generator import resolve_generator
+
+    from bench.generation import CACHE, get_bundle, load_qa, models, setup_threads
+
+    setup_threads()
+    t_start = time.perf_counter()
+    enc, gen = models()
+    bundle, binfo = get_bundle(ROOT / "softknn" / "sample_kb" / "kb", CACHE / "gen-sample", enc, gen)
+    folder, gguf = resolve_generator("smollm2-135m-instruct")
+    test = [q for q in load_qa() if q["split"] == "test"]
+    have_llama = bool(args.llama_python) and Path(args.llama_python).exists()
+    ctx = {"enc": enc, "gen": gen, "bundle": bundle, "bundle_path": Path(binfo["path"]), "questions": test[: args.questions],
+           "all_test": test, "gguf": folder / gguf, "llama": None}
+    parts = args.parts.split(",")
+    payload: dict = {"command": getattr(args, "command", "python -m bench gen_serving"), "bundle": binfo,
+                     "max_tokens": MAX_TOKENS, "threads": 1,
+                     "llama_cpp": "llama-cpp-py-sync 0.11739 (llama.cpp b11739), bench/llama_cpp_worker.py"
+                     if have_llama else f"not run: {args.llama_python} absent (../shared/PEERS.md)"}
+    if "single" in parts:
+        if have_llama:
+            ctx["llama"] = LlamaCpp(Path(args.llama_python), Path(args.llama_preload), folder / gguf, 8192, 1)
+        try:
+            payload["single"] = single(args, ctx)
+        finally:
+            if ctx["llama"] is not None:
+                ctx["llama"].close()
+        print(json.dumps(payload["single"]["summary"], indent=1), flush=True)
+    if "streams" in parts:
+        payload["streams"] = streams(args, ctx)
+    payload["wall_s"] = round(time.perf_counter() - t_start, 1)
+    out = write("gen_serving", payload)
+    plot(payload)
+    return out
+
+
+def plot(payload: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    if "single" in payload:
+        summ = payload["single"]["summary"]
+        for name, per_k in summ.items():
+            ks = sorted(int(k) for k in per_k)
+            axes[0].plot(ks, [per_k[str(k)]["ttft_median_s"] * 1000 for k in ks], marker="o", label=name)
+            axes[1].plot(ks, [per_k[str(k)]["decode_tok_s_median"] or 0 for k in ks], marker="o", label=name)
+        axes[0].set(xlabel="k", ylabel="TTFT median (ms)", title="time to first token", yscale="log")
+        axes[1].set(xlabel="k", ylabel="tokens/s (median, 1 thread)", title="decode speed")
+        axes[0].legend(fontsize=7)
+        axes[1].legend(fontsize=7)
+    if "streams" in payload:
+        for name, per_n in payload["streams"].items():
+            ns = sorted(int(n) for n in per_n)
+            if ns:
+                axes[2].plot(ns, [per_n[str(n)]["aggregate_tok_s"] for n in ns], marker="o", label=name)
+        axes[2].set(xlabel="concurrent streams", ylabel="aggregate tokens/s", title="streams (k = 8, 1 thread)")
+        axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "gen_serving.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    from bench.__main__ import main
+
+    main(["gen_serving", *sys.argv[1:]])
