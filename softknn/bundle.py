@@ -260,9 +260,20 @@ def bundle_summary(path: Path, m: Manifest) -> dict:
         "labels": m.labels,
         "calibration": raw.get("calibration") or {},
         "lexical": lexical_summary(m),
+        "generator": _generator_summary(raw.get("generator")),
         "bytes": sum(f.bytes for f in m.files.values()),
     }
     return out  # a sharded bundle's shards are in its manifest (`softknn info`); the API shape stays the same
+
+
+def _generator_summary(rec: dict | None) -> dict | None:
+    """The generator memory's record without its token lists (the prefix) and the calibration's examples."""
+    if rec is None:
+        return None
+    out = {k: v for k, v in rec.items() if k != "prefix"}
+    if isinstance(out.get("calibration"), dict):
+        out["calibration"] = {k: v for k, v in out["calibration"].items() if k != "examples"}
+    return out
 
 
 def lexical_summary(m: Manifest) -> dict:

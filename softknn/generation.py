@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,9 @@ from softknn.gen_memory import ChunkKV, GeneratorStore
 from softknn.generate.batch import job_for
 from softknn.generator import Generation, Generator, Sampling, Step
 
+FIXED_K = 4  # k and β of a bundle without a generator calibration: chosen together on the sample-KB
+FIXED_PRIOR = 4.0  # QA validation split (docs/benchmarks.md, "Generation")
+
 
 @dataclass(frozen=True)
 class GenParams:
@@ -34,14 +37,14 @@ class GenParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
-    k: int = 4  # k and prior chosen together on the sample-KB QA validation split (docs/benchmarks.md, "Generation")
+    k: int | None = None  # None: the bundle's calibrated k (softknn.generate.calibration), else FIXED_K
     retrieval: str | None = None  # hybrid | dense | lexical; None: the bundle's default
     lexical_weight: float | None = None
     knn_temperature: float | None = None  # τ of w_db
     exact: bool = False  # exact search, and R's K/V recomputed in float32 after this prompt's own prefix
     mixing: str = "joint"
     alpha: float = 0.7  # fixed mixing only
-    prior: float = 4.0  # joint only: β of the w_db prior on each chunk's share (softknn.gen_attention); 0 = plain joint
+    prior: float | None = None  # joint only: β of the w_db prior (softknn.gen_attention); None: the bundle's, else FIXED_PRIOR
     positions: str = "composite"
     use_kb: bool = True  # False: the plain model (the explorer's side-by-side answer)
     context: str = "memory"  # memory: the KB in attention; prompt: the same chunks' text in the prompt (baseline)
@@ -56,8 +59,10 @@ class GenParams:
             raise InvalidInput(f"positions must be one of {POSITIONS}", field="positions")
         if self.context not in ("memory", "prompt"):
             raise InvalidInput("context must be memory or prompt", field="context")
-        if not 0.0 <= self.prior <= 16.0:
+        if self.prior is not None and not 0.0 <= self.prior <= 16.0:
             raise InvalidInput("prior must be in [0, 16]", field="prior")
+        if self.k is not None and self.k < 1:
+            raise InvalidInput("k must be at least 1", field="k")
         if not 0.0 <= self.alpha <= 1.0:
             raise InvalidInput("alpha must be in [0, 1]", field="alpha")
         if self.max_tokens < 1:
@@ -65,6 +70,14 @@ class GenParams:
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise InvalidInput("temperature must be ≥ 0 and top_p in (0, 1]", field="temperature")
         return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedGenParams(GenParams):
+    """GenParams as a bundle serves them (GenEngine.resolve): k and prior set."""
+
+    k: int
+    prior: float
 
 
 @dataclass(frozen=True)
@@ -158,6 +171,7 @@ class GenEngine:
 
     # --- retrieval and memory -------------------------------------------------------------------
     def retrieve(self, query: str, p: GenParams):
+        p = self.resolve(p)
         ip = InferParams(k=p.k, retrieval=p.retrieval, lexical_weight=p.lexical_weight, temperature=p.knn_temperature,
                          exact=p.exact, evidence=0, filter=p.filter)
         ip = self.engine.resolve([ip])[0]
@@ -188,8 +202,24 @@ class GenEngine:
         kv = self.generator.chunk_kv([self.store.token_ids(r) for r in rows], self.layers, prefix=prefix)
         return [ChunkKV(torch.from_numpy(x)) for x in kv]
 
-    def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None) -> _Prepared:
+    def defaults(self) -> tuple[int, float, str]:
+        """(k, β, where they come from): the bundle's calibration record, else the fixed defaults."""
+        cal = self.store.record.get("calibration") or {}
+        if "k" in cal and "prior" in cal:
+            return int(cal["k"]), float(cal["prior"]), "calibrated"
+        return FIXED_K, FIXED_PRIOR, "fixed"
+
+    def resolve(self, p: GenParams) -> ResolvedGenParams:
+        """p validated, with k and prior filled in from `defaults` where the request left them unset."""
+        if isinstance(p, ResolvedGenParams):
+            return p
+        k, prior, _ = self.defaults()
         p = p.validate()
+        values = {f.name: getattr(p, f.name) for f in fields(p)}
+        return ResolvedGenParams(**{**values, "k": k if p.k is None else p.k, "prior": prior if p.prior is None else p.prior})
+
+    def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None) -> _Prepared:
+        p = self.resolve(p)
         gen = self.generator
         query = prompt if prompt is not None else _last_user(messages)
         if not p.use_kb:
@@ -214,6 +244,7 @@ class GenEngine:
     def stream(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, *,
                cancelled: Callable[[], bool] = lambda: False, keep_logits: bool = False) -> Iterator[Step | GenAnswer]:
         """Yields a Step per generated token, then the GenAnswer."""
+        p = self.resolve(p)
         prep = self.prepare(p, prompt, messages)
         sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
                             seed=p.seed)
@@ -233,7 +264,7 @@ class GenEngine:
         self._local.generation = result  # per thread: concurrent generations share the engine
         yield self._answer(result, prep, p)
 
-    def _in_torch(self, prep: _Prepared, p: GenParams, sampling: Sampling, keep_logits: bool,
+    def _in_torch(self, prep: _Prepared, p: ResolvedGenParams, sampling: Sampling, keep_logits: bool,
                   cancelled: Callable[[], bool]) -> Iterator[Step | Generation]:
         with self._torch_slots:
             yield from self.generator.generate(prep.prefix + prep.rest, prep.memory, sampling=sampling, mixing=p.mixing,
@@ -247,6 +278,7 @@ class GenEngine:
 
     def score(self, p: GenParams, continuation: str, prompt: str | None = None, messages: list[dict] | None = None) -> float:
         """Mean NLL per token of `continuation` (tokenised as it is) as the answer, R as `stream` gets it."""
+        p = self.resolve(p)
         prep = self.prepare(p, prompt, messages)
         cont = self.generator._ids(continuation)
         return self.generator.score(prep.prefix + prep.rest, cont, prep.memory, mixing=p.mixing, alpha=p.alpha,
@@ -258,7 +290,7 @@ class GenEngine:
         return last
 
     # --- evidence ---------------------------------------------------------------------------------
-    def _answer(self, g: Generation, prep: _Prepared, p: GenParams) -> GenAnswer:
+    def _answer(self, g: Generation, prep: _Prepared, p: ResolvedGenParams) -> GenAnswer:
         gen = self.generator
         pieces = [gen.tokenizer.decode([t], skip_special_tokens=True) for t in g.token_ids]
         n = len(g.token_ids)
@@ -297,6 +329,7 @@ class GenEngine:
             "retrieved": len(rows), "k": p.k, "mixing": p.mixing if prep.memory is not None else None,
             "alpha": p.alpha if p.mixing == "fixed" else None, "positions": p.positions,
             "prior": p.prior if p.mixing == "joint" else None,
+            "defaults": self.defaults()[2],
             "retrieval": retr.searched[0] and _mode(self.engine, p) if retr is not None else None,
             "memory_layers": len(self.layers) if prep.memory is not None else 0,
             "memory_tokens": sum(prep.memory.lengths) if prep.memory is not None else 0,

@@ -20,6 +20,7 @@ decodes every running request in one batch (B rows, T = 1), and hands each its S
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import threading
@@ -35,6 +36,7 @@ from softknn.gen_attention import GenMemory, Trace, prompt_positions
 from softknn.generate.runtime import DecoderSession
 from softknn.generator import Generation, Sampling, Step, TextStream, choose_token
 
+log = logging.getLogger(__name__)
 COLUMN_BLOCK = 128  # the cache grows in blocks of this many columns
 NEG_INF = float("-inf")
 
@@ -87,7 +89,7 @@ class DecodeJob:
     out: queue.Queue = field(default_factory=queue.Queue)  # Step…, then Generation, or an exception
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the loop finds a sequence in `running` by itself
 class _Seq:
     job: DecodeJob
     slot: int
@@ -234,7 +236,14 @@ class DecodeLoop:
                             self._finish(seq, "cancelled")
                         return
             with self._hold:
-                self._round(job)
+                try:
+                    self._round(job)
+                except Exception as e:  # noqa: BLE001 - a bug in a step fails the running requests, not the loop
+                    log.exception("decode loop step failed; failing %d running generation(s)", len(self.running))
+                    for seq in self.running:
+                        seq.job.out.put(e)
+                    self.running = []
+                    self._bound = None
 
     def _round(self, job: DecodeJob | None) -> None:
         """Prefill `job` and whatever else waits (up to max_batch running), then one decode step of the batch."""

@@ -92,7 +92,7 @@ class _Builder:
         from onnx import helper
 
         outs = [self.name(hint) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), domain=domain, **attrs))
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(f"{hint}.{op_type}"), domain=domain, **attrs))
         return outs
 
     def op(self, op_type: str, inputs: list[str], hint: str, domain: str = "", **attrs) -> str:

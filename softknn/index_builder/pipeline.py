@@ -20,6 +20,7 @@ from typing import TypeVar
 
 import faiss
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
@@ -63,6 +64,7 @@ class BuildConfig:
     generator_layers: str = "all"  # with a generator: its memory layers (softknn.index_builder.generator_memory)
     generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)
     generator_keep: float = 1.0  # with a generator: the fraction of each chunk's tokens stored
+    generator_calibrate: bool = True  # with a generator and calibrate: k and β from the KB (softknn.generate.calibration)
 
 
 def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int, generator: dict | None = None) -> str:
@@ -147,6 +149,30 @@ def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: i
         out["hidden"] = np.concatenate(states).astype(np.float32)
     out["spans"] = np.concatenate(spans)
     return out
+
+
+def calibrate_generator(tmp: Path, texts: list[str], xb: np.ndarray, lex, manifest: dict, gen: Generator,
+                        embed: Callable[[list[str]], np.ndarray]) -> dict:
+    """softknn.generate.calibration over the bundle being written in `tmp` (its generator memory, its
+    retrieval as a request would resolve it: mode, λ and τ of the bundle's own calibration)."""
+    from softknn.gen_memory import GeneratorStore
+    from softknn.generate.calibration import answers_with_memory, calibrate_generation
+
+    rec = manifest["generator"]
+    store = GeneratorStore(tmp, rec, len(texts))
+    layers, prefix = list(rec["layers"]), list(rec.get("prefix") or [])
+    p = InferParams().resolved(lex is not None, (manifest.get("calibration") or {}).get("retrieval_defaults"))
+
+    def recompute(rows: list[int]):
+        from softknn.gen_memory import ChunkKV
+
+        kv = gen.chunk_kv([store.token_ids(r) for r in rows], layers, prefix=prefix)
+        return [ChunkKV(torch.from_numpy(x)) for x in kv]
+
+    return calibrate_generation(texts, xb, embed, lex if p.retrieval != "dense" else None,
+                                lambda batch: answers_with_memory(gen, layers, store, recompute, batch),
+                                lexical_weight=p.lexical_weight, temperature=p.temperature, kernel=p.kernel,
+                                candidates=CANDIDATES)
 
 
 def embed_texts(encoder: Encoder, texts: list[str], batch_size: int = 32) -> np.ndarray:
@@ -396,6 +422,9 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
         if generator is not None:
             gen, spec = generator
             manifest["generator"] = write_generator_memory(tmp, texts, gen, spec, work, progress=progress)
+            if cfg.calibrate and cfg.generator_calibrate:  # k and β from the KB's own fill-in-the-blank questions
+                manifest["generator"]["calibration"] = calibrate_generator(
+                    tmp, texts, xb, lex, manifest, gen, lambda t: embed_texts(encoder, t, cfg.batch_size))
         if cfg.shards > 1:  # the one-index files above, split into shards (calibration stays global)
             manifest = _finalize_sharded(tmp, out, parent, manifest, lex, cfg.shards, force=force,
                                          write_memory=memory.write)

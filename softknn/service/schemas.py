@@ -313,6 +313,9 @@ class BundleSummary(_Out):
     labels: list[str]
     calibration: dict[str, Any]
     lexical: dict[str, Any] = Field(description="the BM25 index: available, default_retrieval, settings, bytes")
+    generator: dict[str, Any] | None = Field(None, description="the generator memory (null: none): model, layers, "
+                                             "representation, bytes_per_token, and `calibration`, the k and β its "
+                                             "build chose from the KB's own pseudo-questions")
     bytes: int
 
 
@@ -454,14 +457,14 @@ class GenerateFields(BaseModel):
     stop: Stop | None
     seed: int | None
     stream: bool
-    k: int
+    k: int | None
     retrieval: Literal["hybrid", "dense", "lexical"] | None
     lexical_weight: float | None
     knn_temperature: float | None
     exact: bool
     mixing: Literal["joint", "fixed"]
     alpha: float
-    prior: float
+    prior: float | None
     positions: Literal["composite", "reordered"]
     use_kb: bool
     context: Literal["memory", "prompt"]
@@ -490,8 +493,9 @@ def _gen_fields(settings: Settings) -> dict[str, Any]:
         "seed": (int | None, Field(d.seed, description="seed of the sampler (temperature > 0): the same seed, "
                                    "the same answer")),
         "stream": (bool, Field(False, description="server-sent events, one per token, instead of one JSON answer")),
-        "k": (Int, Field(d.k, ge=1, le=lim.max_k, description="KB chunks retrieved and placed in the generator's "
-                         "attention")),
+        "k": (Int | None, Field(d.k, ge=1, le=lim.max_k, description="KB chunks retrieved and placed in the "
+                                "generator's attention; null = the bundle's own (chosen at build time from its "
+                                "pseudo-questions: GET /v1/index generator.calibration), else 4")),
         "retrieval": (Literal["hybrid", "dense", "lexical"] | None, Field(
             d.retrieval, description="similarity of the k-NN, as /v1/infer's; null = the bundle's default")),
         "lexical_weight": (float | None, Field(d.lexical_weight, ge=0, le=1, description="λ of the hybrid similarity")),
@@ -502,8 +506,9 @@ def _gen_fields(settings: Settings) -> dict[str, Any]:
         "mixing": (Literal["joint", "fixed"], Field(d.mixing, description="joint: one softmax over the prompt's and "
                                                     "the KB's tokens; fixed: out = α·attn_own + (1−α)·attn_kb")),
         "alpha": (float, Field(d.alpha, ge=0, le=1, description="fixed mixing only: weight of the model's own context")),
-        "prior": (float, Field(d.prior, ge=0, le=16, description="joint mixing only: β of the k-NN prior, each "
-                               "chunk's share of the one softmax times (k·w_db(c))^β; 0 = the plain joint softmax")),
+        "prior": (float | None, Field(d.prior, ge=0, le=16, description="joint mixing only: β of the k-NN prior, "
+                                      "each chunk's share of the one softmax times (k·w_db(c))^β; 0 = the plain joint "
+                                      "softmax; null = the bundle's own (as k), else 4")),
         "positions": (Literal["composite", "reordered"], Field(d.positions, description="rotary placement of the "
                                                                "chunks: side by side (composite) or one after another")),
         "use_kb": (bool, Field(d.use_kb, description="false: the plain model, no retrieval")),
@@ -644,7 +649,13 @@ class GenDiagnostics(_Out):
     retrieval: str | bool | None = Field(description="the similarity R was ranked by (null: no retrieval)")
     memory_layers: int
     memory_tokens: int
-    memory_source: str = Field(description="stored fp32/fp16/int8, recomputed, prompt or none")
+    memory_source: str = Field(description="stored fp32/fp16/int8/q4/q2, recomputed, prompt or none")
+    prior: float | None = Field(None, description="β of the k-NN prior (joint mixing; null otherwise)")
+    defaults: Literal["calibrated", "fixed"] | None = Field(None, description="where k and β came from when the "
+                                                            "request left them unset: the bundle's calibration or "
+                                                            "the fixed defaults")
+    runtime: str | None = Field(None, description="what decoded: `graph q4` (the decode graph and its weights) or "
+                                "`torch` (the memory hook: fixed α, exact)")
     w_db_entropy: float
     w_db_effective_k: float
     attention_effective_k: float

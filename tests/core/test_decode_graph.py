@@ -197,3 +197,30 @@ def test_a_prompt_past_the_models_positions_is_refused_before_it_runs(smol, loop
     assert e.value.field == "max_tokens"
     with pytest.raises(InvalidInput):
         loop.submit(job_for([], None, Sampling()))
+
+
+def test_a_step_that_fails_fails_its_requests_and_the_loop_serves_the_next(smol, monkeypatch):
+    loop = DecodeLoop(DecoderSession(smol.model, "q4", list(range(smol.info.num_layers))), smol.eos_ids,
+                      smol.tokenizer)
+    try:
+        reqs = _requests(smol)
+        real = loop._step
+        calls = iter(range(1000))
+
+        def broken():
+            if next(calls) == 1:  # the second decode step raises
+                raise RuntimeError("boom")
+            real()
+
+        monkeypatch.setattr(loop, "_step", broken)
+        with loop.paused():
+            a = loop.submit(job_for(reqs[0][0], reqs[0][1], Sampling(max_tokens=8)))
+            b = loop.submit(job_for(reqs[1][0], reqs[1][1], Sampling(max_tokens=8)))
+        for it in (a, b):
+            with pytest.raises(RuntimeError, match="boom"):
+                _gen(it)
+        assert loop.running == []
+        again = _gen(loop.submit(job_for(reqs[3][0], reqs[3][1], Sampling(max_tokens=3))))
+        assert again.finish_reason in ("length", "stop") and again.token_ids
+    finally:
+        loop.close()

@@ -38,7 +38,7 @@ def gen_bundle(tmp_path_factory, encoder, generator):
     root = tmp_path_factory.mktemp("gen_kb")
     lines = [line for line in (sample_kb_path() / "kb.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()][:30]
     (root / "kb.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    build_bundle(root / "kb.jsonl", root / "bundle", BuildConfig(), encoder, progress=False, generator=generator)
+    build_bundle(root / "kb.jsonl", root / "bundle", BuildConfig(generator_calibrate=False), encoder, progress=False, generator=generator)
     return root / "bundle"
 
 

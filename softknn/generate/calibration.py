@@ -1,0 +1,205 @@
+"""Generation defaults chosen per KB at build time, from the KB itself: k (how many chunks the
+generator attends to) and β (the k-NN prior's weight in the joint softmax, softknn.gen_attention).
+
+Like the unlabelled λ (softknn.calibration), the KB makes its own questions. A fill-in-the-blank
+pseudo-question is a sentence of a chunk with a number, date or name replaced by a blank; the chunk
+without that sentence (re-embedded, re-indexed for BM25) is what retrieval must find, so the question's
+words are not a verbatim key to it; the generator then attends to the retrieved chunks' stored
+memory (the whole chunks) and must write the removed span. Each question is answered greedily with
+every (k, β) of the grid on the same ranking; a setting scores 1 when the answer holds the span
+(`answer_contains`). The setting chosen is the smallest — fewest chunks, then the weakest prior — whose
+accuracy is within SE_WIDTH standard errors (of the paired difference) of the best's: pseudo-questions
+are not users' questions, so a larger setting must win clearly on them to be chosen.
+
+A request's own `k` and `prior` still win; a bundle built before this record keeps GenParams' fixed
+defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+GEN_KS = (1, 2, 4, 8)
+GEN_PRIORS = (0.0, 1.0, 2.0, 4.0)
+GEN_QUESTIONS = 80  # pseudo-questions per KB (a few minutes of batched decoding at build time)
+GEN_MIN = 20  # fewer usable chunks: no calibration, the fixed defaults stay
+GEN_TOKENS = 12  # tokens generated per answer: the blanks are short spans
+SE_WIDTH = 2.0
+BLANK = "____"
+METHOD = ("fill-in-the-blank pseudo-questions from the KB's own chunks (a number, date or name removed; the "
+          "chunk without that sentence to find), greedy answers scored by the removed span (softknn.generate.calibration)")
+_SENTENCE = re.compile(r"(?<=[.!?;])\s+|\n+")
+_MIN_WORDS = 5
+# what a blank removes: an amount or a number with its unit, a date, or a run of capitalised words
+_MONTHS = "January|February|March|April|May|June|July|August|September|October|November|December"
+_NUMBER = (r"(?:[$£€]\s?|(?:USD|AED|GBP|EUR)\s)?\d+(?:[.,]\d+)*(?:\s?%|\s?per\s?cent|\s(?:calendar |business )?"
+           r"(?:days?|weeks?|months?|years?|hours?|minutes?))?")
+_DATE = rf"\d{{1,2}}\s(?:{_MONTHS})\s\d{{4}}|(?:{_MONTHS})\s\d{{4}}"
+_NAME = r"(?<=[a-z,;(]\s)(?:[A-Z][a-z]+(?:\s(?:of|and|for|the)\s|\s)?){2,5}"
+_SPAN = re.compile(rf"(?:{_DATE})|(?:{_NUMBER})|(?:{_NAME})")
+
+
+@dataclass(frozen=True)
+class BlankQuestion:
+    row: int  # the chunk it came from
+    question: str  # "Fill in the blank: … ____ …"
+    answer: str  # the removed span
+    standin: str  # the chunk without the sentence: what retrieval sees of it
+
+
+def blank_question(text: str, rng: np.random.Generator) -> BlankQuestion | None:
+    """A seeded pseudo-question from one chunk text (row −1), or None when no sentence of ≥ 5 words
+    beside at least one other holds a span to remove."""
+    parts = [s.strip() for s in _SENTENCE.split(text) if len(s.split()) >= _MIN_WORDS]
+    if len(parts) < 2:
+        return None
+    options = []
+    for i, sent in enumerate(parts):
+        for m in _SPAN.finditer(sent):
+            span = m.group(0).strip(" ,;")
+            if span and any(ch.isalnum() for ch in span) and sent.count(span) == 1:
+                options.append((i, span))
+    if not options:
+        return None
+    i, span = options[int(rng.integers(len(options)))]
+    q = parts[i].replace(span, BLANK, 1)
+    return BlankQuestion(-1, f"Fill in the blank: {q}", span, " ".join(parts[:i] + parts[i + 1 :]))
+
+
+def blank_questions(texts: list[str], max_questions: int = GEN_QUESTIONS, seed: int = 0) -> list[BlankQuestion]:
+    """Up to max_questions pseudo-questions from a seeded sample of chunks, one per chunk, in row order."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for c in rng.permutation(len(texts)).tolist():
+        q = blank_question(texts[c], rng)
+        if q is not None:
+            out.append(BlankQuestion(c, q.question, q.answer, q.standin))
+            if len(out) == max_questions:
+                break
+    return sorted(out, key=lambda q: q.row)
+
+
+# --- scoring: does an answer hold the reference? ------------------------------------------------------
+def normalise(s: str) -> str:
+    """lowercase; '.' kept only inside numbers; '$' and ':' kept; other punctuation → space; spaces collapsed."""
+    s = s.lower()
+    s = re.sub(r"(?<!\d)\.|\.(?!\d)", " ", s)
+    s = re.sub(r"[^\w\s.$:%]|_", " ", s)
+    return " ".join(s.split())
+
+
+def _match_form(s: str) -> str:
+    return " ".join(normalise(s).replace("$", " ").split())  # "$9.50" and "9.50" alike
+
+
+def answer_contains(answer: str, ref: str) -> bool:
+    """The normalised reference appears in the normalised answer on word boundaries ("2" is not in
+    "12", nor "9" in "9.50")."""
+    a, r = _match_form(answer), _match_form(ref)
+    if not r:
+        return False
+    return re.search(r"(?<![\w.])" + re.escape(r) + r"(?!\w|\.\d)", a) is not None
+
+
+# --- the choice -----------------------------------------------------------------------------------------
+def choose_setting(correct: np.ndarray, se_width: float = SE_WIDTH) -> tuple[int, int, np.ndarray]:
+    """correct (S, n): each setting's 0/1 outcomes on the same n questions, settings ordered smallest
+    first. Returns (the first setting whose mean is within se_width standard errors of the paired
+    difference to the best's, the best (the first of equal means), the standard errors (S,))."""
+    mean = correct.mean(1)
+    top = int(np.argmax(mean))
+    n = correct.shape[1]
+    se = np.array([np.std(correct[s] - correct[top]) / math.sqrt(n) for s in range(len(correct))])
+    return next(s for s in range(len(correct)) if mean[s] >= mean[top] - se_width * se[s] - 1e-12), top, se
+
+
+def calibrate_generation(texts: list[str], xb: np.ndarray, embed: Callable[[list[str]], np.ndarray], lexical,
+                         answer: Callable[[list[tuple[BlankQuestion, list[int], np.ndarray, float]]], list[str]], *,
+                         lexical_weight: float, temperature: float, kernel: str = "softmax", candidates: int = 200,
+                         ks: tuple[int, ...] | None = None, priors: tuple[float, ...] | None = None,
+                         max_questions: int | None = None, min_questions: int = GEN_MIN,
+                         se_width: float = SE_WIDTH, seed: int = 0) -> dict:
+    """The manifest's `generator.calibration` record (module doc).
+
+    xb (N, D): the chunks' embeddings; embed(texts) → (n, D) as the build embeds; lexical: the bundle's
+    LexicalIndex (None: dense retrieval); answer(batch) → the generated text of each (question, R's rows,
+    w_db, β) — the generator attending to R's stored memory (softknn.generate.engine does this)."""
+    from softknn.attention import knn_weights_row
+    from softknn.lexical import LexicalIndex
+    from softknn.retrieval import topk_reference
+
+    ks = GEN_KS if ks is None else ks  # the module's grid, read at call time
+    priors = GEN_PRIORS if priors is None else priors
+    pq = blank_questions(texts, GEN_QUESTIONS if max_questions is None else max_questions, seed)
+    grid = [(k, float(b)) for k in sorted(ks) for b in sorted(priors)]
+    base = {"method": METHOD, "seed": seed, "grid_ks": sorted(ks), "grid_priors": sorted(float(b) for b in priors)}
+    if len(pq) < min_questions:
+        return {**base, "questions": len(pq), "note": f"fewer than {min_questions} chunks with a blank to make: "
+                "the fixed defaults stay"}
+    emb = np.asarray(embed([q.question for q in pq] + [q.standin for q in pq]), dtype=np.float32)
+    eq, es = emb[: len(pq)], emb[len(pq) :]
+    kb = np.array(xb, dtype=np.float32)
+    kb_texts = list(texts)
+    for j, q in enumerate(pq):
+        kb[q.row] = es[j]
+        kb_texts[q.row] = q.standin
+    lex = LexicalIndex.build(kb_texts, lexical.spec) if lexical is not None else None
+    mode = "hybrid" if lex is not None else "dense"
+    batch, hit_at = [], []
+    for j, q in enumerate(pq):
+        d = (kb @ eq[j]).astype(np.float64)
+        b = lex.scores(lex.analyzer.terms(q.question)).astype(np.float64) if lex is not None else None
+        s, ids = topk_reference(d, b, max(ks), mode, lexical_weight, candidates)
+        ranked = ids.tolist()
+        hit_at.append(ranked.index(q.row) + 1 if q.row in ranked else None)
+        for k, beta in grid:
+            w = knn_weights_row(np.ascontiguousarray(s[:k], dtype=np.float32), temperature, kernel)
+            batch.append((q, ranked[:k], w, beta))
+    texts_out = answer(batch)
+    correct = np.array([answer_contains(t, item[0].answer) for t, item in zip(texts_out, batch, strict=True)],
+                       dtype=np.float64).reshape(len(pq), len(grid)).T  # (settings, questions)
+    chosen, top, se = choose_setting(correct, se_width)
+    mean = correct.mean(1)
+    k, beta = grid[chosen]
+    return {**base, "k": k, "prior": beta, "questions": len(pq),
+            "rule": (f"the smallest (k, then β) whose accuracy is within {se_width:g} standard errors of the best's"),
+            "best": {"k": grid[top][0], "prior": grid[top][1], "accuracy": round(float(mean[top]), 4)},
+            "found_in_top": {str(kk): round(sum(1 for h in hit_at if h is not None and h <= kk) / len(pq), 4)
+                             for kk in sorted(ks)},
+            "grid": [{"k": kk, "prior": bb, "accuracy": round(float(mean[i]), 4), "se_to_best": round(float(se[i]), 4)}
+                     for i, (kk, bb) in enumerate(grid)],
+            "examples": [{"question": q.question, "answer": q.answer} for q in pq[:3]]}
+
+
+def answers_with_memory(generator, layers: list[int], store, recompute, batch: list[tuple[BlankQuestion, list[int],
+                        np.ndarray, float]], *, max_tokens: int = GEN_TOKENS, wave: int = 32) -> list[str]:
+    """`answer` for calibrate_generation: each question as one user turn, R's memory read from `store`
+    (a GeneratorStore; `recompute(rows)` for a recompute memory) and placed as generation places it
+    (composite), joint mixing with prior β, greedy; decoded in waves of `wave` jobs through the
+    generator's batching decode loop (softknn.generate.batch)."""
+    from softknn.gen_attention import place_memory
+    from softknn.generate.batch import job_for
+    from softknn.generator import Generation, Sampling
+
+    out: list[str] = []
+    sampling = Sampling(max_tokens=max_tokens)
+    loop = generator.decode_loop(layers)
+    for start in range(0, len(batch), wave):
+        its = []
+        for q, rows, w, beta in batch[start : start + wave]:
+            prefix, rest = generator.layout(messages=[{"role": "user", "content": q.question}])
+            chunks = store.chunks(rows, recompute)
+            mem = place_memory([c.kv for c in chunks], layers, torch.tensor(np.asarray(w)), "composite",
+                               generator.inv_freq, encoded_after=store.prefix_len, prefix_len=len(prefix))
+            its.append(loop.submit(job_for(prefix + rest, mem, sampling, prior=beta)))
+        for it in its:
+            *_, last = it
+            assert isinstance(last, Generation)
+            out.append(last.text)
+    return out
