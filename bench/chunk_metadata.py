@@ -52,7 +52,7 @@ def _source_lines(bundle: Path | None) -> list[bytes]:
     if bundle is None:
         bundle = CACHE / "sample-2shards"
         if not (bundle / "manifest.json").exists():
-            from softknn.console import sample_kb_path
+            from softknn.common.console import sample_kb_path
             from softknn.encoder import Encoder
             from softknn.index_builder.pipeline import BuildConfig, build_bundle
 

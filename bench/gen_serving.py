@@ -78,9 +78,8 @@ def _decode_rate(times: list[float]) -> float | None:
 
 
 def _stream_softknn(ge, params, question: str) -> dict:
-    from softknn.generator import Step
-
     from bench.generation import msgs
+    from softknn.generator import Step
 
     t0 = time.perf_counter()
     times = []
@@ -102,10 +101,9 @@ def _median(rows: list[dict], key: str) -> float | None:
 
 
 def single(args, ctx) -> dict:
+    from bench.generation import msgs
     from softknn.engine import Engine
     from softknn.generation import GenEngine, GenParams
-
-    from bench.generation import msgs
 
     enc, gen, bundle, qs, llama = ctx["enc"], ctx["gen"], ctx["bundle"], ctx["questions"], ctx["llama"]
     ks = [int(x) for x in args.ks.split(",")]
@@ -177,10 +175,9 @@ def _streams_summary(streams: list[list[float]]) -> dict:
 
 
 def streams(args, ctx) -> dict:
+    from bench.generation import gen_engine, msgs
     from softknn.generation import GenParams
     from softknn.service.testing import LiveServer, free_port
-
-    from bench.generation import gen_engine, msgs
 
     levels = [int(x) for x in args.streams.split(",")]
     qs = [q["question"] for q in ctx["all_test"]]
@@ -226,9 +223,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from softknn.generator import resolve_generator
-
     from bench.generation import CACHE, get_bundle, load_qa, models, setup_threads
+    from softknn.generator import resolve_generator
 
     setup_threads()
     t_start = time.perf_counter()

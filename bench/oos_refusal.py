@@ -122,7 +122,7 @@ def embeddings(cache: Path, texts: dict[str, list[str]]) -> dict[str, np.ndarray
 
                 from bench.question_words import _embed
                 from softknn.encoder import Encoder
-                from softknn.settings import Settings
+                from softknn.params import Settings
 
                 torch.set_num_threads(1)
                 enc = Encoder(Settings().model.name, device="cpu")

@@ -134,7 +134,7 @@ def top1(kb_texts, kb_keys, q_texts, q_right, kb_emb, q_emb) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     from softknn.encoder import Encoder
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     enc = Encoder(Settings().model.name, device="cpu")
     corpora = {"pydoc": pydoc_corpus(enc), "banking77": banking_corpus(args.banking_per_intent, args.banking_queries),

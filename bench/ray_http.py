@@ -43,7 +43,7 @@ MODES = ("dense", "hybrid")
 def sharded_sample(path: Path) -> Path:
     """The sample KB as a bundle of 2 shards at `path` (`softknn build --shards 2` when missing)."""
     if not (path / "manifest.json").is_file():
-        from softknn.console import sample_kb_path
+        from softknn.common.console import sample_kb_path
 
         subprocess.run([sys.executable, "-m", "softknn", "build", str(sample_kb_path()), "--out", str(path),
                         "--shards", "2", "--force", "--no-progress"], check=True, cwd=REPO,
@@ -59,7 +59,7 @@ def server(name: str, bundle: Path, ray: bool, env: dict[str, str] | None = None
 
 
 def queries(n: int) -> list[str]:
-    from softknn.console import sample_kb_path
+    from softknn.common.console import sample_kb_path
 
     lines = (sample_kb_path().parent / "queries.jsonl").read_text(encoding="utf-8").splitlines()
     texts = [json.loads(x)["text"] for x in lines if x.strip()]

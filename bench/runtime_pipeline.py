@@ -39,7 +39,7 @@ from softknn.engine import Engine, InferParams
 from softknn.evaluation.run import evaluate
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields
-from softknn.settings import InferDefaults
+from softknn.params import InferDefaults
 
 REPO = Path(__file__).resolve().parents[1]
 OBLIQA = Path("/work/main/artifacts/eval/obliqa")  # kb.jsonl + questions_val.jsonl (bench/obliqa_prepare.py)

@@ -292,7 +292,7 @@ def fill_wait(args) -> dict:
 
 # --- --quick: softknn alone on the sample bundle ---------------------------------------------------
 def quick(args) -> dict:
-    from softknn.console import sample_kb_path
+    from softknn.common.console import sample_kb_path
     from softknn.service.testing import ensure_bundle
 
     bundle = ensure_bundle(args.bundle)

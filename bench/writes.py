@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> dict:
 
     from softknn.encoder import Encoder
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.params import Settings
     from softknn.service.app import create_app
     from softknn.service.testing import threaded_server
-    from softknn.settings import Settings
 
     docs = passages()
     base, stream = docs[: args.passages], docs[args.passages : args.passages + args.writes]

@@ -5,7 +5,7 @@ made; nothing that calls it changes:
 
 - ModelForward: the model the Engine runs (tokenize, the plain pass, the fused pass, and what a
   memory store asks of it). softknn.encoder.Encoder; built from the settings by
-  softknn.console.encoder_for. Its plain pass is a PlainForward: torch (Encoder._plain_torch) or
+  softknn.common.console.encoder_for. Its plain pass is a PlainForward: torch (Encoder._plain_torch) or
   ONNX Runtime (softknn.onnx_forward.OnnxForward.plain), picked by the Encoder's `runtime` in
   Encoder.forward_plain. A causal language model (softknn.generator.Generator) is a second kind
   of model beside it, run by softknn.generation, not through this Protocol.

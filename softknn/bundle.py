@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from softknn.chunk_index import ChunkIndex, IndexSpec
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 from softknn.gen_memory import generator_files
 from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
 from softknn.manifest import Manifest

@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 from typer.core import TyperArgument, TyperCommand
 
-from softknn.console import encoder_for, fail, need_bundle, sample_kb_path, settings_from
-from softknn.errors import InputTooLarge, SoftKNNError
+from softknn.common.console import encoder_for, fail, need_bundle, sample_kb_path, settings_from
+from softknn.common.errors import InputTooLarge, SoftKNNError
 
 
 class Command(TyperCommand):
@@ -52,7 +52,7 @@ _settings, _encoder, _fail = settings_from, encoder_for, fail  # the names the c
 
 def _json_arg(text: str, option: str):
     """An option's JSON value, or InvalidInput naming the option and where the JSON breaks."""
-    from softknn.errors import InvalidInput
+    from softknn.common.errors import InvalidInput
 
     try:
         return json.loads(text)
@@ -167,7 +167,7 @@ def build(
     try:
         encode = None
         if ray:
-            from softknn.console import need_ray
+            from softknn.common.console import need_ray
 
             need_ray()
             from softknn.index_builder.distributed import RayEncode

@@ -22,7 +22,7 @@ from typing import Any, cast
 import torch
 
 from softknn.backends import PlainForward
-from softknn.errors import InputTooLarge, InvalidInput, ModelRuntimeError, UnsupportedModel
+from softknn.common.errors import InputTooLarge, InvalidInput, ModelRuntimeError, UnsupportedModel
 
 log = logging.getLogger("softknn.encoder")
 

@@ -20,8 +20,8 @@ import torch
 from softknn.attention import fused_attention
 from softknn.backends import MemoryStore, ModelForward
 from softknn.bundle import Bundle
+from softknn.common.errors import BundleError
 from softknn.encoder import PlainPass, TokenBatch
-from softknn.errors import BundleError
 from softknn.evidence import (
     ChunkWords,
     effective_k,

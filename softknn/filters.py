@@ -46,7 +46,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from softknn.errors import InvalidInput
+from softknn.common.errors import InvalidInput
 
 MAX_DEPTH = 8  # nesting of and/or/not
 MAX_NODES = 64  # and/or/not/leaf objects in one filter

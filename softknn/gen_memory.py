@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 
 GEN_DIR = "generator"
 GEN_MEMORY_KINDS = ("fp32", "fp16", "int8", "q4", "q2", "recompute")

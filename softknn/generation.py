@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from softknn.common.errors import BundleError, InvalidInput
 from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError, InvalidInput
 from softknn.filters import FilterNode
 from softknn.gen_attention import MIXING, POSITIONS, GenMemory, place_memory
 from softknn.gen_memory import ChunkKV, GeneratorStore

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from softknn.errors import InvalidInput, UnsupportedModel
+from softknn.common.errors import InvalidInput, UnsupportedModel
 from softknn.gen_attention import (
     GEN_ATTN_IMPLEMENTATION,
     GenMemory,

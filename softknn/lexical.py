@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 
 LEXICAL_DIR = "lexical"
 # what bm25s.BM25.save writes (allow_pickle=False); all under the bundle's checksums

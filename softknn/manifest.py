@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 
 
 class _Section(BaseModel):

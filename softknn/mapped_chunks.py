@@ -24,7 +24,7 @@ from typing import overload
 
 import numpy as np
 
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 
 _BLOCK = 1 << 26  # newline scan in 64 MiB blocks (a transient bool array of one block)
 

@@ -36,7 +36,7 @@ import torch
 
 from softknn.attention import MemoryBatch
 from softknn.backends import MemoryStore  # noqa: F401 (re-exported: what load_memory returns)
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 from softknn.manifest import Manifest
 
 MEMORY_KINDS = ("kv", "hidden", "hidden-fp16", "hidden-int8", "recompute")

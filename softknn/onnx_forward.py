@@ -35,9 +35,9 @@ from pathlib import Path
 
 import torch
 
+from softknn.common.errors import ModelRuntimeError, UnsupportedModel
+from softknn.common.file_lock import exclusive_lock
 from softknn.encoder import RESUMABLE_TYPES, CaptureKV, PlainPass, TokenBatch, bind_hook
-from softknn.errors import ModelRuntimeError, UnsupportedModel
-from softknn.file_lock import exclusive_lock
 
 EXPORT_VERSION = 2  # bump when the graph's inputs/outputs or the export recipe change
 TOLERANCE = 1e-4  # fp32: max |onnx − torch| over every output

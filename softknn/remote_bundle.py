@@ -34,8 +34,8 @@ from typing import Annotated
 
 from pydantic import StringConstraints
 
-from softknn.errors import BundleError
-from softknn.file_lock import exclusive_lock
+from softknn.common.errors import BundleError
+from softknn.common.file_lock import exclusive_lock
 
 URI_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]*://"
 URI = re.compile(URI_PATTERN)

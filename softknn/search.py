@@ -17,7 +17,7 @@ import numpy as np
 
 from softknn.attention import KERNELS, knn_weights_row, truncation_bound_row
 from softknn.backends import ChunkSearch
-from softknn.errors import InvalidInput
+from softknn.common.errors import InvalidInput
 from softknn.filters import ChunkTable, FilterNode
 from softknn.retrieval import (
     CANDIDATES,
@@ -66,7 +66,7 @@ class InferParams:
 
     @classmethod
     def from_defaults(cls, defaults, **given) -> InferParams:
-        """The settings' request defaults (`Settings.defaults`, softknn.settings.InferDefaults) with
+        """The settings' request defaults (`Settings.defaults`, softknn.params.InferDefaults) with
         the `given` values that are not None on top, validated: how every command builds its
         parameters (the service's request model bakes the same defaults in, softknn/service/schemas.py)."""
         known = {f.name for f in fields(cls)}

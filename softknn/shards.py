@@ -59,7 +59,7 @@ import torch
 
 from softknn.attention import MemoryBatch
 from softknn.backends import MemoryStore, ShardBackend
-from softknn.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
+from softknn.common.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
 from softknn.manifest import Manifest
 from softknn.mapped_chunks import ChunkTexts, MappedChunks
 from softknn.memory_stores import pad_memory

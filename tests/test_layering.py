@@ -56,7 +56,7 @@ def is_app(module: str) -> bool:
 
 
 def test_the_core_and_the_apps_are_told_apart_by_their_place_in_the_package():
-    assert "softknn.engine" in core_modules() and "softknn.console" in core_modules()
+    assert "softknn.engine" in core_modules() and "softknn.common.console" in core_modules()
     assert [m for m in core_modules() if m.startswith(("softknn.service", "softknn.cli"))] == []
     assert (app_of("softknn.service.routes.infer"), app_of("softknn.evaluation"), app_of("softknn.engine"),
             app_of("service.app")) == ("service", "evaluation", None, None)

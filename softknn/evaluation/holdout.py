@@ -21,8 +21,8 @@ import numpy as np
 
 from softknn.bundle import atomic_write_bytes, load_bundle, read_manifest, verify_bundle, write_calibration
 from softknn.calibration import RULES, abstain_point, calibrate_rules, gated_scores
+from softknn.common.errors import BundleError, InvalidInput
 from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError, InvalidInput
 from softknn.evaluation.run import Query, Strategy, baseline_outcomes, run_variants
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields, read_kb

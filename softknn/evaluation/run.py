@@ -22,8 +22,8 @@ import torch
 from tqdm import tqdm
 
 from softknn.attention import knn_weights
+from softknn.common.errors import InvalidInput, KBFormatError
 from softknn.engine import Engine, InferParams
-from softknn.errors import InvalidInput, KBFormatError
 from softknn.evaluation.metrics import (
     RULES,
     abstain_curve,

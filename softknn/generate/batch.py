@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from softknn.errors import InvalidInput
+from softknn.common.errors import InvalidInput
 from softknn.gen_attention import GenMemory, Trace, prompt_positions
 from softknn.generate.runtime import DecoderSession
 from softknn.generator import Generation, Sampling, Step, TextStream, choose_token

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from softknn.errors import UnsupportedModel
+from softknn.common.errors import UnsupportedModel
 from softknn.generate.quant import is_lossless, pack_q4, pack_q8_as_two_q4
 
 WEIGHTS = ("fp32", "q4", "q4a8")

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from softknn.bundle import fsync_dir, save_array, sha256_file
-from softknn.file_lock import exclusive_lock
+from softknn.common.file_lock import exclusive_lock
 
 log = logging.getLogger(__name__)
 

@@ -25,9 +25,9 @@ from tqdm import tqdm
 from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
 from softknn.calibration import calibrate_loo, calibrate_unlabelled
 from softknn.chunk_index import build_index, choose_index
+from softknn.common.errors import BundleError, KBFormatError
 from softknn.encoder import Encoder
 from softknn.engine import InferParams
-from softknn.errors import BundleError, KBFormatError
 from softknn.generator import Generator
 from softknn.index_builder.chunker import Chunk, chunk_documents
 from softknn.index_builder.encode_cache import chunk_key

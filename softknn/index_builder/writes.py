@@ -33,7 +33,7 @@ import numpy as np
 from softknn.bundle import Bundle, finalize, fsync_dir, load_bundle, save_array
 from softknn.calibration import calibrate_loo
 from softknn.chunk_index import ChunkIndex, IndexSpec, build_index, choose_index
-from softknn.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
+from softknn.common.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
 from softknn.index_builder.chunker import chunk_documents
 from softknn.index_builder.pipeline import BuildConfig, allocated_memmap, encode_batch
 from softknn.index_builder.reader import Document, Fields, read_kb, record_document

@@ -24,6 +24,7 @@ from fastapi_offline import FastAPIOffline
 
 import softknn
 from softknn.encoder import Encoder
+from softknn.params import DEFAULT_KB, Settings
 from softknn.service import errors
 from softknn.service.auth import require_admin, require_api_key
 from softknn.service.kbs import KBs
@@ -49,7 +50,6 @@ from softknn.service.schemas import (
     infer_request_model,
     rerank_request_model,
 )
-from softknn.settings import DEFAULT_KB, Settings
 
 log = logging.getLogger("softknn.service")
 

@@ -16,7 +16,7 @@ def split_bundles(values: list[str]) -> tuple[Path | str | None, dict[str, Path 
     """--bundle values: (the plain DIR or URI, if one; {NAME: DIR or URI} of the NAME=… ones). NAME=DIR
     needs a valid KB name before the first '=' (no '/': so ./a=b is a directory). A URI
     (s3://bucket/kb) stays a string (softknn.remote_bundle)."""
-    from softknn.kb_names import KB_NAME  # not softknn.settings: it imports numpy
+    from softknn.common.kb_names import KB_NAME  # not softknn.params: it imports numpy
     from softknn.remote_bundle import is_remote
 
     def location(v: str) -> Path | str:
@@ -82,7 +82,7 @@ def serve(
     if not given and os.environ.get("SOFTKNN_BUNDLE"):
         given = [os.environ["SOFTKNN_BUNDLE"]]
     if given:  # answered before FastAPI, torch and the model load
-        from softknn.console import need_bundle
+        from softknn.common.console import need_bundle
         from softknn.remote_bundle import is_remote
 
         for path in given:
@@ -91,10 +91,10 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
+    from softknn.params import Settings
     from softknn.service.app import create_app
     from softknn.service.logs import configure_logging
     from softknn.service.server import uvicorn_config
-    from softknn.settings import Settings
 
     overrides = {"bundle": plain, "bundles": named or None, "host": host, "port": port, "log_level": log_level}
     # the given options as Settings' keyword arguments (pydantic validates them; the environment fills the rest)
@@ -122,7 +122,7 @@ def serve(
             typer.secho(f"error: --ingress must be one of {', '.join(INGRESS_ENV)}, got {ingress!r}",
                         fg=typer.colors.RED, err=True)
             raise typer.Exit(2)
-        from softknn.console import need_ray
+        from softknn.common.console import need_ray
 
         need_ray()
         from softknn.service.ray_serving import serve_ray

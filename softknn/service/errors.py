@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
-from softknn.errors import (
+from softknn.common.errors import (
     BundleError,
     DocumentNotFound,
     InputTooLarge,

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from softknn.errors import InvalidInput
+from softknn.common.errors import InvalidInput
+from softknn.params import DEFAULT_KB
 from softknn.service.errors import Forbidden, NotFound
 from softknn.service.lifecycle import Runtime
-from softknn.settings import DEFAULT_KB
 
 log = logging.getLogger("softknn.service")
 

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from softknn.bundle import load_bundle
+from softknn.common.errors import BundleError, DocumentNotFound, InputTooLarge, SoftKNNError, WriteRefused
 from softknn.encoder import Encoder
 from softknn.engine import GROUP_SIZE, Engine, InferParams
-from softknn.errors import BundleError, DocumentNotFound, InputTooLarge, SoftKNNError, WriteRefused
 from softknn.generation import GenAnswer, GenEngine, GenParams
 from softknn.generator import Generator, Step
 from softknn.index_builder.writes import (
@@ -44,6 +44,7 @@ from softknn.index_builder.writes import (
     version_name,
     writable,
 )
+from softknn.params import Settings, apply_threads, encoder_options
 from softknn.remote_bundle import Location, is_remote, localize, source_of
 from softknn.rerank import Reranker
 from softknn.results import InferResult
@@ -58,7 +59,6 @@ from softknn.service.errors import (
     ServiceError,
 )
 from softknn.service.metrics import Metrics
-from softknn.settings import Settings, apply_threads, encoder_options
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer

@@ -38,7 +38,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from softknn.errors import BundleError, ShardMismatch, ShardsNotPlaced, ShardUnavailable
+from softknn.common.errors import BundleError, ShardMismatch, ShardsNotPlaced, ShardUnavailable
 from softknn.remote_bundle import is_remote
 from softknn.shards import Shard
 

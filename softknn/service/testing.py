@@ -124,7 +124,7 @@ def ensure_bundle(path: Path) -> Path:
     """The sample KB's bundle at `path`, built with `softknn build` when missing."""
     path = Path(path)
     if not (path / "manifest.json").is_file():
-        from softknn.console import sample_kb_path
+        from softknn.common.console import sample_kb_path
 
         subprocess.run([sys.executable, "-m", "softknn", "build", str(sample_kb_path()), "--out", str(path),
                         "--force", "--no-progress"], check=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})

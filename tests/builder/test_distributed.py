@@ -78,7 +78,7 @@ def test_ray_encode_refuses_bad_sizes():
 
 
 def test_a_worker_refuses_other_model_weights(encoder):
-    from softknn.errors import BundleError
+    from softknn.common.errors import BundleError
     from softknn.index_builder.distributed import _EncodeWorker
 
     with pytest.raises(BundleError, match=r"this worker's model weights differ from the driver's \(fingerprint "

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from softknn.bundle import load_bundle, verify_bundle
+from softknn.common.errors import BundleError
 from softknn.engine import Engine
-from softknn.errors import BundleError
 from softknn.gen_memory import ChunkKV, GeneratorStore, generator_files
 from softknn.generation import GenEngine, GenParams
 from softknn.generator import Generator, Sampling

@@ -180,7 +180,7 @@ def test_add_lexical_refuses_a_model_other_than_the_bundles(unlabelled_bundle, e
     from dataclasses import replace
 
     from softknn.bundle import read_manifest, verify_bundle
-    from softknn.errors import BundleError
+    from softknn.common.errors import BundleError
     from softknn.index_builder.pipeline import add_lexical
 
     old = _without_lexical(unlabelled_bundle, tmp_path / "old")

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from softknn.bundle import load_bundle, verify_bundle
+from softknn.common.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
 from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import read_kb
 from softknn.index_builder.writes import WAL, KBStore, read_log, verify_log, version_seq, writable

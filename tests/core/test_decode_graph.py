@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.errors import InvalidInput
+from softknn.common.errors import InvalidInput
 from softknn.generate.batch import DecodeLoop, job_for
 from softknn.generate.graph import lossless_q4, resolve_weights
 from softknn.generate.quant import (

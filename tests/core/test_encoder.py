@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from softknn.common.errors import InputTooLarge
 from softknn.encoder import weight_fingerprint
-from softknn.errors import InputTooLarge
 
 TEXTS = ["hello world", "a much longer sentence here, to make the first one pad", "Ferry to Saltbridge?"]
 

@@ -221,7 +221,7 @@ def test_length_grouped_passes_equal_one_pass_and_keep_the_input_order(engine):
 
 
 def test_a_too_long_input_in_a_grouped_batch_is_named_by_its_own_index(engine):
-    from softknn.errors import InputTooLarge
+    from softknn.common.errors import InputTooLarge
 
     texts = ["a", "bb", "ccc", "dddd", "ferry " * 400, "e"]  # five passes' worth at group_size=2
     with pytest.raises(InputTooLarge) as e:

@@ -16,8 +16,8 @@ from softknn import chunk_index, search
 from softknn.bundle import load_bundle
 from softknn.chunk_index import ChunkIndex, IndexSpec, build_index
 from softknn.cli import sample_kb_path
+from softknn.common.errors import InvalidInput
 from softknn.engine import Engine, InferParams
-from softknn.errors import InvalidInput
 from softknn.filters import MAX_DEPTH, MAX_NODES, MAX_VALUES, ChunkTable, filter_json, mask_reference, parse_filter
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from tests.numerics import assert_tree_close

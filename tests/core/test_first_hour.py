@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from softknn.cli import app
-from softknn.errors import KBFormatError
+from softknn.common.errors import KBFormatError
 from softknn.index_builder.reader import Fields, resolve_fields
 
 REPO = Path(__file__).resolve().parents[2]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from softknn.bundle import load_bundle, verify_bundle
+from softknn.common.errors import InvalidInput
 from softknn.engine import Engine, InferParams
-from softknn.errors import InvalidInput
 from softknn.lexical import Analyzer, LexicalIndex, LexicalSpec, bm25_reference
 from softknn.reference import reference_embedding, similarity_reference
 from softknn.retrieval import norm_top, scores_reference, topk_fast, topk_reference

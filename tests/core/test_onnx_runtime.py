@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from softknn.common.errors import BundleError, ModelRuntimeError
 from softknn.engine import Engine, InferParams, check_numerics
-from softknn.errors import BundleError, ModelRuntimeError
 from softknn.onnx_forward import TOLERANCE
 from tests.conftest import shared_data
 from tests.numerics import assert_tree_close
@@ -243,7 +243,7 @@ def test_the_builder_records_its_runtime_and_onnx_memory_equals_torch_memory(onn
 def test_int8_needs_the_onnx_runtime():
     from pydantic import ValidationError
 
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     # runtime named: SOFTKNN_MODEL__RUNTIME=onnx in the environment (the suite run under onnx) would fill it in
     with pytest.raises(ValidationError, match="model.precision=int8 needs model.runtime=onnx"):
@@ -255,7 +255,7 @@ def test_auto_builds_with_torch_and_an_explicit_onnx_builds_with_onnx():
     """softknn build under the default runtime (auto) runs torch: the same bundle bytes wherever it is
     built, and the runtime the Ray encode workers run."""
     from softknn.cli import _build_runtime
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     assert _build_runtime(Settings(model={"runtime": "auto"})).model.runtime == "torch"
     assert _build_runtime(Settings(model={"runtime": "onnx"})).model.runtime == "onnx"

@@ -95,7 +95,7 @@ def test_readme_python_client_sample_is_what_the_client_prints(engine):
     """The sample's printed line is what the service answers with its defaults (the client prints
     `prediction` and each evidence item's `doc_id` and `weight`, rounded to 3 places)."""
     from softknn.engine import InferParams
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     readme = (ROOT / "README.md").read_text()
     call = re.search(r'InferRequest\(inputs=\["(.*?)"\], evidence=(\d+)\)', readme[readme.index("## Python client") :])

@@ -12,8 +12,8 @@ import pytest
 
 from softknn import results
 from softknn.bundle import MANIFEST, load_bundle, read_manifest, version_id
+from softknn.common.errors import BundleError
 from softknn.engine import InferParams
-from softknn.errors import BundleError
 from softknn.manifest import Manifest
 from softknn.service import schemas
 

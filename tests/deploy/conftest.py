@@ -39,8 +39,8 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def inproc_app(encoder, sample_bundle_path):
     """A TestClient (an httpx.Client) over create_app on the sample bundle, lifespan running, ready."""
+    from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.settings import Settings
 
     settings = Settings(bundle=sample_bundle_path, model={"threads": 1})
     with TestClient(create_app(settings, encoder=encoder)) as tc:

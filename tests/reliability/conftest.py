@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.params import Settings
 from softknn.service.app import create_app
 from softknn.service.testing import ADMIN_TOKEN, API_KEY
 from softknn.service.testing import threaded_server as serve_in_thread
-from softknn.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "reliability"

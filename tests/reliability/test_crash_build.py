@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 
 from softknn.bundle import save_array, verify_bundle
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 from softknn.index_builder import pipeline
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 

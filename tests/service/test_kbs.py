@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer import BadParameter
 
+from softknn.params import Settings
 from softknn.service.cli import split_bundles
-from softknn.settings import Settings
 
 ADMIN_TOKEN, API_KEY = "adm-kbs-0123456789", "api-kbs-0123456789"
 SAMPLE_READ, SMALL_WRITE = "sample-read-key-0123", "small-write-key-0123"

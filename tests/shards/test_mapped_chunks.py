@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from softknn.bundle import load_bundle, read_manifest
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 from softknn.mapped_chunks import ChunkTexts, MappedChunks, eager_chunks
 
 

@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from softknn.bundle import MANIFEST, load_bundle, read_manifest
+from softknn.common.errors import BundleError
 from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError
 from tests.shards.test_sharded import QUERIES
 
 moto_server = pytest.importorskip("moto.server")
@@ -146,9 +146,9 @@ def test_a_sharded_bundle_fetches_metadata_here_and_each_shard_its_own_files(s3,
 def test_the_service_serves_a_uri_and_refuses_writes_into_its_cache(s3, encoder, sample_bundle_path):
     from fastapi.testclient import TestClient
 
+    from softknn.params import Settings
     from softknn.service.app import create_app
     from softknn.service.testing import wait_ready
-    from softknn.settings import Settings
 
     _push(sample_bundle_path, "s3://kbs/served")
     version = read_manifest(sample_bundle_path)["version_id"]
@@ -192,9 +192,9 @@ def test_ray_shards_fetch_their_own_directories_and_answer_exactly(s3, ray_clust
     import httpx
     from ray import serve
 
+    from softknn.params import Settings
     from softknn.service.ray_serving import kill_named_shards, serve_ray
     from softknn.service.testing import free_port, wait_ready
-    from softknn.settings import Settings
 
     _push(sharded_bundle_path, "s3://kbs/ray")
     version = read_manifest(sharded_bundle_path)["version_id"]

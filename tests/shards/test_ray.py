@@ -82,7 +82,7 @@ def test_ray_filtered_answers_equal_one_index(ray_sharded, sample_bundle, encode
 
 
 def _settings(bundle, port=8000):
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     return Settings(bundle=bundle, port=port, model={"threads": 1}, limits={"max_k": 512})
 
@@ -194,9 +194,9 @@ def test_reload_swaps_every_shard_or_none(ray_cluster, sharded_bundle_path, tmp_
     keep serving; a good one replaces every shard actor at once."""
     import shutil
 
+    from softknn.params import Settings
     from softknn.service.app import create_app
     from softknn.service.ray_serving import RayShards
-    from softknn.settings import Settings
 
     good, bad = tmp_path / "good", tmp_path / "bad"
     shutil.copytree(sharded_bundle_path, good)

@@ -49,7 +49,7 @@ def kb3_bundle_path(kb3, encoder, tmp_path_factory):
 
 
 def _settings(bundle, port):
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     return Settings(bundle=bundle, port=port, model={"threads": 1}, limits={"max_k": 512},
                     auth={"admin_token": ADMIN_TOKEN})

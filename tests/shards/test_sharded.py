@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from softknn.bundle import load_bundle, read_manifest, verify_bundle
+from softknn.common.errors import BundleError
 from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError
 from softknn.results import InferResult
 from softknn.shards import ShardedBundle, shard_ranges
 from tests.numerics import close
@@ -203,7 +203,7 @@ def test_a_sharded_bundle_satisfies_the_seams(sharded):
 def test_a_shard_opens_only_the_version_it_was_created_for(sharded_bundle_path, tmp_path):
     """A shard opened for another version of its directory (the bundle rebuilt in place) refuses to
     open; `run` answers with the version the shard holds, and a caller expecting another refuses it."""
-    from softknn.errors import ShardMismatch
+    from softknn.common.errors import ShardMismatch
     from softknn.service.ray_serving import RayShards
     from softknn.shards import Shard
 

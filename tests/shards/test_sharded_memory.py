@@ -18,8 +18,8 @@ from softknn.bundle import load_bundle, read_manifest
 from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.memory_stores import MEMORY_FILES
+from softknn.params import Settings
 from softknn.service.testing import wait_ready
-from softknn.settings import Settings
 from softknn.shards import ShardedBundle
 from tests.numerics import assert_tree_close
 from tests.shards.test_sharded import QUERIES, assert_same

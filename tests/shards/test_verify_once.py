@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 import softknn.bundle as bundle_mod
 from softknn.bundle import load_bundle, read_manifest
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 from softknn.manifest import Manifest
 from softknn.shards import LocalShards, Shard, replica_files, shard_own_files, shard_specs
 
@@ -69,8 +69,8 @@ def test_the_serving_process_checksums_only_what_it_opens(sharded_bundle_path, c
 
 def test_a_corrupt_shard_file_is_refused_by_its_shard_not_read_by_the_replica(sharded_bundle_path, tmp_path,
                                                                               checksummed, encoder):
+    from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.settings import Settings
 
     copy = tmp_path / "b"
     shutil.copytree(sharded_bundle_path, copy)

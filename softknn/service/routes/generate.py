@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from softknn.errors import SoftKNNError
+from softknn.common.errors import SoftKNNError
 from softknn.generation import GenAnswer
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBsDep, RequestIdDep, body_model

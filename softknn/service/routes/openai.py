@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter
 
-from softknn.errors import InvalidInput, SoftKNNError
+from softknn.common.errors import InvalidInput, SoftKNNError
 from softknn.generation import GenAnswer
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBQuery, KBsDep, RequestIdDep, SettingsDep, body_model

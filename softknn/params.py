@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from softknn.kb_names import DEFAULT_KB, KB_NAME  # noqa: F401 (re-exported)
+from softknn.common.kb_names import DEFAULT_KB, KB_NAME  # noqa: F401 (re-exported)
 from softknn.remote_bundle import Location
 from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT
 

@@ -12,7 +12,7 @@ import typer
 
 def settings_from(**overrides):
     """Settings from the environment, then the options given (`section__name=value`; None = unset)."""
-    from softknn.settings import Settings, apply_threads
+    from softknn.params import Settings, apply_threads
 
     s = Settings()
     for key, value in overrides.items():
@@ -28,7 +28,7 @@ def settings_from(**overrides):
 
 def encoder_for(settings):
     from softknn.encoder import Encoder
-    from softknn.settings import apply_threads, encoder_options
+    from softknn.params import apply_threads, encoder_options
 
     return Encoder(settings.model.name, device=settings.device(), **encoder_options(settings, apply_threads(settings)))
 
