@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from bench.kb import CACHE, device, queries
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     enc = Encoder(device=device())
     xq = np.load(CACHE / "queries.npy")[: args.queries]

@@ -53,8 +53,8 @@ def _source_lines(bundle: Path | None) -> list[bytes]:
         bundle = CACHE / "sample-2shards"
         if not (bundle / "manifest.json").exists():
             from softknn.common.console import sample_kb_path
-            from softknn.encoder import Encoder
             from softknn.index_builder.pipeline import BuildConfig, build_bundle
+            from softknn.model.encoder import Encoder
 
             build_bundle(sample_kb_path(), bundle, BuildConfig(shards=2), Encoder(), progress=False)
     lines: list[bytes] = []

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from bench.service import ready, softknn_server
-    from softknn.encoder import resolve_model_path
+    from softknn.model.encoder import resolve_model_path
     from softknn.service.testing import ensure_bundle
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -39,7 +39,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 def _capture(engine, text: str, p):
     """One request's fused pass, kept: what Engine.result reads (Engine._infer, then Engine.fuse)."""
-    from softknn.attention import fused_attention
+    from softknn.model.attention import fused_attention
 
     enc = engine.encoder
     batch = enc.tokenize([text])
@@ -155,8 +155,8 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
     from bench.kb import bundle_path, queries
     from softknn.bundle import load_bundle
-    from softknn.encoder import Encoder
     from softknn.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
 
     class ReferenceEngine(Engine):
         """The engine with the evidence of evidence_items_reference."""

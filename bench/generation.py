@@ -125,8 +125,8 @@ def get_bundle(kb: Path, out: Path, enc, gen, layers: str = "all", memory: str =
 
 
 def models():
-    from softknn.encoder import Encoder
     from softknn.generator import Generator
+    from softknn.model.encoder import Encoder
 
     return Encoder(), Generator.load()
 

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from bench.common import RESULTS, result_path, write
-from softknn.attention import knn_weights
 from softknn.evaluation.metrics import (
     abstain_point,
     auroc,
@@ -31,6 +30,7 @@ from softknn.evaluation.metrics import (
     rejection_rate,
 )
 from softknn.lexical import LexicalIndex
+from softknn.model.attention import knn_weights
 from softknn.retrieval import topk_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> dict:
 
     # query embeddings (the service's plain pass), cached
     t0 = time.time()
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     encoder = Encoder()
     assert encoder.info.fingerprint == manifest["model"]["fingerprint"]

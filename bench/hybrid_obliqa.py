@@ -62,7 +62,7 @@ _ENCODER: dict = {}  # one model load for both question sets
 def embed_questions(queries, cache: Path, manifest: dict, batch_size: int = 64) -> tuple[np.ndarray, dict]:
     """e_q (n, D) float32 as the service computes it (tokenize, truncate, plain forward, pooled +
     normalised), cached by question ids + texts + model fingerprint."""
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
     from softknn.params import Settings
 
     key = hashlib.sha256("\n".join(f"{q.id}\t{q.text}" for q in queries).encode()).hexdigest()[:16]

@@ -88,8 +88,8 @@ def bundle_path(n_real: int) -> Path:
 
 def prepare(n_real: int = 10_000, batch_size: int = 64) -> dict:
     """Build the real bundle and encode the embedding pool (both cached). Returns timings."""
-    from softknn.encoder import Encoder
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.model.encoder import Encoder
 
     CACHE.mkdir(parents=True, exist_ok=True)
     recs = kb_texts()

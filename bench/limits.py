@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from bench.kb import CACHE, SHARED, device, embeddings
     from softknn.chunk_index import ChunkIndex, IndexSpec
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)

@@ -121,7 +121,7 @@ def embeddings(cache: Path, texts: dict[str, list[str]]) -> dict[str, np.ndarray
                 import torch
 
                 from bench.question_words import _embed
-                from softknn.encoder import Encoder
+                from softknn.model.encoder import Encoder
                 from softknn.params import Settings
 
                 torch.set_num_threads(1)

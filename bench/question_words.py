@@ -133,7 +133,7 @@ def top1(kb_texts, kb_keys, q_texts, q_right, kb_emb, q_emb) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
     from softknn.params import Settings
 
     enc = Encoder(Settings().model.name, device="cpu")

@@ -85,8 +85,8 @@ def moved(bundle: Path, qs: list[str]) -> dict:
     import ray
 
     from softknn.bundle import load_bundle
-    from softknn.encoder import Encoder
     from softknn.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
     from softknn.service.ray_serving import RayShards
 
     ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)

@@ -38,8 +38,8 @@ NOISE = 0.02
 
 
 def real_bundle(n_real: int) -> Path:
-    from softknn.encoder import Encoder
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.model.encoder import Encoder
 
     bp = kb.bundle_path(n_real)
     if not (bp / "manifest.json").is_file():
@@ -117,8 +117,8 @@ def run(args: argparse.Namespace) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import ray
 
-    from softknn.encoder import Encoder
     from softknn.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
 
     kb.set_threads(args.threads)
     t0 = time.perf_counter()

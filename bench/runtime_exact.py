@@ -30,9 +30,9 @@ import torch
 
 from bench.common import result_path, write
 from softknn.bundle import load_bundle
-from softknn.encoder import Encoder
 from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.model.encoder import Encoder
 
 SAMPLE = Path(__file__).resolve().parents[1] / "softknn" / "sample_kb"
 EDGE = ["?", "refund", "DOG", "ferry ferry ferry ferry ferry ferry", "Zürich → Köln: 12,50 € 🚆 déjà-vu",

@@ -41,8 +41,8 @@ def passages() -> list[dict]:
 def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
-    from softknn.encoder import Encoder
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.model.encoder import Encoder
     from softknn.params import Settings
     from softknn.service.app import create_app
     from softknn.service.testing import threaded_server

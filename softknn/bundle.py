@@ -302,7 +302,7 @@ def load_bundle(
 
     A sharded bundle loads as a softknn.shards.ShardedBundle (the same interface), its shards in
     this process or, with `shard_backend` (softknn.service.ray_serving.RayShards.factory(...)), elsewhere.
-    The one place the chunk search (softknn.backends.ChunkSearch) is chosen: the manifest's index
+    The one place the chunk search (softknn.model.backends.ChunkSearch) is chosen: the manifest's index
     in a ChunkIndex, or the shards' merge; the memory store is load_memory's choice."""
     import faiss
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from softknn.attention import knn_weights_row
+from softknn.model.attention import knn_weights_row
 from softknn.retrieval import DEFAULT_TEMPERATURE, best, kth_largest, mix, norm_top
 
 LEXICAL_WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)

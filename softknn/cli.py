@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from typer.core import TyperArgument, TyperCommand
 
-from softknn.common.console import encoder_for, fail, need_bundle, sample_kb_path, settings_from
+from softknn.common.console import fail, need_bundle, sample_kb_path, settings_from
 from softknn.common.errors import InputTooLarge, SoftKNNError
 
 
@@ -47,7 +47,14 @@ def _options(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-_settings, _encoder, _fail = settings_from, encoder_for, fail  # the names the commands below use
+_settings, _fail = settings_from, fail  # the names the commands below use
+
+
+def _encoder(settings):
+    """The command's encoder (softknn.model.runtime.encoder_for), imported when a command needs it."""
+    from softknn.model.runtime import encoder_for
+
+    return encoder_for(settings)
 
 
 def _json_arg(text: str, option: str):
@@ -453,9 +460,9 @@ def query(
     """Run knowledge-augmented inference on TEXTS against BUNDLE; prints one result per input."""
     need_bundle(bundle)
     from softknn.bundle import load_bundle
-    from softknn.encoder import TRUNCATE_HINT
     from softknn.engine import Engine, InferParams
     from softknn.filters import parse_filter
+    from softknn.model.encoder import TRUNCATE_HINT
 
     try:
         settings = _settings(model__name=model)

@@ -17,11 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from softknn.attention import fused_attention
-from softknn.backends import MemoryStore, ModelForward
 from softknn.bundle import Bundle
 from softknn.common.errors import BundleError
-from softknn.encoder import PlainPass, TokenBatch
 from softknn.evidence import (
     ChunkWords,
     effective_k,
@@ -31,6 +28,8 @@ from softknn.evidence import (
     weight_entropy,
 )
 from softknn.manifest import Manifest
+from softknn.model.attention import fused_attention
+from softknn.model.backends import MemoryStore, ModelForward, PlainPass, TokenBatch
 from softknn.results import Diagnostics, InferResult, Neighbour, Prediction, Token, VersusPlain
 from softknn.retrieval import best
 from softknn.search import MIXING, InferParams, ResolvedParams, Retrieval, Retriever  # noqa: F401 (re-exported)
@@ -46,7 +45,7 @@ def check_numerics(manifest: Manifest, info, path) -> None:
     """A bundle's K/V and embeddings and the served queries must come from the same numerics.
 
     fp32 torch and fp32 onnx count as the same: the onnx runtime is verified against torch within
-    1e-4 whenever it opens (softknn.onnx_forward). int8 differs by far more, so it never mixes.
+    1e-4 whenever it opens (softknn.model.onnx_forward). int8 differs by far more, so it never mixes.
     Older bundles carry no precision: they were built by torch in fp32.
     """
     built, runtime = manifest.model.precision, manifest.model.runtime
@@ -59,7 +58,7 @@ def check_numerics(manifest: Manifest, info, path) -> None:
 
 class Engine:
     """A model (ModelForward) over a bundle: its retrieval (Retriever: ChunkSearch, BM25) and its
-    memory (MemoryStore), the seams of softknn.backends."""
+    memory (MemoryStore), the seams of softknn.model.backends."""
 
     def __init__(self, encoder: ModelForward, bundle: Bundle | ShardedBundle):
         if bundle.manifest.model.fingerprint != encoder.info.fingerprint:

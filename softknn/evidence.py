@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from softknn.attention import FusedResult, entropy
+from softknn.model.attention import FusedResult, entropy
 from softknn.results import EvidenceItem, QueryToken, Span
 
 

@@ -200,7 +200,7 @@ class TextStream:
 
 
 def weight_fingerprint(model: torch.nn.Module) -> str:
-    from softknn.encoder import weight_fingerprint as fp
+    from softknn.model.encoder import weight_fingerprint as fp
 
     return fp(model)
 

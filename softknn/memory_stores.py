@@ -34,10 +34,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from softknn.attention import MemoryBatch
-from softknn.backends import MemoryStore  # noqa: F401 (re-exported: what load_memory returns)
 from softknn.common.errors import BundleError
 from softknn.manifest import Manifest
+from softknn.model.attention import MemoryBatch
+from softknn.model.backends import MemoryStore  # noqa: F401 (re-exported: what load_memory returns)
 
 MEMORY_KINDS = ("kv", "hidden", "hidden-fp16", "hidden-int8", "recompute")
 # What a build stores unless told otherwise: K/V equal to kv's to float round-off (measured bit-identical)
@@ -331,7 +331,7 @@ class RecomputeStore(_Attached):
 def load_memory(path: Path, manifest: Manifest, load: Callable[[str], np.ndarray], chunk_tokens: np.ndarray,
                 texts: list[str]) -> MemoryStore:
     """The bundle's memory store, whatever its representation (`load(name)` memory-maps one .npy):
-    the one place a MemoryStore (softknn.backends) is chosen, by the manifest's `memory`."""
+    the one place a MemoryStore (softknn.model.backends) is chosen, by the manifest's `memory`."""
     kind = memory_kind(manifest.memory)
     start, count = chunk_tokens[:, 0], chunk_tokens[:, 1]
     nh, hs = manifest.model.num_heads, manifest.model.head_dim

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from softknn.attention import fused_attention_reference, knn_weights
 from softknn.bundle import Bundle
-from softknn.encoder import Encoder
 from softknn.lexical import Analyzer, LexicalSpec, bm25_reference
+from softknn.model.attention import fused_attention_reference, knn_weights
+from softknn.model.encoder import Encoder
 from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT, scores_reference
 
 

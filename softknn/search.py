@@ -1,7 +1,7 @@
 """Retrieval over a bundle alone: the request parameters, R per input and why (no model).
 
 `Retriever(bundle)` turns query embeddings (and, for lexical and hybrid retrieval, the input
-texts) into R, its similarities and w_db, through the bundle's chunk search (softknn.backends.
+texts) into R, its similarities and w_db, through the bundle's chunk search (softknn.model.backends.
 ChunkSearch: one FAISS index or the shards) and BM25 index; the score math is softknn.retrieval.
 The Engine (softknn.engine) holds one and adds the model: the embedding before, the fused pass after.
 """
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from softknn.attention import KERNELS, knn_weights_row, truncation_bound_row
-from softknn.backends import ChunkSearch
 from softknn.common.errors import InvalidInput
 from softknn.filters import ChunkTable, FilterNode
+from softknn.model.attention import KERNELS, knn_weights_row, truncation_bound_row
+from softknn.model.backends import ChunkSearch
 from softknn.retrieval import (
     CANDIDATES,
     DEFAULT_TEMPERATURE,

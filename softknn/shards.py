@@ -57,12 +57,12 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 import torch
 
-from softknn.attention import MemoryBatch
-from softknn.backends import MemoryStore, ShardBackend
 from softknn.common.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
 from softknn.manifest import Manifest
 from softknn.mapped_chunks import ChunkTexts, MappedChunks
 from softknn.memory_stores import pad_memory
+from softknn.model.attention import MemoryBatch
+from softknn.model.backends import MemoryStore, ShardBackend
 from softknn.remote_bundle import fetch, is_remote, source_of
 
 if TYPE_CHECKING:
@@ -288,7 +288,7 @@ class LocalShards:
 
 
 class _Index:
-    """The KB's index as the Engine sees it (softknn.backends.ChunkSearch), over the shards."""
+    """The KB's index as the Engine sees it (softknn.model.backends.ChunkSearch), over the shards."""
 
     def __init__(self, owner: ShardedBundle, spec):
         self.owner, self.spec = owner, spec
@@ -383,7 +383,7 @@ class _Spans:
 
 
 class _KV:
-    """Stored K/V (memory `kv`) as the Engine sees it (softknn.backends.MemoryStore): `gather` pads
+    """Stored K/V (memory `kv`) as the Engine sees it (softknn.model.backends.MemoryStore): `gather` pads
     the retrieved chunks' token rows as one store does (softknn.memory_stores.pad_memory), the rows
     read from their shards (`rows`); `start`/`count` global."""
 
@@ -485,7 +485,7 @@ class ShardedBundle:
 
     path: Path
     manifest: Manifest
-    backend: ShardBackend  # LocalShards or softknn.service.ray_serving.RayShards (softknn.backends)
+    backend: ShardBackend  # LocalShards or softknn.service.ray_serving.RayShards (softknn.model.backends)
     chunks: MappedChunks  # memory-mapped from the shards' chunks.jsonl: a row decoded when read
     lo: list[int]  # first global row of each shard
     labels: list[str] = field(default_factory=list)

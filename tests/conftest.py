@@ -14,7 +14,7 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def encoder():
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     return Encoder()
 

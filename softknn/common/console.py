@@ -1,5 +1,6 @@
 """What every command shares (softknn/cli.py, softknn/evaluation/cli.py): Settings from the options, the
-encoder, the error exit. Its own module so the command modules import it, never each other."""
+error exit, the preconditions checked before anything loads. Its own module so the command modules
+import it, never each other; their encoder comes from softknn.model.runtime.encoder_for."""
 
 from __future__ import annotations
 
@@ -24,13 +25,6 @@ def settings_from(**overrides):
                 setattr(s, section, value)
     apply_threads(s)
     return s
-
-
-def encoder_for(settings):
-    from softknn.encoder import Encoder
-    from softknn.params import apply_threads, encoder_options
-
-    return Encoder(settings.model.name, device=settings.device(), **encoder_options(settings, apply_threads(settings)))
 
 
 def fail(e: Exception | str) -> NoReturn:

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from softknn.common.console import encoder_for, fail, settings_from
+from softknn.common.console import fail, settings_from
 from softknn.common.errors import SoftKNNError
 
 log = logging.getLogger(__name__)
@@ -101,6 +101,7 @@ def eval_command(
     from softknn.evaluation.report import write_report
     from softknn.evaluation.run import Strategy, baseline_outcomes, evaluate, read_queries, sample
     from softknn.index_builder.reader import Fields
+    from softknn.model.runtime import encoder_for
 
     try:
         settings = settings_from(model__name=model)
@@ -168,6 +169,7 @@ def calibrate_command(
     from softknn.engine import InferParams
     from softknn.evaluation.holdout import calibrate
     from softknn.index_builder.reader import Fields
+    from softknn.model.runtime import encoder_for
 
     try:
         built = read_manifest(bundle)["build"].get("fields") or {}

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from softknn.attention import knn_weights
 from softknn.common.errors import InvalidInput, KBFormatError
 from softknn.engine import Engine, InferParams
 from softknn.evaluation.metrics import (
@@ -35,6 +34,7 @@ from softknn.evaluation.metrics import (
     retrieval_metrics,
 )
 from softknn.index_builder.reader import Fields, read_kb
+from softknn.model.attention import knn_weights
 from softknn.results import InferResult
 from softknn.retrieval import DEFAULT_TEMPERATURE, RETRIEVALS
 

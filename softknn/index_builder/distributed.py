@@ -25,9 +25,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from softknn.common.errors import BundleError
-from softknn.encoder import DEFAULT_MODEL, Encoder, resolve_model_path
 from softknn.index_builder.chunker import Chunk
 from softknn.index_builder.pipeline import BuildConfig, encode_batch
+from softknn.model.encoder import DEFAULT_MODEL, Encoder, resolve_model_path
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,6 @@ from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array,
 from softknn.calibration import calibrate_loo, calibrate_unlabelled
 from softknn.chunk_index import build_index, choose_index
 from softknn.common.errors import BundleError, KBFormatError
-from softknn.encoder import Encoder
 from softknn.engine import InferParams
 from softknn.generator import Generator
 from softknn.index_builder.chunker import Chunk, chunk_documents
@@ -35,6 +34,7 @@ from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, 
 from softknn.index_builder.reader import Fields, read_kb
 from softknn.lexical import LexicalIndex, LexicalSpec
 from softknn.memory_stores import DEFAULT_MEMORY, HIDDEN_DTYPES, check_kind, check_kv_dtype, int8_scale, quantize_int8
+from softknn.model.encoder import Encoder
 from softknn.retrieval import CANDIDATES
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 import softknn
-from softknn.encoder import Encoder
+from softknn.model.encoder import Encoder
 from softknn.params import DEFAULT_KB, Settings
 from softknn.service import errors
 from softknn.service.auth import require_admin, require_api_key

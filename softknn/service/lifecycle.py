@@ -31,7 +31,6 @@ import numpy as np
 
 from softknn.bundle import load_bundle
 from softknn.common.errors import BundleError, DocumentNotFound, InputTooLarge, SoftKNNError, WriteRefused
-from softknn.encoder import Encoder
 from softknn.engine import GROUP_SIZE, Engine, InferParams
 from softknn.generation import GenAnswer, GenEngine, GenParams
 from softknn.generator import Generator, Step
@@ -44,7 +43,9 @@ from softknn.index_builder.writes import (
     version_name,
     writable,
 )
-from softknn.params import Settings, apply_threads, encoder_options
+from softknn.model.encoder import Encoder
+from softknn.model.runtime import open_encoder
+from softknn.params import Settings, apply_threads
 from softknn.remote_bundle import Location, is_remote, localize, source_of
 from softknn.rerank import Reranker
 from softknn.results import InferResult
@@ -299,8 +300,7 @@ class Runtime:
         t0 = time.perf_counter()
         threads = apply_threads(self.settings, serving=True)
         if self.encoder is None:
-            self.encoder = Encoder(self.settings.model.name, device=self.settings.device(),
-                                   **encoder_options(self.settings, threads))
+            self.encoder = open_encoder(self.settings, threads)
         self._counter = token_counter(self.encoder)
         self.model_created = int(time.time())
         self.metrics.set_model(self.encoder.info)

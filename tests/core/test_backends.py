@@ -1,10 +1,10 @@
-"""The seams of softknn.backends: the implementations the engine runs on satisfy their Protocols,
+"""The seams of softknn.model.backends: the implementations the engine runs on satisfy their Protocols,
 and the bundle-only retrieval (softknn.search.Retriever) is what the Engine serves."""
 
 import numpy as np
 
-from softknn.backends import ChunkSearch, MemoryStore, ModelForward, ShardBackend
 from softknn.engine import Engine, InferParams, Retrieval
+from softknn.model.backends import ChunkSearch, MemoryStore, ModelForward, ShardBackend
 from softknn.search import Retriever
 
 QUERIES = ["Can I bring my dog on the Coral Line ferry to Brindlewick?", "lost umbrella"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softknn.attention import knn_weights_row
 from softknn.calibration import (
     calibrate_loo,
     calibrate_rules,
@@ -19,6 +18,7 @@ from softknn.calibration import (
 from softknn.engine import InferParams
 from softknn.evidence import label_scores
 from softknn.lexical import LexicalIndex
+from softknn.model.attention import knn_weights_row
 from softknn.retrieval import best, scores_reference
 
 WORDS = "ferry dog refund ticket cabin storm harbour bike luggage wheelchair timetable cafe".split()

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from softknn.common.errors import InputTooLarge
-from softknn.encoder import weight_fingerprint
+from softknn.model.encoder import weight_fingerprint
 
 TEXTS = ["hello world", "a much longer sentence here, to make the first one pad", "Ferry to Saltbridge?"]
 

@@ -147,7 +147,7 @@ def test_hybrid_threshold_keeps_topk_plus_heavy_pool_chunks(engine):
 
 def test_influence_matches_removing_the_chunk_and_renormalising(engine, encoder, sample_bundle):
     """Closed-form influence vs. actually rerunning the layer without the chunk (weights renormalised)."""
-    from softknn.attention import fused_attention
+    from softknn.model.attention import fused_attention
 
     text, p = QUERY, InferParams(alpha=0.6, k=4, evidence=4)
     r = engine.infer([text], p)[0]

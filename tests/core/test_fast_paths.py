@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.attention import KERNELS, knn_weights, knn_weights_row, truncation_bound, truncation_bound_row
 from softknn.chunk_index import ChunkIndex, build_index, choose_index
+from softknn.model.attention import KERNELS, knn_weights, knn_weights_row, truncation_bound, truncation_bound_row
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -182,7 +182,7 @@ try:
     app(sys.argv[1:] + ["sample-kb"], prog_name="softknn")  # the callback runs first, as before any command
 except SystemExit:
     pass
-from softknn.encoder import Encoder
+from softknn.model.encoder import Encoder
 Encoder()
 """
 

@@ -15,7 +15,7 @@ import pytest
 
 from softknn.common.errors import BundleError, ModelRuntimeError
 from softknn.engine import Engine, InferParams, check_numerics
-from softknn.onnx_forward import TOLERANCE
+from softknn.model.onnx_forward import TOLERANCE
 from tests.conftest import shared_data
 from tests.numerics import assert_tree_close
 
@@ -27,7 +27,7 @@ def onnx_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def onnx_encoder(onnx_cache):
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     return Encoder(runtime="onnx", onnx_cache=onnx_cache, threads=1)
 
@@ -76,7 +76,7 @@ def test_plain_forward_equals_torch_on_banking77_texts(encoder, onnx_encoder):
 def test_every_packing_gives_the_same_outputs(encoder, onnx_encoder, width):
     """One row per input (width 0 on equal lengths), several inputs per row, all in one row: the same
     numbers as torch, at a non-default layer too, and padded positions zero."""
-    from softknn.onnx_forward import Packing
+    from softknn.model.onnx_forward import Packing
 
     texts = ["a", "Why was my top-up declined twice today?", "card", "I want to change my PIN at an ATM in Spain.",
              "Zürich → Köln: 12,50 € 🚆", "ok thanks", "How long does a transfer from the UK take?"]
@@ -102,7 +102,7 @@ def test_exact_answers_equal_torch_answers(engine, onnx_encoder, sample_bundle):
 
 
 def test_a_tampered_export_is_refused(onnx_encoder, tmp_path):
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     shutil.copy2(onnx_encoder.onnx.path, tmp_path / onnx_encoder.onnx.path.name)
     shutil.copy2(onnx_encoder.onnx.sidecar, tmp_path / onnx_encoder.onnx.sidecar.name)
@@ -126,7 +126,7 @@ def test_the_export_runs_once_per_cache_and_its_record_lands_first(encoder, tmp_
     import os
     import threading
 
-    from softknn import onnx_forward
+    from softknn.model import onnx_forward
 
     exports, appeared = [], []
     real_export, real_replace = onnx_forward.OnnxForward._export_fp32, os.replace
@@ -168,8 +168,8 @@ def test_an_export_that_disagrees_with_torch_is_refused(onnx_encoder, tmp_path):
     """A graph whose record checks out but whose numbers do not (a wrong export): refused at open."""
     import onnx
 
-    from softknn.encoder import Encoder
-    from softknn.onnx_forward import _sha256
+    from softknn.model.encoder import Encoder
+    from softknn.model.onnx_forward import _sha256
 
     model = onnx.load(str(onnx_encoder.onnx.path))
     init = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 1
@@ -190,8 +190,8 @@ def test_a_packed_export_that_leaks_across_sequences_is_refused(onnx_encoder, tm
     export without the block-diagonal mask), and wrong position ids in the packed rows."""
     import torch
 
-    from softknn import onnx_forward
-    from softknn.encoder import Encoder
+    from softknn.model import onnx_forward
+    from softknn.model.encoder import Encoder
 
     with monkeypatch.context() as m:  # every token sees its whole packed row
         m.setattr(onnx_forward._Layers, "mask", staticmethod(lambda seg: (seg[:, None, :, None] >= -1)

@@ -265,7 +265,7 @@ def test_the_model_is_loaded_once_for_every_kb(encoder, make_settings, bundle_b,
         loads.append(args)
         return encoder
 
-    monkeypatch.setattr(lifecycle, "Encoder", load)
+    monkeypatch.setattr(lifecycle, "open_encoder", load)
     settings = make_settings(bundle_b, bundles={"a": bundle_b, "b": bundle_b})
     with TestClient(create_app(settings)) as client:  # no encoder given: the app loads its own
         wait_ready(client, 600)  # was 60: it failed once at load 12 (output not kept); opening three KBs is the slow part

@@ -193,7 +193,7 @@ def test_verify_refuses_a_swapped_shard_manifest(sharded_bundle_path, tmp_path):
 
 
 def test_a_sharded_bundle_satisfies_the_seams(sharded):
-    from softknn.backends import ChunkSearch, MemoryStore, ShardBackend
+    from softknn.model.backends import ChunkSearch, MemoryStore, ShardBackend
 
     assert isinstance(sharded.index, ChunkSearch) and isinstance(sharded.kv, MemoryStore)
     assert isinstance(sharded.backend, ShardBackend)

@@ -4,9 +4,9 @@ A new kind of model, index or memory implements the Protocol and is added where 
 made; nothing that calls it changes:
 
 - ModelForward: the model the Engine runs (tokenize, the plain pass, the fused pass, and what a
-  memory store asks of it). softknn.encoder.Encoder; built from the settings by
-  softknn.common.console.encoder_for. Its plain pass is a PlainForward: torch (Encoder._plain_torch) or
-  ONNX Runtime (softknn.onnx_forward.OnnxForward.plain), picked by the Encoder's `runtime` in
+  memory store asks of it). softknn.model.encoder.Encoder; opened from the settings in one place,
+  softknn.model.runtime. Its plain pass is a PlainForward: torch (Encoder._plain_torch) or
+  ONNX Runtime (softknn.model.onnx_forward.OnnxForward.plain), picked by the Encoder's `runtime` in
   Encoder.forward_plain. A causal language model (softknn.generator.Generator) is a second kind
   of model beside it, run by softknn.generation, not through this Protocol.
 - ChunkSearch: dense search over the KB's chunk embeddings (top k, exact similarities, dot
@@ -17,25 +17,82 @@ made; nothing that calls it changes:
   this process (softknn.shards.LocalShards) or as Ray actors (softknn.service.ray_serving.RayShards);
   load_bundle's `shard_backend` factory picks one (None: in this process).
 - MemoryStore: the memory layer's keys/values of retrieved chunks, padded into a MemoryBatch.
-  softknn.chunk_index.KVStore (stored K/V), softknn.memory_stores.HiddenStore (hidden states, fp16 or
+  softknn.memory_stores.KVStore (stored K/V), softknn.memory_stores.HiddenStore (hidden states, fp16 or
   int8, projected on read), softknn.memory_stores.RecomputeStore (recomputed from the chunk text),
   or a sharded bundle's fan-out (softknn.shards); softknn.memory_stores.load_memory picks one from
   the manifest's `memory`, softknn.shards.load_sharded builds the sharded one.
 
 The retrieval that needs only these (no model) is softknn.search.Retriever.
+
+Beside the Protocols, the types that cross the model seam: TokenBatch (a tokenized batch) and
+PlainPass (what a plain pass returns) in their shapes, ModelInfo, FuseFn (the memory layer's
+replacement attention), and RESUMABLE_TYPES.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from softknn.attention import MemoryBatch
     from softknn.chunk_index import IndexSpec
-    from softknn.encoder import FuseFn, ModelInfo, PlainPass, TokenBatch
+    from softknn.model.attention import MemoryBatch
+
+# fuse(query, key, value, scaling) -> out, all (B, nh, T, hs): the memory layer's replacement.
+FuseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+
+# Architectures whose layers can be called as layer(hidden, attention_mask=...) to resume a pass
+# from layer L's input; others re-run the whole model with the hook bound (same result, slower).
+# The ONNX runtime exports these layer by layer, so it serves these alone.
+RESUMABLE_TYPES = {"bert", "roberta", "xlm-roberta", "electra", "camembert"}
+
+
+@dataclass
+class TokenBatch:
+    """A padded batch with, per token, its character span in the original text."""
+
+    texts: list[str]
+    features: dict[str, torch.Tensor]  # model inputs: input_ids, attention_mask, ... (B, T)
+    special: torch.Tensor  # (B, T) bool, True for [CLS]/[SEP]-like tokens
+    offsets: torch.Tensor  # (B, T, 2) char span [start, end) of each token in its text
+    n_tokens: list[int]  # non-pad tokens per input
+    truncated: list[bool]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.features["attention_mask"].bool()  # (B, T)
+
+
+@dataclass
+class PlainPass:
+    embedding: torch.Tensor  # (B, D) pooled, normalised
+    token_embeddings: torch.Tensor  # (B, T, C) last hidden state
+    hidden_states: tuple[torch.Tensor, ...] | None = None  # hidden_states[L] = layer L's input
+    key: torch.Tensor | None = None  # (B, nh, T, hs) at the capture layer
+    value: torch.Tensor | None = None
+    query: torch.Tensor | None = None
+    capture_layer: int | None = None
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    path: str
+    fingerprint: str
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    dim: int
+    max_seq_length: int
+    extra: dict = field(default_factory=dict)
+    runtime: str = "torch"  # what runs the plain forward: torch | onnx
+    precision: str = "fp32"  # its numerics: fp32 | int8 (onnx only); a bundle's K/V must share them
+    requested: str = "torch"  # what was asked for: torch | onnx | auto (onnx where it opens and verifies)
+    fallback: str | None = None  # auto that runs torch: why onnx did not open
 
 
 class PlainForward(Protocol):

@@ -3,78 +3,30 @@
 The serving model is any sentence-transformers model whose transformer dispatches attention
 through transformers' `AttentionInterface`. softknn registers one implementation, "softknn": plain
 SDPA everywhere, except at the one attention module a hook is bound to (a context variable, so
-concurrent threads never see each other's hook), where it either captures that layer's (k, v)
-for the index builder or is replaced by a fused computation passed in by the caller.
+concurrent threads never see each other's hook; softknn.model.attention), where it either captures
+that layer's (k, v) for the index builder or is replaced by a fused computation passed in by the caller.
+The batch and pass types it returns are the model seam's (softknn.model.backends).
 """
 
 from __future__ import annotations
 
-import contextvars
 import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from softknn.backends import PlainForward
 from softknn.common.errors import InputTooLarge, InvalidInput, ModelRuntimeError, UnsupportedModel
+from softknn.model.attention import ATTN_IMPLEMENTATION, CaptureKV, bind_hook, register_attention
+from softknn.model.backends import RESUMABLE_TYPES, FuseFn, ModelInfo, PlainForward, PlainPass, TokenBatch
 
 log = logging.getLogger("softknn.encoder")
 
-ATTN_IMPLEMENTATION = "softknn"
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 TRUNCATE_HINT = "send truncate=true to cut it"  # what the service says to do about an input over the limit
-
-# fuse(query, key, value, scaling) -> out, all (B, nh, T, hs): the memory layer's replacement.
-FuseFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
-
-_HOOK: contextvars.ContextVar = contextvars.ContextVar("softknn_layer_hook", default=None)
-# Architectures whose layers can be called as layer(hidden, attention_mask=...) to resume a pass
-# from layer L's input; others re-run the whole model with the hook bound (same result, slower).
-# The ONNX runtime exports these layer by layer, so it serves these alone.
-RESUMABLE_TYPES = {"bert", "roberta", "xlm-roberta", "electra", "camembert"}
-
-
-def _softknn_attention(module, query, key, value, attention_mask, **kwargs):
-    """The registered attention: SDPA, unless the active hook is bound to this module."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    hook = _HOOK.get()
-    if hook is not None and module is hook.module:
-        return hook(module, query, key, value, attention_mask, **kwargs)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(ATTN_IMPLEMENTATION, _softknn_attention)
-    # Without a mask function transformers hands a custom attention attention_mask=None and
-    # padding leaks into every token (measured: max |Δembedding| 0.083 on a padded pair).
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
-
-
-class CaptureKV:
-    """Hook that records a layer's query/key/value (B, nh, T, hs) and runs plain SDPA: bound with
-    bind_hook, the capture of the builder, of the plain pass and of the ONNX export."""
-
-    def __init__(self, module):
-        self.module = module
-        self.query: torch.Tensor | None = None
-        self.key: torch.Tensor | None = None
-        self.value: torch.Tensor | None = None
-
-    def __call__(self, module, query, key, value, attention_mask, **kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        self.query, self.key, self.value = query, key, value
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
 class _Fuse:
@@ -95,65 +47,6 @@ def _split_layer(layer) -> bool:
     dropout, LayerNorm with the residual) then feed_forward_chunk (intermediate, output), unchunked."""
     return (hasattr(getattr(layer, "attention", None), "output") and hasattr(layer, "feed_forward_chunk")
             and not getattr(layer, "is_decoder", False) and not getattr(layer, "chunk_size_feed_forward", 0))
-
-
-def bind_hook(hook):
-    """A context manager that makes `hook` the active attention hook (None: none) of this thread or
-    task: the registered attention calls it at `hook.module`, plain SDPA everywhere else."""
-
-    class _Bound:
-        def __enter__(self):
-            self.token = _HOOK.set(hook)
-            return hook
-
-        def __exit__(self, *exc):
-            _HOOK.reset(self.token)
-
-    return _Bound()
-
-
-@dataclass
-class TokenBatch:
-    """A padded batch with, per token, its character span in the original text."""
-
-    texts: list[str]
-    features: dict[str, torch.Tensor]  # model inputs: input_ids, attention_mask, ... (B, T)
-    special: torch.Tensor  # (B, T) bool, True for [CLS]/[SEP]-like tokens
-    offsets: torch.Tensor  # (B, T, 2) char span [start, end) of each token in its text
-    n_tokens: list[int]  # non-pad tokens per input
-    truncated: list[bool]
-
-    @property
-    def mask(self) -> torch.Tensor:
-        return self.features["attention_mask"].bool()  # (B, T)
-
-
-@dataclass
-class PlainPass:
-    embedding: torch.Tensor  # (B, D) pooled, normalised
-    token_embeddings: torch.Tensor  # (B, T, C) last hidden state
-    hidden_states: tuple[torch.Tensor, ...] | None = None  # hidden_states[L] = layer L's input
-    key: torch.Tensor | None = None  # (B, nh, T, hs) at the capture layer
-    value: torch.Tensor | None = None
-    query: torch.Tensor | None = None
-    capture_layer: int | None = None
-
-
-@dataclass
-class ModelInfo:
-    name: str
-    path: str
-    fingerprint: str
-    num_layers: int
-    num_heads: int
-    head_dim: int
-    dim: int
-    max_seq_length: int
-    extra: dict = field(default_factory=dict)
-    runtime: str = "torch"  # what runs the plain forward: torch | onnx
-    precision: str = "fp32"  # its numerics: fp32 | int8 (onnx only); a bundle's K/V must share them
-    requested: str = "torch"  # what was asked for: torch | onnx | auto (onnx where it opens and verifies)
-    fallback: str | None = None  # auto that runs torch: why onnx did not open
 
 
 def resolve_model_path(name_or_path: str | None) -> str:
@@ -182,13 +75,13 @@ class Encoder:
                  precision: str = "fp32", onnx_cache: Path | None = None, threads: int = 1,
                  onnx_optimization: str = "all"):
         """`runtime` runs the plain forward (and the layers before the memory layer): "torch",
-        "onnx" (softknn.onnx_forward: exported, cached, verified against torch; CPU only; refuses to
+        "onnx" (softknn.model.onnx_forward: exported, cached, verified against torch; CPU only; refuses to
         open on a failed verification), or "auto": onnx fp32 where it opens and passes its
         verification, else torch, with the reason in `info.fallback` (and a warning logged)."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # weights are local; never reach for a hub
         from sentence_transformers import SentenceTransformer
 
-        _register_attention()
+        register_attention()
         self.path = resolve_model_path(model)
         self.name = Path(self.path).name if self.path == str(model or "") else DEFAULT_MODEL
         self.device = torch.device(device)
@@ -225,7 +118,7 @@ class Encoder:
         self.onnx_inputs = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids") if k in probe)
         self.onnx = None
         if runtime == "onnx":
-            from softknn.onnx_forward import OnnxForward
+            from softknn.model.onnx_forward import OnnxForward
 
             self.onnx = OnnxForward(self, precision=precision, cache_dir=onnx_cache, threads=threads,
                                     optimization=onnx_optimization)
@@ -245,7 +138,7 @@ class Encoder:
         if self.device.type != "cpu":
             return None, f"the model runs on {self.device}; the onnx runtime runs on the CPU only"
         try:
-            from softknn.onnx_forward import OnnxForward
+            from softknn.model.onnx_forward import OnnxForward
 
             return OnnxForward(self, precision="fp32", cache_dir=cache, threads=threads, optimization=optimization), None
         except ImportError as e:

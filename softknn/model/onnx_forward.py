@@ -37,7 +37,8 @@ import torch
 
 from softknn.common.errors import ModelRuntimeError, UnsupportedModel
 from softknn.common.file_lock import exclusive_lock
-from softknn.encoder import RESUMABLE_TYPES, CaptureKV, PlainPass, TokenBatch, bind_hook
+from softknn.model.attention import CaptureKV, bind_hook
+from softknn.model.backends import RESUMABLE_TYPES, PlainPass, TokenBatch
 
 EXPORT_VERSION = 2  # bump when the graph's inputs/outputs or the export recipe change
 TOLERANCE = 1e-4  # fp32: max |onnx − torch| over every output
@@ -324,7 +325,7 @@ class OnnxForward:
         return {k: packed.unpack(k, torch.from_numpy(a)) for k, a in zip(names, got, strict=True)}
 
     def plain(self, batch: TokenBatch, capture_layer: int | None, keep_hidden: bool) -> PlainPass:
-        """The encoder's plain pass from this graph (softknn.backends.PlainForward): the same fields
+        """The encoder's plain pass from this graph (softknn.model.backends.PlainForward): the same fields
         and shapes as torch's, zeros at padded positions, which no caller reads (module doc)."""
         n = self.n
         names = [f"hidden_{i}" for i in range(n + 1)] if keep_hidden else [f"hidden_{n}"]
