@@ -159,8 +159,8 @@ def synthetic_bundle(n: int, kind: str = "flat", params: dict | None = None, *, 
     `index`/`xb` may be passed in to reuse a built FAISS index and its embeddings.
     """
     from softknn.bundle import Bundle, load_bundle
-    from softknn.chunk_index import ChunkIndex, choose_index
     from softknn.memory_stores import KVStore
+    from softknn.retrieval.chunk_index import ChunkIndex, choose_index
 
     real = load_bundle(bundle_path(n_real), verify=False)
     xb = embeddings(n) if xb is None else xb
@@ -231,7 +231,7 @@ def build_index_fast(xb: np.ndarray, spec, train_max: int = 65_536):
 def _build(xb: np.ndarray, spec, train_max: int):
     import faiss
 
-    from softknn.chunk_index import build_index
+    from softknn.retrieval.chunk_index import build_index
 
     n, d = xb.shape
     if spec.kind in ("flat", "hnsw") or n <= train_max:

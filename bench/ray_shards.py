@@ -66,8 +66,8 @@ def embeddings(real_xb: np.ndarray, n: int) -> np.ndarray:
 def rows_bundle(n_real: int, n: int, lo: int, hi: int):
     """The Bundle of rows lo..hi−1 of the N-chunk KB (in memory; K/V shared with the real bundle)."""
     from softknn.bundle import Bundle, load_bundle
-    from softknn.chunk_index import ChunkIndex, build_index, choose_index
     from softknn.memory_stores import KVStore
+    from softknn.retrieval.chunk_index import ChunkIndex, build_index, choose_index
 
     real = load_bundle(kb.bundle_path(n_real), verify=False)
     xb = np.ascontiguousarray(embeddings(np.asarray(real.index.xb), n)[lo:hi])

@@ -102,8 +102,8 @@ def kb(n: int, rng: np.random.Generator):
 
 def sharded(xb: np.ndarray, texts: list[str], shard_rows: int):
     """A ShardedBundle of len(xb) / shard_rows Shards in this process (timed), BM25 with the whole KB's statistics."""
-    from softknn.chunk_index import ChunkIndex, IndexSpec, build_index
-    from softknn.lexical import LexicalIndex
+    from softknn.retrieval.chunk_index import ChunkIndex, IndexSpec, build_index
+    from softknn.retrieval.lexical import LexicalIndex
     from softknn.shards import Shard, ShardedBundle, _Index, _Lexical, shard_ranges, slice_lexical
 
     n = len(xb)
@@ -132,7 +132,7 @@ def run(args) -> dict:
     import faiss
     import torch
 
-    from softknn.search import InferParams, Retriever
+    from softknn.retrieval.search import InferParams, Retriever
 
     faiss.omp_set_num_threads(1)
     torch.set_num_threads(1)

@@ -13,7 +13,7 @@ A bundle is one directory:
     chunk_tokens.npy   (N, 2) int64: first memory row and token count of each chunk
     token_spans.npy    (Ntok, 2) int64: each memory token's char span in its document
     chunks.jsonl       per chunk: chunk_id, doc_id, text, start, end (char span), label, metadata
-    lexical/           the BM25 index of the chunks (softknn.lexical; bm25s's files, no pickles);
+    lexical/           the BM25 index of the chunks (softknn.retrieval.lexical; bm25s's files, no pickles);
                        optional: a bundle without it (built before it existed) serves dense-only
 
 A sharded bundle (`--shards N`, softknn.shards) is a manifest over N such bundles in shard-NNNN/.
@@ -32,13 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-from softknn.chunk_index import ChunkIndex, IndexSpec
 from softknn.common.errors import BundleError
 from softknn.gen_memory import generator_files
-from softknn.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
 from softknn.manifest import Manifest
 from softknn.memory_stores import DEFAULT_MEMORY, MEMORY_FILES, MemoryStore, load_memory, memory_files, memory_summary
-from softknn.retrieval import default_mode
+from softknn.retrieval.chunk_index import ChunkIndex, IndexSpec
+from softknn.retrieval.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
+from softknn.retrieval.scoring import default_mode
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

@@ -461,8 +461,8 @@ def query(
     need_bundle(bundle)
     from softknn.bundle import load_bundle
     from softknn.engine import Engine, InferParams
-    from softknn.filters import parse_filter
     from softknn.model.encoder import TRUNCATE_HINT
+    from softknn.retrieval.filters import parse_filter
 
     try:
         settings = _settings(model__name=model)

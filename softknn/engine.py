@@ -4,7 +4,7 @@ One `Engine` holds a model and a bundle; `infer` takes a batch of texts, each wi
 parameters (the service's micro-batches mix requests), and returns one `InferResult` (softknn.results) per text —
 the same object `softknn query --json` prints and `POST /v1/infer` returns.
 
-The retrieval needs the bundle alone and lives in softknn.search (InferParams, Retrieval,
+The retrieval needs the bundle alone and lives in softknn.retrieval.search (InferParams, Retrieval,
 Retriever; re-exported here): the Engine adds the model, the query embedding before it and the
 fused pass with its evidence and prediction after.
 """
@@ -31,8 +31,8 @@ from softknn.manifest import Manifest
 from softknn.model.attention import fused_attention
 from softknn.model.backends import MemoryStore, ModelForward, PlainPass, TokenBatch
 from softknn.results import Diagnostics, InferResult, Neighbour, Prediction, Token, VersusPlain
-from softknn.retrieval import best
-from softknn.search import MIXING, InferParams, ResolvedParams, Retrieval, Retriever  # noqa: F401 (re-exported)
+from softknn.retrieval.scoring import best
+from softknn.retrieval.search import MIXING, InferParams, ResolvedParams, Retrieval, Retriever  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from softknn.shards import ShardedBundle
@@ -73,7 +73,7 @@ class Engine:
         self.memory.attach(encoder, self.layer)  # a hidden-state or recompute memory computes K/V with this model
         self.words = ChunkWords(bundle)  # each chunk's words for the evidence spans, kept per chunk row
 
-    # --- retrieval: the bundle's alone (softknn.search.Retriever) -----------------------------
+    # --- retrieval: the bundle's alone (softknn.retrieval.search.Retriever) -----------------------------
     def resolve(self, params: list[InferParams]) -> list[ResolvedParams]:
         """Validated, with the retrieval and temperature this bundle serves them with."""
         return self.retriever.resolve(params)

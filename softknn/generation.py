@@ -18,11 +18,11 @@ import torch
 
 from softknn.common.errors import BundleError, InvalidInput
 from softknn.engine import Engine, InferParams
-from softknn.filters import FilterNode
 from softknn.gen_attention import MIXING, POSITIONS, GenMemory, place_memory
 from softknn.gen_memory import ChunkKV, GeneratorStore
 from softknn.generate.batch import job_for
 from softknn.generator import Generation, Generator, Sampling, Step
+from softknn.retrieval.filters import FilterNode
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class GenParams:
     context: str = "memory"  # memory: the KB in attention; prompt: the same chunks' text in the prompt (baseline)
     evidence: int = 5
     spans: int = 3
-    filter: FilterNode | None = None  # the chunks R may come from (softknn.filters)
+    filter: FilterNode | None = None  # the chunks R may come from (softknn.retrieval.filters)
 
     def validate(self) -> GenParams:
         if self.mixing not in MIXING:

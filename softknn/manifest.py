@@ -55,7 +55,7 @@ class FileRecord(_Section):
 
 
 class LexicalRecord(_Section):
-    settings: dict[str, Any]  # softknn.lexical.LexicalSpec.to_manifest()
+    settings: dict[str, Any]  # softknn.retrieval.lexical.LexicalSpec.to_manifest()
     vocabulary: int | None = None
     postings: int | None = None
 
@@ -67,7 +67,7 @@ class ShardRecord(_Section):
 
 
 class Calibration(_Section):
-    """What `softknn calibrate` / the build's leave-one-out set (softknn.calibration); the rest
+    """What `softknn calibrate` / the build's leave-one-out set (softknn.retrieval.calibration); the rest
     of the section (grids, validation figures) is kept as extra fields."""
 
     abstain_threshold: float | None = None  # the score-only rule's t

@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from softknn.common.kb_names import DEFAULT_KB, KB_NAME  # noqa: F401 (re-exported)
 from softknn.remote_bundle import Location
-from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT
+from softknn.retrieval.scoring import CANDIDATES, LEXICAL_WEIGHT
 
 
 class ModelSettings(BaseModel):

@@ -28,7 +28,7 @@ with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engin
   global top lists, the normalisation's x_(1), x_(m) and the candidates' scores are exactly the
   one index's (each global top-m chunk is in its shard's top m), merged by
   `ShardedBundle.lexical_candidates`; when those candidates cannot decide the top k
-  (softknn.retrieval.topk_candidates), the brute force over the KB takes the shards' score
+  (softknn.retrieval.scoring.topk_candidates), the brute force over the KB takes the shards' score
   vectors: the exact similarities and BM25 scores concatenated in row order (as filters do);
 - memory: of `kv`, each shard sends the token rows of the requested chunks as stored (unpadded), and
   they are placed in the padded batch by the one store's code (memory_stores.pad_memory); of
@@ -66,7 +66,7 @@ from softknn.model.backends import MemoryStore, ShardBackend
 from softknn.remote_bundle import fetch, is_remote, source_of
 
 if TYPE_CHECKING:
-    from softknn.lexical import LexicalIndex
+    from softknn.retrieval.lexical import LexicalIndex
 
 SHARD_DIR = "shard-{:04d}"
 
@@ -223,13 +223,13 @@ class Shard:
 
     def lexical_candidates(self, xq: np.ndarray, terms: list[list[str]], dsize: int, pools: list[int],
                            exact: bool) -> list[tuple]:
-        """Per input, this shard's part of the hybrid and lexical candidates (softknn.retrieval),
+        """Per input, this shard's part of the hybrid and lexical candidates (softknn.retrieval.scoring),
         O(dsize + pool) numbers instead of a score per chunk: (D, I) its dense top dsize (by the
         index, or with `exact` by the brute force over its chunks, score desc then id asc), L and
         Lb its BM25 top pool ids and scores (the whole KB's statistics), and C, Cd, Cb its
         candidates I ∪ L (ascending) with their dense similarities (`exact`: the brute force's,
         else e_q·e_c of the stored rows) and BM25 scores. Ids global."""
-        from softknn.retrieval import best, candidates, top_m
+        from softknn.retrieval.scoring import best, candidates, top_m
 
         index, lex = self.bundle.index, cast("LexicalIndex", self.bundle.lexical)
         k = min(int(dsize), self.n)
@@ -520,7 +520,7 @@ class ShardedBundle:
         """Per input, the hybrid and lexical candidates over the whole KB from one call per shard
         (Shard.lexical_candidates: each sends its own top lists, never a score per chunk):
         (dense_D, dense_I, cand, d_cand, b_cand, b_top1, b_topm), the arguments of
-        softknn.retrieval.topk_candidates. Exact: the global dense top dsize and BM25 top pool are
+        softknn.retrieval.scoring.topk_candidates. Exact: the global dense top dsize and BM25 top pool are
         among the shards' own top lists (each chunk of them is in its shard's), so their values,
         b_(1) and b_(m) are the one index's; every candidate is one of some shard's, which sent its
         dense similarity and BM25 score."""
@@ -575,8 +575,8 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
     `backend_factory(specs, version)` (specs: [(shard dir, lo, shard version_id)]; default: in this
     process, each checking its own files when `verify`): the one place a ShardBackend is chosen."""
     from softknn.bundle import load_npy, read_manifest
-    from softknn.chunk_index import IndexSpec
-    from softknn.lexical import LexicalIndex, LexicalSpec
+    from softknn.retrieval.chunk_index import IndexSpec
+    from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
 
     assert manifest.shards is not None, f"{path}: a sharded manifest lists its shards"  # load time, not a hot path
 

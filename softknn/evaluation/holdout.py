@@ -1,12 +1,12 @@
 """The held-out calibration workflow: a stratified validation split carved from the KB side, a
 bundle built from the rest (with the bundle's own build settings), the held-out records run as
-queries against it, and the abstain thresholds chosen on their outcomes (softknn.calibration's
+queries against it, and the abstain thresholds chosen on their outcomes (softknn.retrieval.calibration's
 rules) written into the bundle's manifest. `softknn calibrate DIR KB` and `softknn eval
 --calibrate-kb` run it (softknn.evaluation.cli).
 
 This app is its one home: it builds the second bundle through the builder (index_builder), which
 in turn never imports the evaluation (tests/test_layering.py keeps the apps acyclic); the
-builder's own calibration is the leave-one-out in the core (softknn.calibration).
+builder's own calibration is the leave-one-out in the core (softknn.retrieval.calibration).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from pathlib import Path
 import numpy as np
 
 from softknn.bundle import atomic_write_bytes, load_bundle, read_manifest, verify_bundle, write_calibration
-from softknn.calibration import RULES, abstain_point, calibrate_rules, gated_scores
 from softknn.common.errors import BundleError, InvalidInput
 from softknn.engine import Engine, InferParams
 from softknn.evaluation.run import Query, Strategy, baseline_outcomes, run_variants
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields, read_kb
-from softknn.retrieval import DEFAULT_TEMPERATURE
+from softknn.retrieval.calibration import RULES, abstain_point, calibrate_rules, gated_scores
+from softknn.retrieval.scoring import DEFAULT_TEMPERATURE
 
 log = logging.getLogger(__name__)
 

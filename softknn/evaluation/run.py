@@ -36,7 +36,7 @@ from softknn.evaluation.metrics import (
 from softknn.index_builder.reader import Fields, read_kb
 from softknn.model.attention import knn_weights
 from softknn.results import InferResult
-from softknn.retrieval import DEFAULT_TEMPERATURE, RETRIEVALS
+from softknn.retrieval.scoring import DEFAULT_TEMPERATURE, RETRIEVALS
 
 MATCH = ("doc", "chunk")
 REQUERY = ("fused", "sum")

@@ -23,8 +23,6 @@ import numpy as np
 from tqdm import tqdm
 
 from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
-from softknn.calibration import calibrate_loo, calibrate_unlabelled
-from softknn.chunk_index import build_index, choose_index
 from softknn.common.errors import BundleError, KBFormatError
 from softknn.engine import InferParams
 from softknn.generator import Generator
@@ -32,10 +30,12 @@ from softknn.index_builder.chunker import Chunk, chunk_documents
 from softknn.index_builder.encode_cache import chunk_key
 from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
 from softknn.index_builder.reader import Fields, read_kb
-from softknn.lexical import LexicalIndex, LexicalSpec
 from softknn.memory_stores import DEFAULT_MEMORY, HIDDEN_DTYPES, check_kind, check_kv_dtype, int8_scale, quantize_int8
 from softknn.model.encoder import Encoder
-from softknn.retrieval import CANDIDATES
+from softknn.retrieval.calibration import calibrate_loo, calibrate_unlabelled
+from softknn.retrieval.chunk_index import build_index, choose_index
+from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
+from softknn.retrieval.scoring import CANDIDATES
 
 log = logging.getLogger(__name__)
 KV_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -57,8 +57,8 @@ class BuildConfig:
     kv_dtype: str = "float32"  # of stored K/V (memory "kv" only)
     memory: str = DEFAULT_MEMORY  # the memory representation: softknn.memory_stores.MEMORY_KINDS
     fields: Fields = field(default_factory=Fields)
-    lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
-    calibrate: bool = True  # labelled: λ, τ and the abstain rule by leave-one-out; unlabelled: λ from pseudo-queries (softknn.calibration)
+    lexical: bool = True  # write the BM25 index (softknn.retrieval.lexical) beside the FAISS index
+    calibrate: bool = True  # labelled: λ, τ and the abstain rule by leave-one-out; unlabelled: λ from pseudo-queries (softknn.retrieval.calibration)
     shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.shards)
     generator_layers: str = "all"  # with a generator: its memory layers (softknn.index_builder.generator_memory)
     generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)

@@ -22,7 +22,7 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int, *, w
     import faiss
 
     from softknn.bundle import MANIFEST, finalize, save_array
-    from softknn.chunk_index import IndexSpec, build_index
+    from softknn.retrieval.chunk_index import IndexSpec, build_index
 
     n = manifest["counts"]["chunks"]
     xb = np.load(full / "embeddings.npy", mmap_mode="r")

@@ -31,23 +31,23 @@ import faiss
 import numpy as np
 
 from softknn.bundle import Bundle, finalize, fsync_dir, load_bundle, save_array
-from softknn.calibration import calibrate_loo
-from softknn.chunk_index import ChunkIndex, IndexSpec, build_index, choose_index
 from softknn.common.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
 from softknn.index_builder.chunker import chunk_documents
 from softknn.index_builder.pipeline import BuildConfig, allocated_memmap, encode_batch
 from softknn.index_builder.reader import Document, Fields, read_kb, record_document
-from softknn.lexical import Analyzer, LexicalIndex, LexicalSpec
 from softknn.manifest import Manifest
 from softknn.memory_stores import HIDDEN_DTYPES, HiddenStore, KVStore, RecomputeStore
-from softknn.retrieval import CANDIDATES
-from softknn.search import InferParams
+from softknn.retrieval.calibration import calibrate_loo
+from softknn.retrieval.chunk_index import ChunkIndex, IndexSpec, build_index, choose_index
+from softknn.retrieval.lexical import Analyzer, LexicalIndex, LexicalSpec
+from softknn.retrieval.scoring import CANDIDATES
+from softknn.retrieval.search import InferParams
 
 log = logging.getLogger(__name__)
 
 WRITES_DIR = "writes"
 WAL = f"{WRITES_DIR}/wal.log"
-# a labelled KB is recalibrated (leave-one-out, softknn.calibration) at every version up to this
+# a labelled KB is recalibrated (leave-one-out, softknn.retrieval.calibration) at every version up to this
 # many chunks (0.13 s at 297 chunks on one core); above it at compaction only, marked stale between
 RECALIBRATE_MAX_CHUNKS = 5000
 _HEADER = struct.Struct(">I32s")  # payload length, sha256 of the payload

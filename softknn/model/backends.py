@@ -10,8 +10,8 @@ made; nothing that calls it changes:
   Encoder.forward_plain. A causal language model (softknn.generator.Generator) is a second kind
   of model beside it, run by softknn.generation, not through this Protocol.
 - ChunkSearch: dense search over the KB's chunk embeddings (top k, exact similarities, dot
-  products of given rows). softknn.chunk_index.ChunkIndex (flat, HNSW, IVF, IVF-PQ: the kind
-  is chosen at build time by softknn.chunk_index.choose_index and read back from the manifest), or a
+  products of given rows). softknn.retrieval.chunk_index.ChunkIndex (flat, HNSW, IVF, IVF-PQ: the kind
+  is chosen at build time by softknn.retrieval.chunk_index.choose_index and read back from the manifest), or a
   sharded bundle's merge over its shards (softknn.shards); softknn.bundle.load_bundle picks one.
 - ShardBackend: where a sharded bundle's shards run (softknn.shards.Shard in every case): in
   this process (softknn.shards.LocalShards) or as Ray actors (softknn.service.ray_serving.RayShards);
@@ -22,11 +22,11 @@ made; nothing that calls it changes:
   or a sharded bundle's fan-out (softknn.shards); softknn.memory_stores.load_memory picks one from
   the manifest's `memory`, softknn.shards.load_sharded builds the sharded one.
 
-The retrieval that needs only these (no model) is softknn.search.Retriever.
+The retrieval that needs only these (no model) is softknn.retrieval.search.Retriever.
 
 Beside the Protocols, the types that cross the model seam: TokenBatch (a tokenized batch) and
 PlainPass (what a plain pass returns) in their shapes, ModelInfo, FuseFn (the memory layer's
-replacement attention), and RESUMABLE_TYPES.
+replacement attention), RESUMABLE_TYPES, and IndexSpec (the index kind a ChunkSearch was built as).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import numpy as np
 import torch
 
 if TYPE_CHECKING:
-    from softknn.chunk_index import IndexSpec
     from softknn.model.attention import MemoryBatch
 
 # fuse(query, key, value, scaling) -> out, all (B, nh, T, hs): the memory layer's replacement.
@@ -93,6 +92,16 @@ class ModelInfo:
     precision: str = "fp32"  # its numerics: fp32 | int8 (onnx only); a bundle's K/V must share them
     requested: str = "torch"  # what was asked for: torch | onnx | auto (onnx where it opens and verifies)
     fallback: str | None = None  # auto that runs torch: why onnx did not open
+
+
+@dataclass(frozen=True)
+class IndexSpec:
+    """Which FAISS index and its parameters; stored in the manifest, so a bundle rebuilds from it
+    (softknn.retrieval.chunk_index builds and opens it: the ChunkSearch's `spec`)."""
+
+    kind: str  # flat | hnsw | ivf | ivfpq (never auto once chosen)
+    params: dict
+    reason: str = ""
 
 
 class PlainForward(Protocol):

@@ -47,8 +47,8 @@ from softknn.model.encoder import Encoder
 from softknn.model.runtime import open_encoder
 from softknn.params import Settings, apply_threads
 from softknn.remote_bundle import Location, is_remote, localize, source_of
-from softknn.rerank import Reranker
 from softknn.results import InferResult
+from softknn.retrieval.rerank import Reranker
 from softknn.service.batching import Batcher
 from softknn.service.errors import (
     Conflict,
@@ -507,7 +507,7 @@ class Runtime:
 
     async def rerank(self, query: str, texts: list[str], params: InferParams, *, truncate: bool, raw: bool,
                      request_id: str | None = None) -> tuple[Engine, np.ndarray]:
-        """The rerank score of each text for `query` (softknn.rerank): the plain embeddings of the
+        """The rerank score of each text for `query` (softknn.retrieval.rerank): the plain embeddings of the
         query and the texts in one batcher job, then the scores against the KB in a thread."""
         start = time.monotonic()
         engine = self.current()

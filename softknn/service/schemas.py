@@ -28,9 +28,9 @@ from pydantic_core import PydanticCustomError
 
 from softknn.common.errors import InputTooLarge, InvalidInput
 from softknn.engine import InferParams
-from softknn.filters import MAX_DEPTH, MAX_NODES, MAX_VALUES, CheckedFilter
 from softknn.generation import GenParams
 from softknn.params import Settings
+from softknn.retrieval.filters import MAX_DEPTH, MAX_NODES, MAX_VALUES, CheckedFilter
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 # τ outside [1e-6, 1e6] is refused as a mistake, not a setting: scores s lie in [−1, 1], so below it

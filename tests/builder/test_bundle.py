@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from softknn.bundle import DATA_FILES, load_bundle, verify_bundle, version_id
-from softknn.chunk_index import ChunkIndex, build_index, choose_index
 from softknn.common.errors import BundleError
-from softknn.lexical import LEXICAL_FILES
+from softknn.retrieval.chunk_index import ChunkIndex, build_index, choose_index
+from softknn.retrieval.lexical import LEXICAL_FILES
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """An unlabelled KB chooses its hybrid λ at build time from held-out sentences of its own chunks
-(softknn.calibration.calibrate_unlabelled): the rule on hand-made inputs, the record a build writes,
+(softknn.retrieval.calibration.calibrate_unlabelled): the rule on hand-made inputs, the record a build writes,
 the default a request without lexical_weight gets from it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from softknn.calibration import PSEUDO_WEIGHTS, calibrate_unlabelled, choose_weight, held_out, pseudo_queries
-from softknn.lexical import LexicalSpec
+from softknn.retrieval.calibration import PSEUDO_WEIGHTS, calibrate_unlabelled, choose_weight, held_out, pseudo_queries
+from softknn.retrieval.lexical import LexicalSpec
 
 
 def test_the_rule_takes_the_smallest_weight_within_two_standard_errors_of_the_best():

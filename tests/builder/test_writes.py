@@ -18,7 +18,7 @@ from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import read_kb
 from softknn.index_builder.writes import WAL, KBStore, read_log, verify_log, version_seq, writable
-from softknn.lexical import bm25_reference
+from softknn.retrieval.lexical import bm25_reference
 from tests.numerics import assert_tree_close
 
 QUERIES = ["how much is an adult single from harrowmere to saltbridge?",

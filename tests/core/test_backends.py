@@ -1,11 +1,11 @@
 """The seams of softknn.model.backends: the implementations the engine runs on satisfy their Protocols,
-and the bundle-only retrieval (softknn.search.Retriever) is what the Engine serves."""
+and the bundle-only retrieval (softknn.retrieval.search.Retriever) is what the Engine serves."""
 
 import numpy as np
 
 from softknn.engine import Engine, InferParams, Retrieval
 from softknn.model.backends import ChunkSearch, MemoryStore, ModelForward, ShardBackend
-from softknn.search import Retriever
+from softknn.retrieval.search import Retriever
 
 QUERIES = ["Can I bring my dog on the Coral Line ferry to Brindlewick?", "lost umbrella"]
 

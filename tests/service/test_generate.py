@@ -104,7 +104,7 @@ def test_exact_joint_is_the_masked_concatenation(client, ge, generator):
 
 
 def test_a_filter_limits_what_generation_draws_on(client, ge):
-    from softknn.filters import parse_filter
+    from softknn.retrieval.filters import parse_filter
 
     flt = {"field": "label", "eq": "schedules_and_delays"}
     got = generate(client, messages=MESSAGES, k=2, filter=flt)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from softknn.engine import InferParams
-from softknn.retrieval import scores_reference
+from softknn.retrieval.scoring import scores_reference
 from tests.numerics import close
 
 QUERY = "Can I bring my dog on the ferry, and does it need a ticket?"

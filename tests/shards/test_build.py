@@ -64,8 +64,8 @@ def test_each_shard_s_memory_comes_straight_from_the_batches_as_the_split_of_one
     from softknn.index_builder import pipeline
     from softknn.index_builder.pipeline import read_chunks
     from softknn.index_builder.sharding import write_shards
-    from softknn.lexical import LexicalIndex, LexicalSpec
     from softknn.memory_stores import memory_files
+    from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
 
     kb = tmp_path / "kb" / "kb.jsonl"
     kb.parent.mkdir()

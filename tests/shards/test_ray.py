@@ -72,8 +72,8 @@ def test_ray_answers_equal_one_index(retrieval, exact, ray_sharded, sample_bundl
 
 
 def test_ray_filtered_answers_equal_one_index(ray_sharded, sample_bundle, encoder, monkeypatch):
-    from softknn import search
-    from softknn.filters import parse_filter
+    from softknn.retrieval import search
+    from softknn.retrieval.filters import parse_filter
     from tests.shards.test_sharded import FILTER
 
     monkeypatch.setattr(search, "FILTER_SCAN_MAX", 0)  # the shard actors' search_among, not rows_dot alone

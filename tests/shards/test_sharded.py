@@ -152,8 +152,8 @@ FILTER = {"or": [{"field": "label", "in": ["pets_and_animals", "lost_property"]}
 @pytest.mark.parametrize("retrieval", ["hybrid", "dense", "lexical"])
 @pytest.mark.parametrize("path", ["exact", "scan", "selector"])
 def test_filtered_answers_equal_one_index(retrieval, path, sharded, sample_bundle, encoder, monkeypatch):
-    from softknn import search
-    from softknn.filters import parse_filter
+    from softknn.retrieval import search
+    from softknn.retrieval.filters import parse_filter
 
     if path == "selector":  # every filtered search through each shard's FAISS ID selector, merged
         monkeypatch.setattr(search, "FILTER_SCAN_MAX", 0)

@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import faiss
 import numpy as np
 import torch
 
+from softknn.model.backends import IndexSpec  # the spec is the ChunkSearch seam's type; importers find it here too
+
 log = logging.getLogger(__name__)
 
 INDEX_TYPES = ("auto", "flat", "hnsw", "ivf", "ivfpq")
-
-
-@dataclass(frozen=True)
-class IndexSpec:
-    """Which FAISS index and its parameters; stored in the manifest, so a bundle rebuilds from it."""
-
-    kind: str  # flat | hnsw | ivf | ivfpq (never auto once chosen)
-    params: dict
-    reason: str = ""
 
 
 def choose_index(n: int, d: int, requested: str = "auto", params: dict | None = None) -> IndexSpec:

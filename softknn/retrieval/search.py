@@ -2,7 +2,7 @@
 
 `Retriever(bundle)` turns query embeddings (and, for lexical and hybrid retrieval, the input
 texts) into R, its similarities and w_db, through the bundle's chunk search (softknn.model.backends.
-ChunkSearch: one FAISS index or the shards) and BM25 index; the score math is softknn.retrieval.
+ChunkSearch: one FAISS index or the shards) and BM25 index; the score math is softknn.retrieval.scoring.
 The Engine (softknn.engine) holds one and adds the model: the embedding before, the fused pass after.
 """
 
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, cast
 import numpy as np
 
 from softknn.common.errors import InvalidInput
-from softknn.filters import ChunkTable, FilterNode
 from softknn.model.attention import KERNELS, knn_weights_row, truncation_bound_row
 from softknn.model.backends import ChunkSearch
-from softknn.retrieval import (
+from softknn.retrieval.filters import ChunkTable, FilterNode
+from softknn.retrieval.scoring import (
     CANDIDATES,
     DEFAULT_TEMPERATURE,
     LEXICAL_WEIGHT,
@@ -60,9 +60,9 @@ class InferParams:
     truncate: bool = False
     abstain_threshold: float | None = None  # None: the bundle's calibrated value
     retrieval: str | None = None  # hybrid | dense | lexical; None: hybrid where the bundle has a lexical index
-    lexical_weight: float | None = None  # λ of the hybrid similarity; None: the λ the bundle's build chose (softknn.calibration), else LEXICAL_WEIGHT
+    lexical_weight: float | None = None  # λ of the hybrid similarity; None: the λ the bundle's build chose (softknn.retrieval.calibration), else LEXICAL_WEIGHT
     candidates: int = CANDIDATES  # m: each retriever's top m are the hybrid candidates and its normalisation
-    filter: FilterNode | None = None  # the chunks R may come from (softknn.filters); None: every chunk
+    filter: FilterNode | None = None  # the chunks R may come from (softknn.retrieval.filters); None: every chunk
 
     @classmethod
     def from_defaults(cls, defaults, **given) -> InferParams:
@@ -76,7 +76,7 @@ class InferParams:
 
     def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> ResolvedParams:
         """With `retrieval`, `temperature` and `lexical_weight` filled in for a bundle with or without
-        a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (softknn.calibration)."""
+        a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (softknn.retrieval.calibration)."""
         mode = self.retrieval or default_mode(has_lexical, calibrated)
         if mode != "dense" and not has_lexical:
             raise InvalidInput(f"retrieval {mode!r} needs a lexical index, and this bundle was built without one "
@@ -128,7 +128,7 @@ class Retrieval:
     """R per input and why: each chunk's ranking similarity s_c, its dense e_q·e_c and BM25 score."""
 
     rows: list[list[int]]  # R per input, in rank order
-    scores: list[list[float]]  # s_c, the similarity R was ranked by (softknn.retrieval)
+    scores: list[list[float]]  # s_c, the similarity R was ranked by (softknn.retrieval.scoring)
     weights: list[list[float]]  # w_db over R
     bound: list[float]  # truncation bound per input
     searched: list[str]  # "exact" or the index kind
@@ -221,7 +221,7 @@ class Retriever:
     def _lexical_select(self, out: Retrieval, i: int, q: np.ndarray, text: str, d_all: np.ndarray | None,
                         dense_top: tuple[np.ndarray, np.ndarray] | None, p: ResolvedParams, n: int, kind: str) -> None:
         """R for one input by the hybrid or lexical similarity: from the candidates when they decide
-        it (softknn.retrieval.topk_fast), else (and always with exact) by brute force over the KB."""
+        it (softknn.retrieval.scoring.topk_fast), else (and always with exact) by brute force over the KB."""
         lex, index = self.bundle.lexical, self.index
         assert lex is not None, "resolve() refuses lexical and hybrid retrieval without a lexical index"
         words = lex.analyzer.words(text)
@@ -246,7 +246,7 @@ class Retriever:
         """`_lexical_select` for the inputs `members` of a sharded KB: the candidates, their scores and
         the normalisation's b_(1), b_(m) come from every shard's own top lists in one call
         (ShardedBundle.lexical_candidates), not a BM25 (and with exact a dense) score of every chunk;
-        the same answer (softknn.retrieval.topk_candidates). When the candidates cannot decide it,
+        the same answer (softknn.retrieval.scoring.topk_candidates). When the candidates cannot decide it,
         the brute force over the KB (`_lexical_select` with no dense top)."""
         lex, bundle = self.bundle.lexical, cast("ShardedBundle", self.bundle)
         assert lex is not None, "resolve() refuses lexical and hybrid retrieval without a lexical index"

@@ -1,10 +1,10 @@
 """Scoring given texts against a query with the similarity the retrieval ranks KB chunks by.
 
 `POST /v1/rerank` scores texts that need not be in the KB. Each text t is scored as if it were
-one more chunk of the KB, with the KB's own statistics (softknn.retrieval's notation):
+one more chunk of the KB, with the KB's own statistics (softknn.retrieval.scoring's notation):
 
     d_t = e_q·e_t                                   the plain model's embeddings
-    b_t = BM25(q, t) with the KB's N, df and avgdl    (Lucene BM25 as softknn.lexical)
+    b_t = BM25(q, t) with the KB's N, df and avgdl    (Lucene BM25 as softknn.retrieval.lexical)
     hybrid:  s_t = (1 − λ)·norm_m(d)_t + λ·norm_m(b)_t
     dense:   s_t = d_t
     lexical: s_t = norm_m(b)_t
@@ -27,18 +27,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from softknn.retrieval import kth_largest
+from softknn.retrieval.scoring import kth_largest
 
 if TYPE_CHECKING:
-    from softknn.lexical import Analyzer, LexicalSpec
-    from softknn.search import InferParams, Retriever
+    from softknn.retrieval.lexical import Analyzer, LexicalSpec
+    from softknn.retrieval.search import InferParams, Retriever
 
 
 @dataclass(frozen=True)
 class LexicalStats:
     """The KB's BM25 statistics: N chunks, their mean analysed length, each term's document frequency.
 
-    Lengths as the index counts them: a chunk with no kept word counts as one (softknn.lexical
+    Lengths as the index counts them: a chunk with no kept word counts as one (softknn.retrieval.lexical
     indexes it as the empty term)."""
 
     n: int
@@ -60,7 +60,7 @@ def bm25_texts(query_terms: list[str], texts_terms: list[list[str]], stats: Lexi
                spec: LexicalSpec) -> np.ndarray:
     """BM25(q, t) (len(texts),) float64 for each text's terms, with the KB's statistics:
     Σ_{term ∈ q, df > 0} idf · tf / (tf + k1·(1 − b + b·|t|/avgdl)), idf = ln(1 + (N − df + 0.5)/(df + 0.5)),
-    repeated query terms counted each time (softknn.lexical.bm25_reference's formula)."""
+    repeated query terms counted each time (softknn.retrieval.lexical.bm25_reference's formula)."""
     out = np.zeros(len(texts_terms), dtype=np.float64)
     idf = {t: math.log(1 + (stats.n - stats.df[t] + 0.5) / (stats.df[t] + 0.5)) for t in set(query_terms)
            if stats.df.get(t)}
@@ -100,7 +100,7 @@ def scores(mode: str, d: np.ndarray, d_range: tuple[float, float] | None, b: np.
 
 
 class Reranker:
-    """The rerank scores over one bundle's retrieval (softknn.search.Retriever): its chunk search
+    """The rerank scores over one bundle's retrieval (softknn.retrieval.search.Retriever): its chunk search
     gives the dense range, its BM25 index the lexical range and the analyzer; the KB's lexical
     statistics are counted from its chunk texts once, on first use (a pass over the KB's text)."""
 

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from softknn.model.attention import knn_weights_row
-from softknn.retrieval import DEFAULT_TEMPERATURE, best, kth_largest, mix, norm_top
+from softknn.retrieval.scoring import DEFAULT_TEMPERATURE, best, kth_largest, mix, norm_top
 
 LEXICAL_WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 TEMPERATURES = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4)
@@ -265,7 +265,7 @@ def calibrate_loo(xb: np.ndarray, labels: list[str | None], texts: list[str], le
     retrieval, lam, tau = chosen
     defaults = {retrieval: {"temperature": tau, **({"lexical_weight": lam} if lam is not None else {})}}
     return {
-        "method": "leave-one-out over the KB at build time (softknn.calibration)",
+        "method": "leave-one-out over the KB at build time (softknn.retrieval.calibration)",
         "abstain_threshold": t_score,
         "min_similarity": s_min,
         "abstain_threshold_gated": t,
@@ -318,7 +318,7 @@ PSEUDO_MIN_MRR = 0.1  # the best λ's pseudo-query MRR@10 below this: they canno
 PSEUDO_MIN_WORDS = 3  # a query and a stand-in keep at least this many words
 PSEUDO_SE = 2.0  # how many standard errors below the best a smaller λ may score and still be chosen
 PSEUDO_TOP = 10
-PSEUDO_METHOD = "pseudo-queries: held-out sentences of the KB's own chunks (softknn.calibration)"
+PSEUDO_METHOD = "pseudo-queries: held-out sentences of the KB's own chunks (softknn.retrieval.calibration)"
 _SENTENCE = re.compile(r"(?<=[.!?:;])\s+|\n+")
 
 
@@ -351,8 +351,8 @@ def calibrate_unlabelled(xb: np.ndarray, texts: list[str], spec, embed, *, candi
     """The manifest's calibration record of an unlabelled KB with a lexical index (comment above).
 
     spec: the bundle's LexicalSpec; embed(texts) -> (n, D) float32 embeddings as the build computes them."""
-    from softknn.lexical import LexicalIndex
-    from softknn.retrieval import LEXICAL_WEIGHT
+    from softknn.retrieval.lexical import LexicalIndex
+    from softknn.retrieval.scoring import LEXICAL_WEIGHT
 
     pq = pseudo_queries(texts, max_queries, seed)
     base = {"abstain_threshold": None, "source": "pseudo-queries", "method": PSEUDO_METHOD}
