@@ -154,9 +154,9 @@ def _plot(name: str, results: dict, n_chunks: int) -> None:
 def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
     from bench.kb import bundle_path, queries
-    from softknn.bundle import load_bundle
     from softknn.engine import Engine, InferParams
     from softknn.model.encoder import Encoder
+    from softknn.storage.bundle import load_bundle
 
     class ReferenceEngine(Engine):
         """The engine with the evidence of evidence_items_reference."""

@@ -103,9 +103,9 @@ def setup_threads() -> None:
 
 def get_bundle(kb: Path, out: Path, enc, gen, layers: str = "all", memory: str = "fp16", **cfg_kw) -> tuple[object, dict]:
     """The bundle at `out` (built once; reused when it verifies and holds this generator memory)."""
-    from softknn.bundle import load_bundle
     from softknn.common.errors import SoftKNNError
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.storage.bundle import load_bundle
 
     want_layers = gen.layers(layers)
     info = {"path": str(out), "built": False, "build_s": None}

@@ -426,12 +426,12 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
              do_profile: bool, command: str) -> dict:
     import gc
 
-    from softknn.bundle import Bundle
-    from softknn.manifest import Counts, IndexRecord, Manifest
-    from softknn.memory_stores import KVStore
     from softknn.retrieval.chunk_index import PREFILTER_MIN_CHUNKS, ChunkIndex
     from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
     from softknn.retrieval.search import InferParams, Retriever
+    from softknn.storage.layout import Bundle
+    from softknn.storage.manifest import Counts, IndexRecord, Manifest
+    from softknn.storage.memory_stores import KVStore
 
     texts_b, ids_b, intents_b, real_b = base
     load_start = [round(x, 2) for x in os.getloadavg()]

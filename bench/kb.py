@@ -158,9 +158,10 @@ def synthetic_bundle(n: int, kind: str = "flat", params: dict | None = None, *, 
 
     `index`/`xb` may be passed in to reuse a built FAISS index and its embeddings.
     """
-    from softknn.bundle import Bundle, load_bundle
-    from softknn.memory_stores import KVStore
     from softknn.retrieval.chunk_index import ChunkIndex, choose_index
+    from softknn.storage.bundle import load_bundle
+    from softknn.storage.layout import Bundle
+    from softknn.storage.memory_stores import KVStore
 
     real = load_bundle(bundle_path(n_real), verify=False)
     xb = embeddings(n) if xb is None else xb

@@ -5,7 +5,7 @@
 
 Both servers serve the same sharded bundle: the sample KB built with `softknn build --shards 2`
 (`--bundle`, default $SOFTKNN_BENCH_CACHE/sample2, built when missing). The single process opens
-its 2 shards in-process (softknn.shards.LocalShards), `--ray` as 2 Ray actors behind the Serve
+its 2 shards in-process (softknn.storage.shards.LocalShards), `--ray` as 2 Ray actors behind the Serve
 proxy (`--ingress proxy`, the default) or Ray Serve's HAProxy ingress (`--ingress haproxy`) and one
 model replica. Both run one torch thread and no API key (the harness's
 softknn/service/testing.py LiveServer). Each query (the sample KB's queries.jsonl, one input per
@@ -84,10 +84,10 @@ def moved(bundle: Path, qs: list[str]) -> dict:
     import numpy as np
     import ray
 
-    from softknn.bundle import load_bundle
     from softknn.engine import Engine, InferParams
     from softknn.model.encoder import Encoder
     from softknn.service.ray_serving import RayShards
+    from softknn.storage.bundle import load_bundle
 
     ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)
     ways = ("local_reads", "through_the_actors")

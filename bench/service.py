@@ -364,9 +364,9 @@ def run(args: argparse.Namespace) -> dict:
         return fill_wait(args)
 
     from bench.kb import SHARED, bundle_path, device
-    from softknn.bundle import load_bundle
     from softknn.engine import Engine
     from softknn.model.encoder import Encoder, resolve_model_path
+    from softknn.storage.bundle import load_bundle
 
     bundle = bundle_path(10_000)
     with open(SHARED / "banking77" / "test.csv", newline="", encoding="utf-8") as f:

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from softknn.bundle import Bundle
 from softknn.common.errors import BundleError
 from softknn.evidence import (
     ChunkWords,
@@ -27,15 +26,16 @@ from softknn.evidence import (
     label_scores,
     weight_entropy,
 )
-from softknn.manifest import Manifest
 from softknn.model.attention import fused_attention
 from softknn.model.backends import MemoryStore, ModelForward, PlainPass, TokenBatch
 from softknn.results import Diagnostics, InferResult, Neighbour, Prediction, Token, VersusPlain
 from softknn.retrieval.scoring import best
 from softknn.retrieval.search import MIXING, InferParams, ResolvedParams, Retrieval, Retriever  # noqa: F401 (re-exported)
+from softknn.storage.layout import Bundle
+from softknn.storage.manifest import Manifest
 
 if TYPE_CHECKING:
-    from softknn.shards import ShardedBundle
+    from softknn.storage.shards import ShardedBundle
 
 NEAREST_SHOWN = 5  # with return_tokens: KB chunks nearest the plain and the augmented embedding
 GROUP_SIZE = 4  # texts per forward pass when a batch is split by length (Engine.infer)

@@ -1,6 +1,6 @@
 """The generator's memory in a bundle: each chunk's keys/values at the memory layers, as the builder
 stored them, or not at all (`recompute`: computed from the chunk's tokens when R is known). Files
-under `generator/`, checksummed with the rest of the bundle:
+under `generator/` (their names: softknn.storage.layout.generator_files), checksummed with the rest of the bundle:
 
     tokens.npy      (N_tok,) int32     every chunk's generator tokens, concatenated in row order
     offsets.npy     (N+1,) int64       chunk c's tokens are tokens[offsets[c]:offsets[c+1]]
@@ -35,30 +35,13 @@ import numpy as np
 import torch
 
 from softknn.common.errors import BundleError
+from softknn.storage.layout import BITS, GEN_DIR
 
-GEN_DIR = "generator"
-GEN_MEMORY_KINDS = ("fp32", "fp16", "int8", "q4", "q2", "recompute")
 _DTYPES = {"fp32": np.float32, "fp16": np.float16, "int8": np.int8}
-BITS = {"q4": 4, "q2": 2}
 POOL = 5  # SnapKV's pooling of the votes: a kept token keeps its neighbours' chance (kernel width)
 
 
-def generator_files(kind: str | None, selected: bool = False) -> tuple[str, ...]:
-    """The files a bundle's generator memory of `kind` holds (none without a generator)."""
-    if kind is None:
-        return ()
-    if kind not in GEN_MEMORY_KINDS:
-        raise ValueError(f"generator memory must be one of {GEN_MEMORY_KINDS}, not {kind!r}")
-    files = [f"{GEN_DIR}/tokens.npy", f"{GEN_DIR}/offsets.npy"]
-    if kind != "recompute":
-        files.append(f"{GEN_DIR}/kv.npy")
-    if kind == "int8":
-        files.append(f"{GEN_DIR}/kv_scale.npy")
-    if kind in BITS:
-        files += [f"{GEN_DIR}/k_range.npy", f"{GEN_DIR}/v_range.npy"]
-    if selected and kind != "recompute":
-        files += [f"{GEN_DIR}/kept.npy", f"{GEN_DIR}/kv_offsets.npy"]
-    return tuple(files)
+
 
 
 # --- token selection --------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from softknn.common.kb_names import DEFAULT_KB, KB_NAME  # noqa: F401 (re-exported)
-from softknn.remote_bundle import Location
 from softknn.retrieval.scoring import CANDIDATES, LEXICAL_WEIGHT
+from softknn.storage.remote import Location
 
 
 class ModelSettings(BaseModel):
@@ -156,7 +156,7 @@ class Settings(BaseSettings):
 
     bundle: Location | None = Field(None, description="bundle the service loads, as the KB named `default`: a "
                                     "directory, or a URI in object storage (s3://bucket/kb; fetched to "
-                                    "SOFTKNN_CACHE_DIR, softknn.remote_bundle)")
+                                    "SOFTKNN_CACHE_DIR, softknn.storage.remote)")
     bundles: dict[str, Location] = Field(default_factory=dict, description='named KBs the service loads besides, '
                                          'JSON: {"faq": "DIR", "regs": "s3://bucket/regs"} (`softknn serve --bundle '
                                          'faq=DIR`); requests pick one with `kb`')

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from softknn.bundle import Bundle
 from softknn.model.attention import fused_attention_reference, knn_weights
 from softknn.model.encoder import Encoder
 from softknn.retrieval.lexical import Analyzer, LexicalSpec, bm25_reference
 from softknn.retrieval.scoring import CANDIDATES, LEXICAL_WEIGHT, scores_reference
+from softknn.storage.layout import Bundle
 
 
 def similarity_reference(bundle: Bundle, e_q: np.ndarray, text: str, retrieval: str = "dense",

@@ -37,7 +37,7 @@ def sample_bundle_path(tmp_path_factory, encoder, sample_kb) -> Path:
 
 @pytest.fixture(scope="session")
 def sample_bundle(sample_bundle_path, encoder):
-    from softknn.bundle import load_bundle
+    from softknn.storage.bundle import load_bundle
 
     return load_bundle(sample_bundle_path, expected_fingerprint=encoder.info.fingerprint)
 
@@ -64,7 +64,8 @@ def dense_only_bundle_path(tmp_path_factory, sample_bundle_path) -> Path:
     import json
     import shutil
 
-    from softknn.bundle import DATA_FILES, finalize, read_manifest
+    from softknn.storage.bundle import finalize
+    from softknn.storage.layout import DATA_FILES, read_manifest
 
     tmp = tmp_path_factory.mktemp("dense_only") / ".tmp"
     tmp.mkdir()

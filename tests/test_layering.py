@@ -137,7 +137,7 @@ def loaded_after_importing(modules: list[str]) -> list[str]:
 
 def test_importing_every_core_module_loads_no_app_and_no_web_framework():
     loaded = loaded_after_importing(core_modules())
-    assert "softknn.engine" in loaded and "softknn.bundle" in loaded
+    assert "softknn.engine" in loaded and "softknn.storage.bundle" in loaded
     assert [m for m in loaded if is_app(m) or m.split(".")[0] in ("fastapi", "starlette", "uvicorn")] == []
 
 

@@ -1,5 +1,5 @@
 """An exclusive advisory lock on a file (flock), for the processes of one machine that fill the same
-cache: ONNX exports (softknn.model.onnx_forward), bundles fetched from object storage (softknn.remote_bundle)."""
+cache: ONNX exports (softknn.model.onnx_forward), bundles fetched from object storage (softknn.storage.remote)."""
 
 from __future__ import annotations
 

@@ -95,13 +95,13 @@ def eval_command(
     from softknn.common.console import need_bundle
 
     need_bundle(bundle)
-    from softknn.bundle import load_bundle
     from softknn.engine import Engine, InferParams
     from softknn.evaluation.holdout import calibrate
     from softknn.evaluation.report import write_report
     from softknn.evaluation.run import Strategy, baseline_outcomes, evaluate, read_queries, sample
     from softknn.index_builder.reader import Fields
     from softknn.model.runtime import encoder_for
+    from softknn.storage.bundle import load_bundle
 
     try:
         settings = settings_from(model__name=model)
@@ -165,11 +165,11 @@ def calibrate_command(
     from softknn.common.console import need_bundle
 
     need_bundle(bundle)
-    from softknn.bundle import read_manifest
     from softknn.engine import InferParams
     from softknn.evaluation.holdout import calibrate
     from softknn.index_builder.reader import Fields
     from softknn.model.runtime import encoder_for
+    from softknn.storage.layout import read_manifest
 
     try:
         built = read_manifest(bundle)["build"].get("fields") or {}

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from softknn.bundle import atomic_write_bytes, load_bundle, read_manifest, verify_bundle, write_calibration
 from softknn.common.errors import BundleError, InvalidInput
 from softknn.engine import Engine, InferParams
 from softknn.evaluation.run import Query, Strategy, baseline_outcomes, run_variants
@@ -27,6 +26,8 @@ from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields, read_kb
 from softknn.retrieval.calibration import RULES, abstain_point, calibrate_rules, gated_scores
 from softknn.retrieval.scoring import DEFAULT_TEMPERATURE
+from softknn.storage.bundle import load_bundle, write_calibration
+from softknn.storage.layout import atomic_write_bytes, read_manifest, verify_bundle
 
 log = logging.getLogger(__name__)
 

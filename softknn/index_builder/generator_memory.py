@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from softknn.gen_memory import BITS, GEN_DIR, GEN_MEMORY_KINDS, bytes_per_token, encode_chunk, select_tokens
+from softknn.gen_memory import bytes_per_token, encode_chunk, select_tokens
 from softknn.generator import Generator
+from softknn.storage.layout import BITS, GEN_DIR, GEN_MEMORY_KINDS
 
 BATCH = 16  # chunks per resumable unit of the generator pass
 
@@ -25,7 +26,7 @@ BATCH = 16  # chunks per resumable unit of the generator pass
 @dataclass(frozen=True)
 class GeneratorBuild:
     layers: str = "all"  # "all" or "a,b,c" (0-based; negative from the last)
-    memory: str = "fp16"  # softknn.gen_memory.GEN_MEMORY_KINDS
+    memory: str = "fp16"  # softknn.storage.layout.GEN_MEMORY_KINDS
     keep: float = 1.0  # fraction of each chunk's tokens stored (softknn.gen_memory.select_tokens)
 
     def check(self) -> GeneratorBuild:

@@ -12,15 +12,15 @@ made; nothing that calls it changes:
 - ChunkSearch: dense search over the KB's chunk embeddings (top k, exact similarities, dot
   products of given rows). softknn.retrieval.chunk_index.ChunkIndex (flat, HNSW, IVF, IVF-PQ: the kind
   is chosen at build time by softknn.retrieval.chunk_index.choose_index and read back from the manifest), or a
-  sharded bundle's merge over its shards (softknn.shards); softknn.bundle.load_bundle picks one.
-- ShardBackend: where a sharded bundle's shards run (softknn.shards.Shard in every case): in
-  this process (softknn.shards.LocalShards) or as Ray actors (softknn.service.ray_serving.RayShards);
+  sharded bundle's merge over its shards (softknn.storage.shards); softknn.storage.bundle.load_bundle picks one.
+- ShardBackend: where a sharded bundle's shards run (softknn.storage.shards.Shard in every case): in
+  this process (softknn.storage.shards.LocalShards) or as Ray actors (softknn.service.ray_serving.RayShards);
   load_bundle's `shard_backend` factory picks one (None: in this process).
 - MemoryStore: the memory layer's keys/values of retrieved chunks, padded into a MemoryBatch.
-  softknn.memory_stores.KVStore (stored K/V), softknn.memory_stores.HiddenStore (hidden states, fp16 or
-  int8, projected on read), softknn.memory_stores.RecomputeStore (recomputed from the chunk text),
-  or a sharded bundle's fan-out (softknn.shards); softknn.memory_stores.load_memory picks one from
-  the manifest's `memory`, softknn.shards.load_sharded builds the sharded one.
+  softknn.storage.memory_stores.KVStore (stored K/V), softknn.storage.memory_stores.HiddenStore (hidden states, fp16 or
+  int8, projected on read), softknn.storage.memory_stores.RecomputeStore (recomputed from the chunk text),
+  or a sharded bundle's fan-out (softknn.storage.shards); softknn.storage.memory_stores.load_memory picks one from
+  the manifest's `memory`, softknn.storage.shards.load_sharded builds the sharded one.
 
 The retrieval that needs only these (no model) is softknn.retrieval.search.Retriever.
 
@@ -174,7 +174,7 @@ class ChunkSearch(Protocol):
 
 @runtime_checkable
 class ShardBackend(Protocol):
-    """The shards of a sharded bundle, wherever they run: a softknn.shards.Shard method per shard."""
+    """The shards of a sharded bundle, wherever they run: a softknn.storage.shards.Shard method per shard."""
 
     def call(self, method: str, args: list[tuple]) -> list:
         """`method(*args[s])` on every shard s, results in shard order."""

@@ -170,7 +170,7 @@ class Encoder:
     @property
     def tokenizer_lock(self) -> threading.Lock:
         """Held around every call of the wrapped tokenizer (it reconfigures itself per call): a caller
-        outside `tokenize` (the chunker of a KB write, softknn.index_builder.writes) takes it too."""
+        outside `tokenize` (the chunker of a KB write, softknn.storage.writes) takes it too."""
         return self._tokenizer_lock
 
     def tokenize(

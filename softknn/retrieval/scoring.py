@@ -127,7 +127,7 @@ def topk_candidates(dense_D: np.ndarray, dense_I: np.ndarray, cand: np.ndarray, 
                     pool: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """`topk_fast` from its parts: the candidates `cand` (ids ascending: dense top ∪ BM25 top m of
     a KB of n chunks), their dense similarities and BM25 scores, and b_(1), b_(m) over the KB
-    (a sharded KB merges them from every shard's own candidates: softknn.shards).
+    (a sharded KB merges them from every shard's own candidates: softknn.storage.shards).
 
     Every chunk outside the candidates has s = 0 (module docstring), so the answer is the
     reference's whenever the k-th best candidate scores > 0, or when the candidates are the whole

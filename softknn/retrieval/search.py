@@ -32,8 +32,8 @@ from softknn.retrieval.scoring import (
 )
 
 if TYPE_CHECKING:
-    from softknn.bundle import Bundle
-    from softknn.shards import ShardedBundle
+    from softknn.storage.layout import Bundle
+    from softknn.storage.shards import ShardedBundle
 
 MIXING = ("fixed", "joint")
 # A filtered search scores the passing chunks by brute force up to this many (the flat index's own
@@ -145,7 +145,7 @@ class Retrieval:
 
 
 class Retriever:
-    """R over one bundle (a softknn.bundle.Bundle or softknn.shards.ShardedBundle): its chunk
+    """R over one bundle (a softknn.storage.layout.Bundle or softknn.storage.shards.ShardedBundle): its chunk
     search (`index`), BM25 index (`lexical`, None when built without one) and calibration."""
 
     def __init__(self, bundle: Bundle | ShardedBundle):

@@ -29,24 +29,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from softknn.bundle import load_bundle
 from softknn.common.errors import BundleError, DocumentNotFound, InputTooLarge, SoftKNNError, WriteRefused
 from softknn.engine import GROUP_SIZE, Engine, InferParams
 from softknn.generation import GenAnswer, GenEngine, GenParams
 from softknn.generator import Generator, Step
-from softknn.index_builder.writes import (
-    KBStore,
-    WriteResult,
-    has_pending_writes,
-    recover_swap,
-    renamed,
-    version_name,
-    writable,
-)
+from softknn.index_builder.documents import BuilderDocuments
 from softknn.model.encoder import Encoder
 from softknn.model.runtime import open_encoder
 from softknn.params import Settings, apply_threads
-from softknn.remote_bundle import Location, is_remote, localize, source_of
 from softknn.results import InferResult
 from softknn.retrieval.rerank import Reranker
 from softknn.service.batching import Batcher
@@ -60,6 +50,17 @@ from softknn.service.errors import (
     ServiceError,
 )
 from softknn.service.metrics import Metrics
+from softknn.storage.bundle import load_bundle
+from softknn.storage.remote import Location, is_remote, localize, source_of
+from softknn.storage.writes import (
+    KBStore,
+    WriteResult,
+    has_pending_writes,
+    recover_swap,
+    renamed,
+    version_name,
+    writable,
+)
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -313,7 +314,7 @@ class Runtime:
 
     async def open(self, path: Location) -> Engine:
         """Verify and load a bundle for the loaded model (in a thread; a URI fetched first into the
-        node-local cache, softknn.remote_bundle.localize), then one warm-up pass.
+        node-local cache, softknn.storage.remote.localize), then one warm-up pass.
 
         The warm-up goes through the batcher like any request, ahead of the queue: every forward
         pass of this process runs on the batcher's worker threads (one by default: two passes
@@ -339,7 +340,7 @@ class Runtime:
             path = localize(location)
             recover_swap(path)
             if has_pending_writes(path):  # acknowledged writes in its log: serve them (replayed), never the base alone
-                store = KBStore(path, self.model, use_gpu=self.settings.use_gpu_index)
+                store = KBStore(path, self.model, documents=BuilderDocuments(), use_gpu=self.settings.use_gpu_index)
                 engine = Engine(self.model, store.bundle)
                 self._stores[engine] = store
                 return engine
@@ -582,7 +583,7 @@ class Runtime:
         log.info("bundle swapped", extra={"kb": self.kb, "previous_version": previous, "version_id": engine.bundle.version})
         return previous, engine
 
-    # --- KB writes (softknn.index_builder.writes) -----------------------------------------------------
+    # --- KB writes (softknn.storage.writes) -----------------------------------------------------
     def _store(self, engine: Engine) -> KBStore:
         """The KBStore of the KB `engine` serves (opened on the first write, over the loaded bundle)."""
         store = self._stores.get(engine)
@@ -593,8 +594,8 @@ class Runtime:
             if uri is not None:  # a write into the cache would be lost with it, and never reach the store
                 raise WriteRefused(f"this KB is a cached copy of {uri}: writes are not supported on a bundle "
                                    "served from object storage; build the new version and reload it")
-            store = KBStore(engine.bundle.path, self.encoder, use_gpu=self.settings.use_gpu_index,
-                            base=engine.bundle)  # type: ignore[arg-type]  # not sharded: a Bundle
+            store = KBStore(engine.bundle.path, self.encoder, documents=BuilderDocuments(),
+                            use_gpu=self.settings.use_gpu_index, base=engine.bundle)  # type: ignore[arg-type]  # not sharded: a Bundle
         return store
 
     def document(self, doc_id: str) -> tuple[Engine, dict]:
@@ -636,7 +637,7 @@ class Runtime:
         return new
 
     async def compact(self) -> tuple[Engine, dict]:
-        """Fold the KB's logged writes into a new base bundle (softknn.index_builder.writes.KBStore.compact)."""
+        """Fold the KB's logged writes into a new base bundle (softknn.storage.writes.KBStore.compact)."""
         self.current()
         async with self._reload_lock:
             engine = self.current()

@@ -2,10 +2,10 @@
 
     softknn serve --bundle DIR --ray [--address ADDR] [--replicas R]
 
-- `RayShards`: one actor per shard (`softknn.shards.Shard`, the same class the in-process serving
+- `RayShards`: one actor per shard (`softknn.storage.shards.Shard`, the same class the in-process serving
   uses), created with `max_restarts=-1` so Ray restarts a shard whose process dies. Each actor is
   created for one shard version: at every (re)start it checks its own files' checksums (index,
-  embeddings, memory: softknn.shards.shard_own_files; the replica checks the metadata it opens)
+  embeddings, memory: softknn.storage.layout.shard_own_files; the replica checks the metadata it opens)
   and the version in its manifest, and refuses to open other files (a bundle rebuilt in place: the actor stays
   dead rather than serve the new rows to a replica merging them with the old ones). Every answer
   carries the version the shard holds, and one that is not the replica's is refused
@@ -39,8 +39,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from softknn.common.errors import BundleError, ShardMismatch, ShardsNotPlaced, ShardUnavailable
-from softknn.remote_bundle import is_remote
-from softknn.shards import Shard
+from softknn.storage.remote import is_remote
+from softknn.storage.shards import Shard
 
 if TYPE_CHECKING:
     from ray.actor import ActorClass
@@ -89,7 +89,7 @@ class RayShards:
         names: detached named actors (the Coordinator's; they outlive this object) instead of owned ones,
         `copies` per shard, shard-major (actor_names); versions: per shard the version its answers must
         carry (None: not checked); local_reads: memory rows of a shard on this machine are read from its
-        files by the caller (softknn.shards.map_local), not sent by the actor."""
+        files by the caller (softknn.storage.shards.map_local), not sent by the actor."""
         import ray
 
         if copies < 1:
@@ -450,9 +450,9 @@ class Coordinator:
 
     def _open(self, path: str, gen: int) -> dict:
         """Open `path`'s shard set (generation `gen`), or raise: {version, names}."""
-        from softknn.manifest import Manifest
-        from softknn.remote_bundle import is_remote, read_location_manifest
-        from softknn.shards import shard_specs
+        from softknn.storage.manifest import Manifest
+        from softknn.storage.remote import is_remote, read_location_manifest
+        from softknn.storage.shards import shard_specs
 
         location = path if is_remote(path) else Path(path)  # a URI: the shards fetch their own files
         m = Manifest.of(read_location_manifest(location), f"{path}/manifest.json")
@@ -869,7 +869,7 @@ def ray_initialized() -> bool:
 
 def _shard_count(settings) -> int:
     """How many shard actors serving settings.bundle starts (0 for an unsharded bundle)."""
-    from softknn.remote_bundle import read_location_manifest
+    from softknn.storage.remote import read_location_manifest
 
     try:
         return len(read_location_manifest(settings.bundle).get("shards") or [])

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softknn.bundle import sha256_file, verify_bundle
 from softknn.index_builder import pipeline
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.service.testing import free_port
+from softknn.storage.layout import sha256_file, verify_bundle
 from tests.ray_nodes import ray_env, start_node, stop_node, wait_for_cpus
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.bundle import load_bundle, verify_bundle
 from softknn.common.errors import BundleError
 from softknn.engine import Engine
-from softknn.gen_memory import ChunkKV, GeneratorStore, generator_files
+from softknn.gen_memory import ChunkKV, GeneratorStore
 from softknn.generation import GenEngine, GenParams
 from softknn.generator import Generator, Sampling
 from softknn.index_builder.generator_memory import BATCH
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import generator_files, verify_bundle
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.bundle import lexical_summary, load_bundle
 from softknn.engine import Engine, InferParams
 from softknn.evidence import _word_spans
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.reference import reference_embedding
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import lexical_summary
 
 QUERY = "Can I bring my dog on the Coral Line ferry to Brindlewick?"
 

@@ -78,7 +78,7 @@ def test_faiss_flat_search_breaks_ties_by_the_lower_id_even_at_the_boundary():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_kv_gather_equals_the_per_chunk_reference(dtype):
-    from softknn.memory_stores import KVStore
+    from softknn.storage.memory_stores import KVStore
 
     rng = np.random.default_rng(11)
     count = rng.integers(1, 9, size=30)

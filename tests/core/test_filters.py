@@ -12,7 +12,6 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from softknn.bundle import load_bundle
 from softknn.cli import sample_kb_path
 from softknn.common.errors import InvalidInput
 from softknn.engine import Engine, InferParams
@@ -28,6 +27,7 @@ from softknn.retrieval.filters import (
     mask_reference,
     parse_filter,
 )
+from softknn.storage.bundle import load_bundle
 from tests.numerics import assert_tree_close
 
 QUERIES = ["Can I bring my dog on the ferry?", "refund for a cancelled sailing", "wheelchair access at the pier",

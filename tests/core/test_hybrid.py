@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softknn.bundle import load_bundle, verify_bundle
 from softknn.common.errors import InvalidInput
 from softknn.engine import Engine, InferParams
 from softknn.reference import reference_embedding, similarity_reference
 from softknn.retrieval.lexical import Analyzer, LexicalIndex, LexicalSpec, bm25_reference
 from softknn.retrieval.scoring import norm_top, scores_reference, topk_fast, topk_reference
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import verify_bundle
 
 QUERIES = ["Can I bring my dog on the Coral Line ferry to Brindlewick?", "refund for a cancelled sailing",
            "wheelchair access at Saltbridge Pier", "lost property", "How long should I boil an egg?",

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.bundle import load_bundle, read_manifest, verify_bundle, version_id
 from softknn.common.errors import BundleError
 from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.memory_stores import MEMORY_KINDS, HiddenStore, RecomputeStore
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest, verify_bundle, version_id
+from softknn.storage.memory_stores import MEMORY_KINDS, HiddenStore, RecomputeStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")

@@ -68,8 +68,8 @@ def _last_digit(number: str) -> float:
 
 
 def test_readme_curl_sample_is_what_the_service_answers(engine):
-    from softknn.bundle import version_id
     from softknn.engine import InferParams
+    from softknn.storage.layout import version_id
 
     readme = (ROOT / "README.md").read_text()
     request = json.loads(re.search(r"-d '(\{.*?\})'", readme).group(1))

@@ -11,11 +11,12 @@ import orjson
 import pytest
 
 from softknn import results
-from softknn.bundle import MANIFEST, load_bundle, read_manifest, version_id
 from softknn.common.errors import BundleError
 from softknn.engine import InferParams
-from softknn.manifest import Manifest
 from softknn.service import schemas
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import MANIFEST, read_manifest, version_id
+from softknn.storage.manifest import Manifest
 
 # each result dataclass and the response model that documents it for OpenAPI
 PAIRS = [(results.InferResult, schemas.InferResult), (results.EvidenceItem, schemas.EvidenceItem),

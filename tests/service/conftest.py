@@ -18,13 +18,13 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from softknn.bundle import version_id
 from softknn.cli import sample_kb_path
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.params import Settings
 from softknn.results import InferResult
 from softknn.service.app import create_app
 from softknn.service.testing import LiveServer, wait_ready
+from softknn.storage.layout import version_id
 from tests.numerics import close
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,6 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from softknn.bundle import load_bundle
 from softknn.cli import sample_kb_path
 from softknn.engine import Engine
 from softknn.generation import GenEngine, GenParams
@@ -21,6 +20,7 @@ from softknn.generator import Generator, Sampling
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.service.app import create_app
 from softknn.service.testing import threaded_server, wait_ready
+from softknn.storage.bundle import load_bundle
 from tests.service.conftest import settings_for
 
 QUESTION = "How much is an adult single on the Amber Line?"

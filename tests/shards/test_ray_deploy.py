@@ -16,9 +16,10 @@ import httpx
 import numpy as np
 import pytest
 
-from softknn.bundle import load_bundle, read_manifest
 from softknn.engine import Engine, InferParams
 from softknn.service.testing import ADMIN_TOKEN, LiveServer, free_port, wait_ready
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest
 from tests.shards.test_sharded import QUERIES
 
 ray = pytest.importorskip("ray")

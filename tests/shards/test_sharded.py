@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.bundle import load_bundle, read_manifest, verify_bundle
 from softknn.common.errors import BundleError
 from softknn.engine import Engine, InferParams
 from softknn.results import InferResult
-from softknn.shards import ShardedBundle, shard_ranges
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest, verify_bundle
+from softknn.storage.shards import ShardedBundle, shard_ranges
 from tests.numerics import close
 
 QUERIES = ["When does the first ferry leave on Sundays?", "Can I bring my bicycle on board?",
@@ -205,7 +206,7 @@ def test_a_shard_opens_only_the_version_it_was_created_for(sharded_bundle_path, 
     open; `run` answers with the version the shard holds, and a caller expecting another refuses it."""
     from softknn.common.errors import ShardMismatch
     from softknn.service.ray_serving import RayShards
-    from softknn.shards import Shard
+    from softknn.storage.shards import Shard
 
     sh = read_manifest(sharded_bundle_path)["shards"][1]
     d = sharded_bundle_path / sh["dir"]
@@ -231,7 +232,7 @@ def test_a_read_only_query_is_scored_without_a_torch_warning(sharded_bundle_path
     import sys
     from pathlib import Path
 
-    code = ("import warnings, sys, numpy as np; warnings.simplefilter('error'); from softknn.shards import Shard; "
+    code = ("import warnings, sys, numpy as np; warnings.simplefilter('error'); from softknn.storage.shards import Shard; "
             "s = Shard(sys.argv[1], 0); xq = np.ones((2, s.bundle.index.xb.shape[1]), dtype=np.float32); "
             "xq.flags.writeable = False; print(s.similarities(xq).shape)")
     r = subprocess.run([sys.executable, "-c", code, str(sharded_bundle_path / "shard-0000")], capture_output=True,
@@ -246,7 +247,7 @@ def test_a_shard_s_memory_is_mapped_here_only_from_the_very_files_it_mapped(shar
     (None: the rows are then read through the shard)."""
     import os
 
-    from softknn.shards import Shard, host_id, map_local
+    from softknn.storage.shards import Shard, host_id, map_local
 
     d = tmp_path / "b"
     shutil.copytree(sharded_bundle_path, d)

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-import softknn.bundle as bundle_mod
-from softknn.bundle import load_bundle, read_manifest
+import softknn.storage.bundle as bundle_mod
 from softknn.common.errors import BundleError
-from softknn.manifest import Manifest
-from softknn.shards import LocalShards, Shard, replica_files, shard_own_files, shard_specs
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest, replica_files, shard_own_files
+from softknn.storage.manifest import Manifest
+from softknn.storage.shards import LocalShards, Shard, shard_specs
 
 
 @pytest.fixture

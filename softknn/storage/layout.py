@@ -1,4 +1,9 @@
-"""The on-disk index bundle: manifest, checksums, atomic write, load + verify. Nothing is unpickled.
+"""The on-disk bundle, below every module that reads or writes one: file names, checksums, atomic
+writes, the manifest read and verified, and one plain (unsharded) bundle directory opened.
+
+bundle.py (load, finalize), shards.py (a shard is a plain bundle; the sharded layout's files) and
+remote.py (what a node fetches and checks) share these, so the three import this module and not
+each other: layout and manifest at the bottom, then remote, then shards, then bundle.
 
 A bundle is one directory:
     manifest.json      format version, model + weight fingerprint, layer, index spec, counts,
@@ -8,15 +13,16 @@ A bundle is one directory:
     mem_hidden.npy     (Ntok, C) float32 layer-L input hidden states of every chunk's non-special
                        tokens (the default memory `hidden`: K/V are projected from them at query
                        time); the manifest's `memory` names the representation and its files
-                       (softknn.memory_stores), e.g. `kv`: kv_keys.npy and kv_values.npy
+                       (softknn.storage.memory_stores), e.g. `kv`: kv_keys.npy and kv_values.npy
                        (Ntok, nh, hs), the keys and values themselves
     chunk_tokens.npy   (N, 2) int64: first memory row and token count of each chunk
     token_spans.npy    (Ntok, 2) int64: each memory token's char span in its document
     chunks.jsonl       per chunk: chunk_id, doc_id, text, start, end (char span), label, metadata
     lexical/           the BM25 index of the chunks (softknn.retrieval.lexical; bm25s's files, no pickles);
                        optional: a bundle without it (built before it existed) serves dense-only
+    generator/         the generator's memory, with a generator (softknn.generate.memory: its files below)
 
-A sharded bundle (`--shards N`, softknn.shards) is a manifest over N such bundles in shard-NNNN/.
+A sharded bundle (`--shards N`, softknn.storage.shards) is a manifest over N such bundles in shard-NNNN/.
 """
 
 from __future__ import annotations
@@ -24,26 +30,34 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
 from softknn.common.errors import BundleError
-from softknn.gen_memory import generator_files
-from softknn.manifest import Manifest
-from softknn.memory_stores import DEFAULT_MEMORY, MEMORY_FILES, MemoryStore, load_memory, memory_files, memory_summary
 from softknn.retrieval.chunk_index import ChunkIndex, IndexSpec
 from softknn.retrieval.lexical import LEXICAL_FILES, LexicalIndex, LexicalSpec
 from softknn.retrieval.scoring import default_mode
+from softknn.storage.manifest import Manifest
+from softknn.storage.memory_stores import (
+    DEFAULT_MEMORY,
+    MEMORY_FILES,
+    MemoryStore,
+    load_memory,
+    memory_files,
+    memory_summary,
+)
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 CORE_FILES = ("embeddings.npy", "index.faiss", "chunk_tokens.npy", "token_spans.npy", "chunks.jsonl")
 DATA_FILES = CORE_FILES[:2] + MEMORY_FILES[DEFAULT_MEMORY] + CORE_FILES[2:]  # a bundle of the default memory `hidden`
+GEN_DIR = "generator"  # the generator memory's folder (softknn.generate.memory writes and reads it)
+GEN_MEMORY_KINDS = ("fp32", "fp16", "int8", "q4", "q2", "recompute")
+BITS = {"q4": 4, "q2": 2}  # the quantised kinds' bits per code: their files carry ranges
+SHARD_DIR = "shard-{:04d}"
 
 
 def data_files(memory: str, lexical: bool = False, generator: str | None = None,
@@ -98,54 +112,66 @@ def save_array(path: Path, array: np.ndarray) -> None:
         np.lib.format.write_array(_PlainWriter(f), np.ascontiguousarray(array), allow_pickle=False)
 
 
+def allocated_memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.memmap:
+    """A new .npy memory map whose blocks are allocated up front.
+
+    numpy's open_memmap makes a sparse file; writing through the map into a full disk then kills the
+    process with SIGBUS (seen on a full tmpfs) instead of raising. posix_fallocate raises ENOSPC here.
+    """
+    arr = np.lib.format.open_memmap(path, "w+", dtype, shape)
+    with open(path, "r+b") as f:
+        os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
+    return arr
+
+
 def version_id(manifest: dict) -> str:
     """Content address: sha256 of the manifest without its own id and creation time."""
     body = {k: v for k, v in manifest.items() if k not in ("version_id", "created_at")}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def finalize(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False,
-             names: list[str] | None = None) -> dict:
-    """Checksum every data file in tmp_dir, write the manifest, and rename tmp_dir to out.
-
-    If `out` exists it is refused unless `force`; then it is moved aside first and removed only
-    after the new bundle is in place, so a crash leaves either the old or the new bundle.
-    """
-    files = {}
-    for name in names if names is not None else record_files(manifest):
-        p = tmp_dir / name
-        if not p.is_file():
-            raise BundleError(f"{p}: missing while finalizing the bundle")
-        files[name] = {"sha256": sha256_file(p), "bytes": p.stat().st_size}
-    manifest = dict(manifest, format_version=FORMAT_VERSION, files=files)
-    manifest.setdefault("created_at", datetime.now(UTC).isoformat(timespec="seconds"))
-    manifest["version_id"] = version_id(manifest)
-    atomic_write_bytes(tmp_dir / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-    fsync_dir(tmp_dir)
-    old = None
-    if out.exists():
-        if not force:
-            raise BundleError(f"{out}: already exists; pass --force to replace it")
-        old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-        os.replace(out, old)
-    os.replace(tmp_dir, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return manifest
+def generator_files(kind: str | None, selected: bool = False) -> tuple[str, ...]:
+    """The files a bundle's generator memory of `kind` holds (none without a generator)."""
+    if kind is None:
+        return ()
+    if kind not in GEN_MEMORY_KINDS:
+        raise ValueError(f"generator memory must be one of {GEN_MEMORY_KINDS}, not {kind!r}")
+    files = [f"{GEN_DIR}/tokens.npy", f"{GEN_DIR}/offsets.npy"]
+    if kind != "recompute":
+        files.append(f"{GEN_DIR}/kv.npy")
+    if kind == "int8":
+        files.append(f"{GEN_DIR}/kv_scale.npy")
+    if kind in BITS:
+        files += [f"{GEN_DIR}/k_range.npy", f"{GEN_DIR}/v_range.npy"]
+    if selected and kind != "recompute":
+        files += [f"{GEN_DIR}/kept.npy", f"{GEN_DIR}/kv_offsets.npy"]
+    return tuple(files)
 
 
-def write_calibration(bundle: Path, calibration: dict) -> dict:
-    """Set the manifest's calibration section, recompute version_id, write manifest.json atomically.
+def shard_files(dirs: Manifest | list[str], memory: str = "kv", lexical: bool = False) -> list[str]:
+    """Every file a sharded bundle must hold, relative to its directory (shard manifests included):
+    of a typed manifest, or of the shard dirs, memory kind and lexical flag of one being written."""
+    if isinstance(dirs, Manifest):
+        names, memory, lexical = [sh.dir for sh in dirs.shards or ()], dirs.memory, dirs.lexical is not None
+    else:
+        names = dirs
+    out = []
+    for d in names:
+        out.append(f"{d}/{MANIFEST}")
+        out += [f"{d}/{name}" for name in data_files(memory, lexical)]
+    return out
 
-    The bundle is verified first (checksums), so a corrupt bundle is never re-stamped.
-    """
-    bundle = Path(bundle)
-    manifest = verify_bundle(bundle)
-    manifest["calibration"] = calibration
-    manifest["version_id"] = version_id(manifest)
-    atomic_write_bytes(bundle / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-    return manifest
+
+def shard_own_files(memory: str) -> tuple[str, ...]:
+    """The files of a shard directory only the shard opens (and checks): its index, embeddings and memory."""
+    return ("embeddings.npy", "index.faiss", *memory_files(memory))
+
+
+def replica_files(m: Manifest) -> list[str]:
+    """The files of a sharded bundle the serving process opens (and checks): every shard's manifest,
+    chunks, chunk token ranges, token spans and lexical index; the rest are the shards' own."""
+    own = set(shard_own_files(m.memory))
+    return [name for name in shard_files(m) if name.split("/", 1)[1] not in own]
 
 
 def fsync_dir(path: Path) -> None:
@@ -173,14 +199,12 @@ def read_manifest(path: Path) -> dict:
 
 
 def verify_bundle(path: Path) -> dict:
-    """Check the manifest (its fields, softknn.manifest) and every file's size and sha256; return
+    """Check the manifest (its fields, softknn.storage.manifest) and every file's size and sha256; return
     the manifest as written (the dict its version_id hashes) or raise BundleError. `softknn verify`;
-    loading checks only the files the loading process opens (`load_bundle`, softknn.shards)."""
+    loading checks only the files the loading process opens (`load_bundle`, softknn.storage.shards)."""
     path = Path(path)
     raw = read_manifest(path)
     m = Manifest.of(raw, path / MANIFEST)
-    from softknn.shards import shard_files
-
     gen = m.generator.memory if m.generator is not None else None
     selects = m.generator is not None and m.generator.keep < 1.0
     verify_files(path, m, shard_files(m) if m.sharded else data_files(m.memory, m.lexical is not None, gen, selects))
@@ -219,7 +243,7 @@ class Bundle:
     path: Path
     manifest: Manifest
     index: ChunkIndex
-    kv: MemoryStore  # the memory layer's K/V source, whatever the representation (softknn.memory_stores)
+    kv: MemoryStore  # the memory layer's K/V source, whatever the representation (softknn.storage.memory_stores)
     chunks: list[dict]
     token_spans: np.ndarray  # (Ntok, 2)
     labels: list[str] = field(default_factory=list)
@@ -288,45 +312,14 @@ def load_npy(path: Path) -> np.ndarray:
         raise BundleError(f"{path}: not a plain numeric array ({e}); a bundle never holds pickled objects") from e
 
 
-def load_bundle(
-    path: Path, *, expected_fingerprint: str | None = None, verify: bool = True, use_gpu: bool = False,
-    shard_backend=None,
-) -> Bundle:
-    """Verify (checksums) and load a bundle; refuse one built with other model weights.
-
-    `verify`: the manifest (its version_id, and a sharded bundle's shard manifests) and the size and
-    sha256 of every file this process opens, once. Of a sharded bundle that is the metadata the
-    serving process keeps (per shard: manifest, chunks, chunk token ranges, token spans, lexical
-    index; softknn.shards.replica_files); each shard checks its own bulk files where it opens them
-    (softknn.shards.Shard: embeddings, FAISS index, memory), in this process or in its Ray actor.
-
-    A sharded bundle loads as a softknn.shards.ShardedBundle (the same interface), its shards in
-    this process or, with `shard_backend` (softknn.service.ray_serving.RayShards.factory(...)), elsewhere.
-    The one place the chunk search (softknn.model.backends.ChunkSearch) is chosen: the manifest's index
-    in a ChunkIndex, or the shards' merge; the memory store is load_memory's choice."""
+def open_bundle(path: Path, manifest: Manifest | None = None, *, use_gpu: bool = False) -> Bundle:
+    """Open the plain (unsharded) bundle at `path` (its manifest read here when not given), its files
+    as they are: load_bundle checks them first, a shard (softknn.storage.shards.Shard) checks its own."""
     import faiss
 
     path = Path(path)
-    raw = read_manifest(path)
-    manifest = Manifest.of(raw, path / MANIFEST)
-    if verify:  # the files this process opens, each once; a sharded bundle's shards check their own
-        from softknn.shards import replica_files
-
-        gen = manifest.generator.memory if manifest.generator is not None else None
-        selects = manifest.generator is not None and manifest.generator.keep < 1.0
-        verify_files(path, manifest, replica_files(manifest) if manifest.sharded
-                     else data_files(manifest.memory, manifest.lexical is not None, gen, selects))
-        check_versions(path, raw, manifest)
-    fp = manifest.model.fingerprint
-    if expected_fingerprint is not None and fp != expected_fingerprint:
-        raise BundleError(
-            f"{path}: built with model weights {fp[:12]}…, but the loaded model is {expected_fingerprint[:12]}…"
-            f" ({manifest.model.name}); rebuild the bundle with this model"
-        )
-    if manifest.sharded:
-        from softknn.shards import load_sharded
-
-        return load_sharded(path, manifest, backend_factory=shard_backend, use_gpu=use_gpu, verify=verify)  # type: ignore[return-value]  # ShardedBundle stands in for Bundle (duck-typed)
+    if manifest is None:
+        manifest = Manifest.of(read_manifest(path), path / MANIFEST)
     load = lambda name: load_npy(path / name)  # noqa: E731
     xb = load("embeddings.npy")
     try:

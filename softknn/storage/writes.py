@@ -2,7 +2,7 @@
 
 A bundle directory is the *base*, as the builder (or a compaction) wrote it. Writes are document
 operations in a write-ahead log, `DIR/writes/wal.log`, each fsynced before it is acknowledged, and
-applied to an in-memory *version* of the KB: a softknn.bundle.Bundle whose rows are the KB's
+applied to an in-memory *version* of the KB: a softknn.storage.layout.Bundle whose rows are the KB's
 chunks in KB order (the base's documents in bundle order; a put of an existing id keeps its place,
 a new id goes to the end), with the FAISS index, BM25 index and (labelled KB) calibration of that
 KB, computed by the builder's own functions, so a version answers as a fresh build of its KB does.
@@ -25,23 +25,21 @@ import threading
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import faiss
 import numpy as np
 
-from softknn.bundle import Bundle, finalize, fsync_dir, load_bundle, save_array
 from softknn.common.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
-from softknn.index_builder.chunker import chunk_documents
-from softknn.index_builder.pipeline import BuildConfig, allocated_memmap, encode_batch
-from softknn.index_builder.reader import Document, Fields, read_kb, record_document
-from softknn.manifest import Manifest
-from softknn.memory_stores import HIDDEN_DTYPES, HiddenStore, KVStore, RecomputeStore
 from softknn.retrieval.calibration import calibrate_loo
 from softknn.retrieval.chunk_index import ChunkIndex, IndexSpec, build_index, choose_index
 from softknn.retrieval.lexical import Analyzer, LexicalIndex, LexicalSpec
 from softknn.retrieval.scoring import CANDIDATES
 from softknn.retrieval.search import InferParams
+from softknn.storage.bundle import finalize, load_bundle
+from softknn.storage.layout import Bundle, allocated_memmap, fsync_dir, read_manifest, save_array
+from softknn.storage.manifest import Manifest
+from softknn.storage.memory_stores import HIDDEN_DTYPES, HiddenStore, KVStore, RecomputeStore
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +247,21 @@ def version_seq(version: str) -> int:
     return int(version.rsplit("+w", 1)[1]) if "+w" in version else 0
 
 
+class DocumentBuilder(Protocol):
+    """What a write asks of the builder, passed in (softknn.index_builder.documents.BuilderDocuments),
+    so that the storage layer imports no app: a document record read by the builder's own rules, and
+    its chunks encoded as a build of the bundle encodes them."""
+
+    def document(self, record: object, doc_id: str, where: str) -> Any:
+        """The document of `record` (its .text, .label, .metadata), or KBFormatError naming `where`."""
+        ...
+
+    def encode(self, doc: Any, encoder: Any, manifest: Manifest) -> tuple[list[Any], list[dict[str, np.ndarray]]]:
+        """(doc's chunks, each with .text and .record(); per batch of them the builder's arrays:
+        emb, counts, spans and the memory rows), chunked and encoded by `manifest`'s build settings."""
+        ...
+
+
 class KBStore:
     """A bundle that takes writes: `bundle` is the current version (swap it into an Engine per
     write), `put`/`delete` log then apply, `document` reads one, `compact` folds the log into a new base.
@@ -256,11 +269,13 @@ class KBStore:
     Writes are serialised by one lock; `bundle` is replaced in one assignment, so a reader holds one
     version throughout. The same class runs in the service and behind `softknn add/remove`."""
 
-    def __init__(self, path: Path, encoder, *, use_gpu: bool = False, verify: bool = True,
-                 base: Bundle | None = None):
-        """`base`: the bundle at `path`, already loaded (and verified) by the caller."""
+    def __init__(self, path: Path, encoder, *, documents: DocumentBuilder, use_gpu: bool = False,
+                 verify: bool = True, base: Bundle | None = None):
+        """`documents`: the builder's reading and encoding of a document; `base`: the bundle at `path`,
+        already loaded (and verified) by the caller."""
         self.path = Path(path)
         self.encoder = encoder
+        self.documents = documents
         self.use_gpu = use_gpu
         self.lock = threading.RLock()
         recover_swap(self.path)
@@ -277,12 +292,6 @@ class KBStore:
         self.base_raw = m.raw
         self.base_vid = base.version.split("+w")[0]  # the manifest's id (a caller may pass the base renamed)
         self.base_seq = int((m.raw.get("writes") or {}).get("seq", 0))
-        build = m.raw.get("build") or {}
-        self.cfg = BuildConfig(layer=m.memory_layer, chunk_tokens=build.get("chunk_tokens"),
-                               overlap=int(build.get("overlap", 32)), batch_size=int(build.get("batch_size", 32)),
-                               kv_dtype=m.kv_dtype, memory=m.memory)
-        if self.cfg.chunk_tokens is None:
-            self.cfg.chunk_tokens = self.encoder.max_seq_length - 8
         self.lexical_spec = LexicalSpec.from_manifest(m.lexical.settings) if m.lexical is not None else None
         self.analyzer = Analyzer(self.lexical_spec) if self.lexical_spec is not None else None
         # recalibrate as a default build would: unless the base is a labelled KB built without calibration
@@ -332,7 +341,7 @@ class KBStore:
             if doc is None:
                 state.written.pop(doc_id, None)
                 continue
-            state = self._with_document(state, record_document(doc, doc_id, f"{WAL} record for {doc_id!r}"), doc)
+            state = self._with_document(state, self.documents.document(doc, doc_id, f"{WAL} record for {doc_id!r}"), doc)
         self.state, self.seq = state, records[-1].seq
         log.info("replayed %d writes (up to seq %d) over %s", len(records), self.seq, self.path)
 
@@ -342,7 +351,7 @@ class KBStore:
         doc_id = check_doc_id(doc_id)
         if not isinstance(record, dict):
             raise KBFormatError("a document is a JSON object: {\"text\": ..., \"label\": ..., \"metadata\": {...}}")
-        doc = record_document(record, doc_id, f"document {doc_id!r}")
+        doc = self.documents.document(record, doc_id, f"document {doc_id!r}")
         stored = {"text": doc.text, "label": doc.label, "metadata": doc.metadata}
         refs = self._encode(doc)  # before the lock: a bad document costs no other write anything
         with self.lock:
@@ -388,18 +397,11 @@ class KBStore:
         """Writes in the log that the base does not hold yet."""
         return self.seq - self.base_seq
 
-    # --- a document's chunks, encoded by the builder's own code --------------------------------
-    def _encode(self, doc: Document):
-        with self.encoder.tokenizer_lock:
-            chunks = chunk_documents([doc], self.encoder.tokenizer, int(self.cfg.chunk_tokens or 0), self.cfg.overlap)
-        arrays = []
-        for i in range(0, len(chunks), self.cfg.batch_size):
-            part = chunks[i : i + self.cfg.batch_size]
-            arrays.append(encode_batch(self.encoder, [c.text for c in part], [c.start for c in part],
-                                       self.cfg.layer % self.encoder.info.num_layers, self.cfg))
-        return chunks, arrays
+    # --- a document's chunks, encoded by the builder's own code (self.documents) ------------------
+    def _encode(self, doc):
+        return self.documents.encode(doc, self.encoder, self.base.manifest)
 
-    def _attach(self, state: State, doc: Document, encoded, stored: dict) -> State:
+    def _attach(self, state: State, doc, encoded, stored: dict) -> State:
         """`state` with `doc`'s encoded chunks appended to the rows and the document in KB order."""
         chunks, arrays = encoded
         emb, spans, mem = state.emb, state.spans, dict(state.mem)
@@ -411,7 +413,7 @@ class KBStore:
             if "keys" in mem:
                 mem["keys"], mem["values"] = mem["keys"].appended(part["keys"]), mem["values"].appended(part["values"])
             elif "hidden" in mem:
-                mem["hidden"] = mem["hidden"].appended(part["hidden"].astype(HIDDEN_DTYPES[self.cfg.memory]))
+                mem["hidden"] = mem["hidden"].appended(part["hidden"].astype(HIDDEN_DTYPES[self.base.manifest.memory]))
             firsts = np.concatenate([[0], np.cumsum(part["counts"])[:-1]])
             for j, (n, f) in enumerate(zip(part["counts"].tolist(), firsts.tolist(), strict=True)):
                 c = chunks[len(refs)]
@@ -421,7 +423,7 @@ class KBStore:
         docs[doc.doc_id] = tuple(refs)  # an existing id keeps its place; a new one goes to the end
         return State(docs, emb, mem, spans, {**state.written, doc.doc_id: stored})
 
-    def _with_document(self, state: State, doc: Document, stored: dict) -> State:
+    def _with_document(self, state: State, doc, stored: dict) -> State:
         return self._attach(state, doc, self._encode(doc), stored)
 
     # --- a version: the bundle a fresh build of the KB would be ----------------------------------
@@ -570,8 +572,6 @@ def has_pending_writes(path: Path) -> bool:
     wal = Path(path) / WAL
     if not wal.is_file() or wal.stat().st_size == 0:
         return False
-    from softknn.bundle import read_manifest
-
     seq = int((read_manifest(path).get("writes") or {}).get("seq", 0))
     recs, _, _ = read_log(wal)
     return bool(recs) and recs[-1].seq > seq
@@ -590,11 +590,6 @@ def recover_swap(path: Path) -> None:
     if path.exists():
         for stale in parent.glob(f".{path.name}.tmp-compact-*"):
             shutil.rmtree(stale, ignore_errors=True)
-
-
-def kb_documents(kb: Path, fields: Fields = Fields()) -> list[Document]:
-    """The documents of a KB (a file or folder the builder reads), for `softknn add`."""
-    return read_kb(Path(kb), fields)
 
 
 def verify_log(path: Path) -> dict:

@@ -1,7 +1,7 @@
 """A bundle's manifest, typed: what the core reads of `manifest.json`.
 
-The builder writes the manifest as a plain dict (index_builder, softknn.bundle.finalize) and its
-content address is the sha256 of that dict (`softknn.bundle.version_id`), so the dict stays the
+The builder writes the manifest as a plain dict (index_builder, softknn.storage.bundle.finalize) and its
+content address is the sha256 of that dict (`softknn.storage.layout.version_id`), so the dict stays the
 record on disk. Every reader goes through `Manifest`: parsed and checked once when a bundle is
 opened (a malformed manifest is a BundleError naming the field, never a KeyError later), read by
 attribute after. Unknown fields are kept (a newer builder's additions survive a round trip) and

@@ -36,6 +36,18 @@ from pydantic import StringConstraints
 
 from softknn.common.errors import BundleError
 from softknn.common.file_lock import exclusive_lock
+from softknn.storage.layout import (
+    FORMAT_VERSION,
+    MANIFEST,
+    atomic_write_bytes,
+    data_files,
+    fsync_dir,
+    read_manifest,
+    replica_files,
+    verify_bundle,
+    version_id,
+)
+from softknn.storage.manifest import Manifest
 
 URI_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]*://"
 URI = re.compile(URI_PATTERN)
@@ -44,7 +56,7 @@ Location = Path | RemoteURI  # where a bundle is: a local directory or a URI in 
 SOURCE = "source.json"  # in a cached copy: the URI it came from (not part of the bundle; not checksummed)
 CACHE_ENV = "SOFTKNN_CACHE_DIR"
 KEEP_ENV, DEFAULT_KEEP = "SOFTKNN_CACHE_KEEP", 3
-VERSION = re.compile(r"[0-9a-f]{16}")  # a version id (softknn.bundle.version_id): a cache folder's name
+VERSION = re.compile(r"[0-9a-f]{16}")  # a version id (softknn.storage.layout.version_id): a cache folder's name
 CHUNK = 1 << 22
 
 
@@ -74,8 +86,6 @@ def _join(root: str, name: str) -> str:
 
 def read_remote_manifest(uri: str) -> dict:
     """The manifest of the bundle at `uri`, checked as read_manifest checks a local one."""
-    from softknn.bundle import FORMAT_VERSION, MANIFEST
-
     fs, root = _fs(uri)
     try:
         data = fs.cat_file(_join(root, MANIFEST))
@@ -95,8 +105,6 @@ def read_remote_manifest(uri: str) -> dict:
 
 def holds_bundle(uri: str) -> bool:
     """Whether `uri` holds a bundle's top manifest (what `push` writes last)."""
-    from softknn.bundle import MANIFEST
-
     fs, root = _fs(uri)
     try:
         return bool(fs.exists(_join(root, MANIFEST)))
@@ -113,16 +121,11 @@ def staging_dir() -> Path:
 
 
 def read_location_manifest(location: str | Path) -> dict:
-    from softknn.bundle import read_manifest
-
     return read_remote_manifest(str(location)) if is_remote(location) else read_manifest(Path(location))
 
 
-def replica_names(m) -> list[str]:
-    """What a serving process opens of the bundle with manifest `m` (softknn.manifest.Manifest)."""
-    from softknn.bundle import data_files
-    from softknn.shards import replica_files
-
+def replica_names(m: Manifest) -> list[str]:
+    """What a serving process opens of the bundle with manifest `m` (softknn.storage.manifest.Manifest)."""
     if m.sharded:
         return replica_files(m)
     gen = m.generator.memory if m.generator is not None else None
@@ -131,8 +134,6 @@ def replica_names(m) -> list[str]:
 
 def _download(fs, src: str, dst: Path, want_bytes: int, want_sha: str | None, uri: str) -> None:
     """src → dst through a temporary file, hashed as it streams; refuse a wrong size or sha256."""
-    from softknn.bundle import fsync_dir
-
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.part-{os.getpid()}")
     h, n = hashlib.sha256(), 0
@@ -195,8 +196,6 @@ def evict(folder: Path, keep: int, current: Path) -> list[Path]:
 def _materialize(uri: str, names: list[str], raw: dict, local: Path) -> None:
     """Download each of `names` (checksummed in manifest `raw`) not yet in `local`, the manifest
     last; mark `local` as just opened and evict the folder's least recently opened versions."""
-    from softknn.bundle import MANIFEST, atomic_write_bytes
-
     files = raw.get("files") or {}
     fs, root = _fs(uri)
     with exclusive_lock(_lock_path(local)):
@@ -218,9 +217,6 @@ def _materialize(uri: str, names: list[str], raw: dict, local: Path) -> None:
 
 def _checked_manifest(uri: str):
     """The manifest at `uri`, raw and typed, its version_id the hash of its content (it names a cache folder)."""
-    from softknn.bundle import version_id
-    from softknn.manifest import Manifest
-
     raw = read_remote_manifest(uri)
     m = Manifest.of(raw, _join(uri, "manifest.json"))
     if version_id(raw) != m.version_id or not VERSION.fullmatch(m.version_id):
@@ -242,8 +238,6 @@ def localize(location: str | Path, cache: Path | None = None) -> Path:
 
 def fetch(uri: str, cache: Path | None = None) -> Path:
     """A shard directory's URI (`…/kb/shard-0001`) as a node-local directory with all its files."""
-    from softknn.bundle import data_files
-
     uri = uri.rstrip("/")
     raw, m = _checked_manifest(uri)
     # a shard's manifest lists its own files; the directory is keyed by the shard's version id
@@ -264,9 +258,6 @@ def source_of(directory: Path) -> str | None:
 def push(directory: Path, uri: str) -> int:
     """Upload the bundle in `directory` to `uri` (every file the manifests list, then the shard
     manifests, then the top manifest); the number of files uploaded. Refuses an unverified bundle."""
-    from softknn.bundle import MANIFEST, verify_bundle
-    from softknn.manifest import Manifest
-
     directory = Path(directory)
     raw = verify_bundle(directory)
     m = Manifest.of(raw, directory / MANIFEST)

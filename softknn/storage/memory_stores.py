@@ -35,9 +35,9 @@ import numpy as np
 import torch
 
 from softknn.common.errors import BundleError
-from softknn.manifest import Manifest
 from softknn.model.attention import MemoryBatch
 from softknn.model.backends import MemoryStore  # noqa: F401 (re-exported: what load_memory returns)
+from softknn.storage.manifest import Manifest
 
 MEMORY_KINDS = ("kv", "hidden", "hidden-fp16", "hidden-int8", "recompute")
 # What a build stores unless told otherwise: K/V equal to kv's to float round-off (measured bit-identical)
@@ -79,7 +79,7 @@ class KVStore:
                 torch.from_numpy(np.asarray(self.values[rows], dtype=np.float32)))
 
     def attach(self, encoder, layer: int) -> None:
-        """Stored K/V need no model (the hidden-state and recompute memories do: softknn.memory_stores)."""
+        """Stored K/V need no model (the hidden-state and recompute memories do: softknn.storage.memory_stores)."""
 
     def gather(self, ids: list[list[int]], weights: list[list[float]], device: torch.device) -> MemoryBatch:
         """Pad each input's chunks into a MemoryBatch: S = max |R|, Lm = the longest chunk.

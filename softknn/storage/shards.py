@@ -7,7 +7,7 @@ On disk (written by `softknn build KB --out DIR --shards N`, softknn.index_build
                                shard its directory, its global row range [lo, hi) and token range,
                                and its own version_id; `files`: size + sha256 of every file of
                                every shard (shard manifests included); one version_id over all
-    DIR/shard-0000/ ...        an ordinary bundle (softknn.bundle) of rows lo..hi−1 of the global
+    DIR/shard-0000/ ...        an ordinary bundle (softknn.storage.bundle) of rows lo..hi−1 of the global
                                chunk order: its own FAISS index, embeddings, memory (its token
                                rows of the manifest's representation), token spans,
                                chunks and BM25 index
@@ -42,7 +42,7 @@ with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engin
   an actor call; elsewhere, or when the files differ, it asks the shard.
 
 The serving process keeps the KB's metadata memory-mapped from disk for the evidence: the chunks
-(softknn.mapped_chunks.MappedChunks: 24 B per chunk resident, a row decoded when read), the token
+(softknn.storage.chunks.MappedChunks: 24 B per chunk resident, a row decoded when read), the token
 spans (np.load mmap_mode="r"); the chunk token ranges are two int64 per chunk in memory; the bulk (index, embeddings, K/V, BM25 postings scores) lives in the shards.
 """
 
@@ -52,23 +52,31 @@ import bisect
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import numpy as np
 import torch
 
 from softknn.common.errors import BundleError, ShardUnavailable  # noqa: F401 (re-exported)
-from softknn.manifest import Manifest
-from softknn.mapped_chunks import ChunkTexts, MappedChunks
-from softknn.memory_stores import pad_memory
 from softknn.model.attention import MemoryBatch
 from softknn.model.backends import MemoryStore, ShardBackend
-from softknn.remote_bundle import fetch, is_remote, source_of
-
-if TYPE_CHECKING:
-    from softknn.retrieval.lexical import LexicalIndex
-
-SHARD_DIR = "shard-{:04d}"
+from softknn.retrieval.chunk_index import IndexSpec
+from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
+from softknn.retrieval.scoring import best, candidates, top_m
+from softknn.storage.chunks import ChunkTexts, MappedChunks
+from softknn.storage.layout import (
+    MANIFEST,
+    bundle_summary,
+    check_versions,
+    load_npy,
+    open_bundle,
+    read_manifest,
+    shard_own_files,
+    verify_files,
+)
+from softknn.storage.manifest import Manifest
+from softknn.storage.memory_stores import HIDDEN_DTYPES, HiddenStore, RecomputeStore, memory_kind, pad_memory
+from softknn.storage.remote import fetch, is_remote, source_of
 
 
 def host_id() -> str | None:
@@ -103,36 +111,6 @@ def map_local(maps: dict | None) -> dict[str, np.ndarray] | None:
     return out
 
 
-def shard_files(dirs: Manifest | list[str], memory: str = "kv", lexical: bool = False) -> list[str]:
-    """Every file a sharded bundle must hold, relative to its directory (shard manifests included):
-    of a typed manifest, or of the shard dirs, memory kind and lexical flag of one being written."""
-    from softknn.bundle import MANIFEST, data_files
-
-    if isinstance(dirs, Manifest):
-        names, memory, lexical = [sh.dir for sh in dirs.shards or ()], dirs.memory, dirs.lexical is not None
-    else:
-        names = dirs
-    out = []
-    for d in names:
-        out.append(f"{d}/{MANIFEST}")
-        out += [f"{d}/{name}" for name in data_files(memory, lexical)]
-    return out
-
-
-def shard_own_files(memory: str) -> tuple[str, ...]:
-    """The files of a shard directory only the shard opens (and checks): its index, embeddings and memory."""
-    from softknn.memory_stores import memory_files
-
-    return ("embeddings.npy", "index.faiss", *memory_files(memory))
-
-
-def replica_files(m: Manifest) -> list[str]:
-    """The files of a sharded bundle the serving process opens (and checks): every shard's manifest,
-    chunks, chunk token ranges, token spans and lexical index; the rest are the shards' own."""
-    own = set(shard_own_files(m.memory))
-    return [name for name in shard_files(m) if name.split("/", 1)[1] not in own]
-
-
 # --- the per-shard work (in-process or inside a Ray actor) ------------------------------------------
 class Shard:
     """One shard's index, embeddings, memory and BM25 scores; ids in and out are global rows.
@@ -145,8 +123,6 @@ class Shard:
 
     def __init__(self, path: str | Path, lo: int, version: str | None = None, *, verify: bool = False,
                  use_gpu: bool = False):
-        from softknn.bundle import MANIFEST, check_versions, load_bundle, read_manifest, verify_files
-
         if is_remote(path):  # a shard of a bundle in object storage: its directory, fetched to this node
             path = fetch(str(path))
         path = Path(path)
@@ -159,7 +135,7 @@ class Shard:
             m = Manifest.of(raw, path / MANIFEST)
             verify_files(path, m, shard_own_files(m.memory))
             check_versions(path, raw, m)
-        self.bundle = load_bundle(path, verify=False, use_gpu=use_gpu)
+        self.bundle = open_bundle(path, use_gpu=use_gpu)
         self._maps = self._memory_files()  # before the check below: the files of the directory it checks
         if version is not None and self.bundle.version != version:
             raise BundleError(f"{path}: holds shard version {self.bundle.version}, but this shard was opened for "
@@ -229,8 +205,6 @@ class Shard:
         Lb its BM25 top pool ids and scores (the whole KB's statistics), and C, Cd, Cb its
         candidates I ∪ L (ascending) with their dense similarities (`exact`: the brute force's,
         else e_q·e_c of the stored rows) and BM25 scores. Ids global."""
-        from softknn.retrieval.scoring import best, candidates, top_m
-
         index, lex = self.bundle.index, cast("LexicalIndex", self.bundle.lexical)
         k = min(int(dsize), self.n)
         d_all = None
@@ -252,7 +226,7 @@ class Shard:
 
     def hidden_rows(self, rows: np.ndarray) -> np.ndarray:
         """(n, C) the stored hidden states of this shard's token rows `rows` (local), in their stored
-        dtype (memory `hidden*`; the caller dequantises and projects them: softknn.shards._HiddenRows)."""
+        dtype (memory `hidden*`; the caller dequantises and projects them: softknn.storage.shards._HiddenRows)."""
         return np.asarray(self.bundle.kv.hidden[np.asarray(rows, dtype=np.int64)])  # type: ignore[attr-defined]  # a HiddenStore
 
     def memory_scale(self) -> np.ndarray | None:
@@ -384,7 +358,7 @@ class _Spans:
 
 class _KV:
     """Stored K/V (memory `kv`) as the Engine sees it (softknn.model.backends.MemoryStore): `gather` pads
-    the retrieved chunks' token rows as one store does (softknn.memory_stores.pad_memory), the rows
+    the retrieved chunks' token rows as one store does (softknn.storage.memory_stores.pad_memory), the rows
     read from their shards (`rows`); `start`/`count` global."""
 
     def __init__(self, owner: ShardedBundle, start: np.ndarray, count: np.ndarray, nh: int, hs: int,
@@ -426,7 +400,7 @@ class _KV:
 
 
 class _HiddenRows:
-    """The KB's stored hidden states (Ntok, C) as softknn.memory_stores.HiddenStore reads them: an
+    """The KB's stored hidden states (Ntok, C) as softknn.storage.memory_stores.HiddenStore reads them: an
     indexed read `h[rows]` (global token rows) fetches each row from its shard, stored dtype kept,
     in the order asked. The replica's HiddenStore then dequantises and projects them with its own
     model in one GEMM over the same rows in the same order as the one-index bundle's store: the
@@ -460,8 +434,6 @@ def _sharded_memory(b: ShardedBundle, start: np.ndarray, count: np.ndarray, firs
     shards (`_KV`); hidden states read from the shards and projected here, where the model is
     (HiddenStore over `_HiddenRows`, with the KB's one int8 scale, which every shard holds a copy of);
     `recompute` here, from the chunk texts this process holds."""
-    from softknn.memory_stores import HIDDEN_DTYPES, HiddenStore, RecomputeStore, memory_kind
-
     m = b.manifest
     kind = memory_kind(m.memory)
     nh, hs = m.model.num_heads, m.model.head_dim
@@ -547,8 +519,6 @@ class ShardedBundle:
         return self.backend.call_some(method, shards, args)
 
     def summary(self) -> dict:
-        from softknn.bundle import bundle_summary
-
         return bundle_summary(self.path, self.manifest)
 
     def health(self) -> list[str]:
@@ -574,10 +544,6 @@ def load_sharded(path: Path, manifest: Manifest, *, backend_factory=None, use_gp
     """A sharded bundle's metadata (verified by load_bundle: replica_files), and its shards opened by
     `backend_factory(specs, version)` (specs: [(shard dir, lo, shard version_id)]; default: in this
     process, each checking its own files when `verify`): the one place a ShardBackend is chosen."""
-    from softknn.bundle import load_npy, read_manifest
-    from softknn.retrieval.chunk_index import IndexSpec
-    from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
-
     assert manifest.shards is not None, f"{path}: a sharded manifest lists its shards"  # load time, not a hot path
 
     path = Path(path)
