@@ -51,7 +51,7 @@ def search_ms(ci, xq: np.ndarray, k: int) -> dict:
 
 def run_size(n: int, xq: np.ndarray, texts: list[str], enc, kinds: list[str], n_delta: int) -> list[dict]:
     from bench.kb import cached_index, embeddings, synthetic_bundle
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
     from softknn.retrieval.chunk_index import choose_index
 
     xb = embeddings(n)

@@ -55,8 +55,8 @@ def _sha(p: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from softknn.engine import Engine, InferParams
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.infer.engine import Engine, InferParams
     from softknn.model.encoder import Encoder
     from softknn.storage.bundle import load_bundle
 

@@ -4,7 +4,7 @@
 
 On a bundle (default: bench/kb.py's real 10k bundle, `python -m bench kb`; the sample bundle with
 `--bundle`), real queries one at a time, per parameter set (`CONFIGS`), interleaved per query:
-    infer:  Engine.infer([q]) with the fast evidence (softknn.evidence.evidence_items) and with the
+    infer:  Engine.infer([q]) with the fast evidence (softknn.infer.evidence.evidence_items) and with the
             reference (evidence_items_reference), alternately;
     result: Engine.result alone on one fused pass captured per query, reference and fast alternately
             (the order swapped every round), wall and process CPU ms.
@@ -154,7 +154,7 @@ def _plot(name: str, results: dict, n_chunks: int) -> None:
 def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
     from bench.kb import bundle_path, queries
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
     from softknn.model.encoder import Encoder
     from softknn.storage.bundle import load_bundle
 

@@ -71,7 +71,7 @@ def stage_times(engine, text: str, params) -> dict[str, dict[str, float]]:
 
 
 def measure(engine, texts: list[str], k: int, repeats: int, evidence: int = 5) -> dict:
-    from softknn.engine import InferParams
+    from softknn.infer.engine import InferParams
 
     p = InferParams(k=k, evidence=evidence)
     qa, qb = itertools.cycle(texts), itertools.cycle(texts)
@@ -116,7 +116,7 @@ def _flat_exactness(bundle, xq: np.ndarray, k: int) -> float:
 
 def measure_sizes(sizes: list[int], kinds: list[str], ks: list[int], repeats: int, n_queries: int, evidence: int = 5) -> list[dict]:
     from bench.kb import device, embeddings, queries, synthetic_bundle
-    from softknn.engine import Engine
+    from softknn.infer.engine import Engine
     from softknn.model.encoder import Encoder
 
     enc = Encoder(device=device())

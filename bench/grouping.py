@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from bench.kb import SHARED, device, synthetic_bundle
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
     from softknn.model.encoder import Encoder
 
     engine = Engine(Encoder(device=device()), synthetic_bundle(10_000, "flat"))

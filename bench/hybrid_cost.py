@@ -263,7 +263,7 @@ def time_modes(engine, params: dict, xq: np.ndarray, texts: list[str], rounds: i
 
 def certification(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
     """How often topk_fast answered (certified) vs returned None (the brute force ran), per mode."""
-    import softknn.engine as eng
+    import softknn.infer.engine as eng
 
     real = eng.topk_fast
     counts = {"certified": 0, "fallback": 0}
@@ -349,7 +349,7 @@ def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> d
     """Median ms of each step of one hybrid retrieval (Retriever._lexical_select's calls and
     softknn.retrieval.scoring.topk_fast's steps, timed between them) and of the dense one; plus the BM25
     work: query terms and posting entries summed."""
-    from softknn.engine import Retrieval
+    from softknn.infer.engine import Retrieval
     from softknn.retrieval.scoring import best, candidates, mix, norm_top, top_m
 
     index, lex = engine.bundle.index, engine.bundle.lexical

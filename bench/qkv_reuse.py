@@ -31,7 +31,7 @@ def run(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from bench.kb import device, queries, synthetic_bundle
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
     from softknn.model.encoder import Encoder
 
     engine = Engine(Encoder(device=device()), synthetic_bundle(10_000, "flat"))

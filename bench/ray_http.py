@@ -84,7 +84,7 @@ def moved(bundle: Path, qs: list[str]) -> dict:
     import numpy as np
     import ray
 
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
     from softknn.model.encoder import Encoder
     from softknn.service.ray_serving import RayShards
     from softknn.storage.bundle import load_bundle

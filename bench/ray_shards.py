@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import ray
 
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
     from softknn.model.encoder import Encoder
 
     kb.set_threads(args.threads)

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from bench.common import result_path, write
-from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine, InferParams
 from softknn.model.encoder import Encoder
 from softknn.storage.bundle import load_bundle
 

@@ -146,7 +146,7 @@ def lat_summary(t: list[float]) -> dict:
 def sequential(servers: dict, info: dict, engine, queries: list[str], n: int) -> dict:
     """One request at a time; per query every alternative once, in turn (load drift hits all alike)."""
     from bench.fused_forward import plain_forward
-    from softknn.engine import InferParams
+    from softknn.infer.engine import InferParams
 
     p = InferParams(k=8, evidence=5)
     clients = {name: httpx.Client(base_url=s.url, timeout=60) for name, s in servers.items()}
@@ -364,7 +364,7 @@ def run(args: argparse.Namespace) -> dict:
         return fill_wait(args)
 
     from bench.kb import SHARED, bundle_path, device
-    from softknn.engine import Engine
+    from softknn.infer.engine import Engine
     from softknn.model.encoder import Encoder, resolve_model_path
     from softknn.storage.bundle import load_bundle
 

@@ -156,7 +156,7 @@ def build(
         check_kind(memory)  # a typo fails before the model loads
         check_kv_dtype(memory, kv_dtype)
         if generator is not None:
-            from softknn.generator import resolve_generator
+            from softknn.generate.model import resolve_generator
             from softknn.storage.layout import generator_files
 
             generator_files(generator_memory)
@@ -187,7 +187,7 @@ def build(
                           generator_keep=generator_keep)
         gen = None
         if generator is not None:
-            from softknn.generator import Generator
+            from softknn.generate.model import Generator
 
             gen = Generator.load(generator)
         enc = _encoder(_build_runtime(settings))
@@ -460,7 +460,7 @@ def query(
 ) -> None:
     """Run knowledge-augmented inference on TEXTS against BUNDLE; prints one result per input."""
     need_bundle(bundle)
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
     from softknn.model.encoder import TRUNCATE_HINT
     from softknn.retrieval.filters import parse_filter
     from softknn.storage.bundle import load_bundle
@@ -521,9 +521,9 @@ def generate(
 ) -> None:
     """Answer QUESTION with the generator attending to the KB chunks retrieved for it; prints the answer and its evidence."""
     need_bundle(bundle)
-    from softknn.engine import Engine
-    from softknn.generation import GenEngine, GenParams
-    from softknn.generator import Generator
+    from softknn.generate.engine import GenEngine, GenParams
+    from softknn.generate.model import Generator
+    from softknn.infer.engine import Engine
     from softknn.storage.bundle import load_bundle
 
     try:

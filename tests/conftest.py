@@ -44,7 +44,7 @@ def sample_bundle(sample_bundle_path, encoder):
 
 @pytest.fixture(scope="session")
 def engine(encoder, sample_bundle):
-    from softknn.engine import Engine
+    from softknn.infer.engine import Engine
 
     return Engine(encoder, sample_bundle)
 

@@ -56,9 +56,9 @@ def is_app(module: str) -> bool:
 
 
 def test_the_core_and_the_apps_are_told_apart_by_their_place_in_the_package():
-    assert "softknn.engine" in core_modules() and "softknn.common.console" in core_modules()
+    assert "softknn.infer.engine" in core_modules() and "softknn.common.console" in core_modules()
     assert [m for m in core_modules() if m.startswith(("softknn.service", "softknn.cli"))] == []
-    assert (app_of("softknn.service.routes.infer"), app_of("softknn.evaluation"), app_of("softknn.engine"),
+    assert (app_of("softknn.service.routes.infer"), app_of("softknn.evaluation"), app_of("softknn.infer.engine"),
             app_of("service.app")) == ("service", "evaluation", None, None)
 
 
@@ -137,7 +137,7 @@ def loaded_after_importing(modules: list[str]) -> list[str]:
 
 def test_importing_every_core_module_loads_no_app_and_no_web_framework():
     loaded = loaded_after_importing(core_modules())
-    assert "softknn.engine" in loaded and "softknn.storage.bundle" in loaded
+    assert "softknn.infer.engine" in loaded and "softknn.storage.bundle" in loaded
     assert [m for m in loaded if is_app(m) or m.split(".")[0] in ("fastapi", "starlette", "uvicorn")] == []
 
 

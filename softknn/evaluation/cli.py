@@ -95,11 +95,11 @@ def eval_command(
     from softknn.common.console import need_bundle
 
     need_bundle(bundle)
-    from softknn.engine import Engine, InferParams
     from softknn.evaluation.holdout import calibrate
     from softknn.evaluation.report import write_report
     from softknn.evaluation.run import Strategy, baseline_outcomes, evaluate, read_queries, sample
     from softknn.index_builder.reader import Fields
+    from softknn.infer.engine import Engine, InferParams
     from softknn.model.runtime import encoder_for
     from softknn.storage.bundle import load_bundle
 
@@ -165,9 +165,9 @@ def calibrate_command(
     from softknn.common.console import need_bundle
 
     need_bundle(bundle)
-    from softknn.engine import InferParams
     from softknn.evaluation.holdout import calibrate
     from softknn.index_builder.reader import Fields
+    from softknn.infer.engine import InferParams
     from softknn.model.runtime import encoder_for
     from softknn.storage.layout import read_manifest
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from softknn.common.errors import BundleError, InvalidInput
-from softknn.engine import Engine, InferParams
 from softknn.evaluation.run import Query, Strategy, baseline_outcomes, run_variants
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields, read_kb
+from softknn.infer.engine import Engine, InferParams
 from softknn.retrieval.calibration import RULES, abstain_point, calibrate_rules, gated_scores
 from softknn.retrieval.scoring import DEFAULT_TEMPERATURE
 from softknn.storage.bundle import load_bundle, write_calibration
@@ -82,7 +82,7 @@ def calibration_record(soft_val: list[dict], base_val: list[dict], held: list[Qu
     """Choose the thresholds on validation outcomes; the record the manifest's calibration holds.
 
     The engine applies the gated rule (RULES): `min_similarity` with `abstain_threshold_gated`;
-    `abstain_threshold` is the score-only rule's t (softknn.engine.Engine._predict).
+    `abstain_threshold` is the score-only rule's t (softknn.infer.engine.Engine._predict).
     """
     soft = _calibrated(soft_val, held, target_loss)
     return {

@@ -22,7 +22,6 @@ import torch
 from tqdm import tqdm
 
 from softknn.common.errors import InvalidInput, KBFormatError
-from softknn.engine import Engine, InferParams
 from softknn.evaluation.metrics import (
     RULES,
     abstain_curve,
@@ -34,8 +33,9 @@ from softknn.evaluation.metrics import (
     retrieval_metrics,
 )
 from softknn.index_builder.reader import Fields, read_kb
+from softknn.infer.engine import Engine, InferParams
+from softknn.infer.results import InferResult
 from softknn.model.attention import knn_weights
-from softknn.results import InferResult
 from softknn.retrieval.scoring import DEFAULT_TEMPERATURE, RETRIEVALS
 
 MATCH = ("doc", "chunk")

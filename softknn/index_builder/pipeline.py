@@ -23,12 +23,12 @@ import numpy as np
 from tqdm import tqdm
 
 from softknn.common.errors import BundleError, KBFormatError
-from softknn.engine import InferParams
-from softknn.generator import Generator
+from softknn.generate.model import Generator
 from softknn.index_builder.chunker import Chunk, chunk_documents
 from softknn.index_builder.encode_cache import chunk_key
 from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
 from softknn.index_builder.reader import Fields, read_kb
+from softknn.infer.engine import InferParams
 from softknn.model.encoder import Encoder
 from softknn.retrieval.calibration import calibrate_loo, calibrate_unlabelled
 from softknn.retrieval.chunk_index import build_index, choose_index
@@ -69,7 +69,7 @@ class BuildConfig:
     calibrate: bool = True  # labelled: λ, τ and the abstain rule by leave-one-out; unlabelled: λ from pseudo-queries (softknn.retrieval.calibration)
     shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.storage.shards)
     generator_layers: str = "all"  # with a generator: its memory layers (softknn.index_builder.generator_memory)
-    generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)
+    generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.generate.memory)
     generator_keep: float = 1.0  # with a generator: the fraction of each chunk's tokens stored
 
 

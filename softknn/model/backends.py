@@ -7,8 +7,8 @@ made; nothing that calls it changes:
   memory store asks of it). softknn.model.encoder.Encoder; opened from the settings in one place,
   softknn.model.runtime. Its plain pass is a PlainForward: torch (Encoder._plain_torch) or
   ONNX Runtime (softknn.model.onnx_forward.OnnxForward.plain), picked by the Encoder's `runtime` in
-  Encoder.forward_plain. A causal language model (softknn.generator.Generator) is a second kind
-  of model beside it, run by softknn.generation, not through this Protocol.
+  Encoder.forward_plain. A causal language model (softknn.generate.model.Generator) is a second kind
+  of model beside it, run by softknn.generate.engine, not through this Protocol.
 - ChunkSearch: dense search over the KB's chunk embeddings (top k, exact similarities, dot
   products of given rows). softknn.retrieval.chunk_index.ChunkIndex (flat, HNSW, IVF, IVF-PQ: the kind
   is chosen at build time by softknn.retrieval.chunk_index.choose_index and read back from the manifest), or a

@@ -51,7 +51,7 @@ CELL_SE = 1.0  # a hybrid cell must beat dense by this many paired standard erro
 # --- abstention rules -------------------------------------------------------------------------
 # "score": abstain when the top label score < t (what a request's own abstain_threshold applies).
 # "gated": also abstain when the nearest chunk's similarity s_1 < s_min; the engine applies it
-# whenever the bundle's calibration holds an s_min (softknn.engine.Engine._predict). w_db is normalised over R,
+# whenever the bundle's calibration holds an s_min (softknn.infer.engine.Engine._predict). w_db is normalised over R,
 # so the top label score cannot tell "the neighbours agree" from "the neighbours are close": an
 # out-of-domain input whose k nearest chunks share a label scores as high as an in-scope one
 # (Banking77 validation: ObliQA questions, docs/quality.md). s_1 carries the missing absolute scale.

@@ -3,7 +3,7 @@
 `Retriever(bundle)` turns query embeddings (and, for lexical and hybrid retrieval, the input
 texts) into R, its similarities and w_db, through the bundle's chunk search (softknn.model.backends.
 ChunkSearch: one FAISS index or the shards) and BM25 index; the score math is softknn.retrieval.scoring.
-The Engine (softknn.engine) holds one and adds the model: the embedding before, the fused pass after.
+The Engine (softknn.infer.engine) holds one and adds the model: the embedding before, the fused pass after.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ def make_kbs(settings: Settings, metrics: Metrics, *, encoder: Encoder | None = 
 def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None, generator=None,
                cluster=None, echo_request_id: bool = True) -> FastAPI:
     """The service app. Pass `encoder` to share an already loaded model (tests, several apps), and
-    `generator` (softknn.generator.Generator) to share a loaded causal LM the same way;
+    `generator` (softknn.generate.model.Generator) to share a loaded causal LM the same way;
     `shard_backend` opens a sharded bundle's shards elsewhere (softknn.service.ray_serving.RayShards.factory);
     `cluster` makes the app one replica of a deployment (softknn.service.ray_serving.ReplicaLink);
     `echo_request_id=False` when a proxy in front already echoes X-Request-ID (Ray Serve's does)."""

@@ -14,7 +14,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Query, Request
 from pydantic import BaseModel
 
-from softknn.engine import Engine
+from softknn.infer.engine import Engine
 from softknn.params import Settings
 from softknn.service.kbs import KBs
 from softknn.service.lifecycle import Runtime

@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from softknn.common.errors import BundleError, DocumentNotFound, InputTooLarge, SoftKNNError, WriteRefused
-from softknn.engine import GROUP_SIZE, Engine, InferParams
-from softknn.generation import GenAnswer, GenEngine, GenParams
-from softknn.generator import Generator, Step
+from softknn.generate.engine import GenAnswer, GenEngine, GenParams
+from softknn.generate.model import Generator, Step
 from softknn.index_builder.documents import BuilderDocuments
+from softknn.infer.engine import GROUP_SIZE, Engine, InferParams
+from softknn.infer.results import InferResult
 from softknn.model.encoder import Encoder
 from softknn.model.runtime import open_encoder
 from softknn.params import Settings, apply_threads
-from softknn.results import InferResult
 from softknn.retrieval.rerank import Reranker
 from softknn.service.batching import Batcher
 from softknn.service.errors import (

@@ -7,7 +7,7 @@ app by `infer_request_model(settings)` (its OpenAPI schema shows the real bounds
 Size limits (too many inputs, a text over `max_chars` without `truncate`) raise the core's
 `InputTooLarge`, which the one error map answers with 413.
 
-Responses document every field of the engine's result object (softknn/results.py) with
+Responses document every field of the engine's result object (softknn/infer/results.py) with
 `extra="forbid"`, so a field the core adds without documenting it fails the contract tests.
 """
 
@@ -27,8 +27,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from softknn.common.errors import InputTooLarge, InvalidInput
-from softknn.engine import InferParams
-from softknn.generation import GenParams
+from softknn.generate.engine import GenParams
+from softknn.infer.engine import InferParams
 from softknn.params import Settings
 from softknn.retrieval.filters import MAX_DEPTH, MAX_NODES, MAX_VALUES, CheckedFilter
 

@@ -77,7 +77,7 @@ class Calibration(_Section):
 
 
 class GeneratorRecord(_Section):
-    """The causal LM whose keys/values the bundle stores (softknn.gen_memory), and how."""
+    """The causal LM whose keys/values the bundle stores (softknn.generate.memory), and how."""
 
     name: str
     fingerprint: str
@@ -87,12 +87,12 @@ class GeneratorRecord(_Section):
     num_kv_heads: int
     head_dim: int
     layers: list[int]  # the memory layers, 0-based
-    memory: str  # fp32 | fp16 | int8 | q4 | q2 | recompute (softknn.gen_memory)
+    memory: str  # fp32 | fp16 | int8 | q4 | q2 | recompute (softknn.generate.memory)
     prefix: list[int] = Field(default_factory=list)  # the tokens each chunk was encoded after
     tokens: int = 0
     bytes_per_chunk: float = 0.0
     bytes_per_token: float = 0.0  # stored bytes / chunk tokens (measured on the files)
-    bytes_per_token_formula: float = 0.0  # softknn.gen_memory.bytes_per_token: what the layout should take
+    bytes_per_token_formula: float = 0.0  # softknn.generate.memory.bytes_per_token: what the layout should take
     keep: float = 1.0  # fraction of each chunk's tokens stored (SnapKV-style selection); 1 = all
 
 

@@ -109,7 +109,7 @@ def unlabelled_bundle(tmp_path_factory, encoder):
 
 
 def test_an_unlabelled_build_records_its_choice_and_a_request_without_lexical_weight_uses_it(unlabelled_bundle, encoder):
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
     from softknn.storage.bundle import load_bundle
     from softknn.storage.layout import read_manifest
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from softknn.common.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
-from softknn.engine import Engine, InferParams
 from softknn.index_builder.documents import BuilderDocuments
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import read_kb
+from softknn.infer.engine import Engine, InferParams
 from softknn.retrieval.lexical import bm25_reference
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import verify_bundle

@@ -3,7 +3,7 @@ and the bundle-only retrieval (softknn.retrieval.search.Retriever) is what the E
 
 import numpy as np
 
-from softknn.engine import Engine, InferParams, Retrieval
+from softknn.infer.engine import Engine, InferParams, Retrieval
 from softknn.model.backends import ChunkSearch, MemoryStore, ModelForward, ShardBackend
 from softknn.retrieval.search import Retriever
 

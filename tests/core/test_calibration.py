@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softknn.engine import InferParams
-from softknn.evidence import label_scores
+from softknn.infer.engine import InferParams
+from softknn.infer.evidence import label_scores
 from softknn.model.attention import knn_weights_row
 from softknn.retrieval.calibration import (
     calibrate_loo,

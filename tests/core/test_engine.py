@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.engine import Engine, InferParams
-from softknn.evidence import _word_spans
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.reference import reference_embedding
+from softknn.infer.engine import Engine, InferParams
+from softknn.infer.evidence import _word_spans
+from softknn.infer.reference import reference_embedding
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import lexical_summary
 

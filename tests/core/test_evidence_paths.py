@@ -7,10 +7,10 @@ import shutil
 import numpy as np
 import pytest
 
-from softknn.engine import Engine, InferParams
-from softknn.evidence import ChunkWords, _readable, _word_spans, chunk_words
 from softknn.index_builder.documents import BuilderDocuments
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine, InferParams
+from softknn.infer.evidence import ChunkWords, _readable, _word_spans, chunk_words
 from softknn.storage.bundle import load_bundle
 from softknn.storage.writes import KBStore
 from tests.numerics import assert_tree_close
@@ -79,7 +79,7 @@ def test_fast_evidence_equals_the_reference_across_mixing_alpha_and_kernels(engi
 def test_near_one_weight_defers_influence_to_the_reference_form(engine, monkeypatch):
     """τ so small that one chunk holds w ≈ 1: w/(1−w) would amplify round-off past 1e-5, so the
     fast path answers with the reference's form there (and matches it)."""
-    import softknn.evidence as ev
+    import softknn.infer.evidence as ev
 
     p = InferParams(retrieval="dense", temperature=0.001, k=4, evidence=4)
     calls = []

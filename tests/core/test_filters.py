@@ -14,8 +14,8 @@ import pytest
 
 from softknn.cli import sample_kb_path
 from softknn.common.errors import InvalidInput
-from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine, InferParams
 from softknn.retrieval import chunk_index, search
 from softknn.retrieval.chunk_index import ChunkIndex, IndexSpec, build_index
 from softknn.retrieval.filters import (

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from softknn.common.errors import BundleError
-from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine, InferParams
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import read_manifest, verify_bundle, version_id
 from softknn.storage.memory_stores import MEMORY_KINDS, HiddenStore, RecomputeStore

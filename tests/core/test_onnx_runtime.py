@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from softknn.common.errors import BundleError, ModelRuntimeError
-from softknn.engine import Engine, InferParams, check_numerics
+from softknn.infer.engine import Engine, InferParams, check_numerics
 from softknn.model.onnx_forward import TOLERANCE
 from tests.conftest import shared_data
 from tests.numerics import assert_tree_close

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from softknn.common.errors import InvalidInput
-from softknn.engine import InferParams
+from softknn.infer.engine import InferParams
 from softknn.params import InferDefaults, Settings
 
 

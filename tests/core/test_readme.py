@@ -68,7 +68,7 @@ def _last_digit(number: str) -> float:
 
 
 def test_readme_curl_sample_is_what_the_service_answers(engine):
-    from softknn.engine import InferParams
+    from softknn.infer.engine import InferParams
     from softknn.storage.layout import version_id
 
     readme = (ROOT / "README.md").read_text()
@@ -94,7 +94,7 @@ def test_readme_curl_sample_is_what_the_service_answers(engine):
 def test_readme_python_client_sample_is_what_the_client_prints(engine):
     """The sample's printed line is what the service answers with its defaults (the client prints
     `prediction` and each evidence item's `doc_id` and `weight`, rounded to 3 places)."""
-    from softknn.engine import InferParams
+    from softknn.infer.engine import InferParams
     from softknn.params import Settings
 
     readme = (ROOT / "README.md").read_text()

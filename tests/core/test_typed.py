@@ -10,9 +10,9 @@ import typing
 import orjson
 import pytest
 
-from softknn import results
 from softknn.common.errors import BundleError
-from softknn.engine import InferParams
+from softknn.infer import results
+from softknn.infer.engine import InferParams
 from softknn.service import schemas
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import MANIFEST, read_manifest, version_id

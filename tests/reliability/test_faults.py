@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from softknn.engine import Engine
+from softknn.infer.engine import Engine
 from softknn.params import Settings
 from softknn.service.schemas import infer_request_model
 from softknn.service.testing import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary

@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 
 from softknn.cli import sample_kb_path
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.results import InferResult
 from softknn.params import Settings
-from softknn.results import InferResult
 from softknn.service.app import create_app
 from softknn.service.testing import LiveServer, wait_ready
 from softknn.storage.layout import version_id

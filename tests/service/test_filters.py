@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from softknn.engine import InferParams
+from softknn.infer.engine import InferParams
 from softknn.retrieval.filters import MAX_DEPTH, ChunkTable, parse_filter
 from softknn.service.schemas import InferResponse
 

@@ -14,10 +14,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from softknn.cli import sample_kb_path
-from softknn.engine import Engine
-from softknn.generation import GenEngine, GenParams
-from softknn.generator import Generator, Sampling
+from softknn.generate.engine import GenEngine, GenParams
+from softknn.generate.model import Generator, Sampling
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine
 from softknn.service.app import create_app
 from softknn.service.testing import threaded_server, wait_ready
 from softknn.storage.bundle import load_bundle

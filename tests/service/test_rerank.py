@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softknn.engine import InferParams
+from softknn.infer.engine import InferParams
 from softknn.retrieval.scoring import scores_reference
 from tests.numerics import close
 

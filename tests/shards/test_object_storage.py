@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from softknn.common.errors import BundleError
-from softknn.engine import Engine, InferParams
+from softknn.infer.engine import Engine, InferParams
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import MANIFEST, read_manifest
 from tests.shards.test_sharded import QUERIES

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from softknn.engine import Engine, InferParams
+from softknn.infer.engine import Engine, InferParams
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import read_manifest
 from tests.shards.test_sharded import QUERIES, assert_same

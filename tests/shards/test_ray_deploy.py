@@ -16,7 +16,7 @@ import httpx
 import numpy as np
 import pytest
 
-from softknn.engine import Engine, InferParams
+from softknn.infer.engine import Engine, InferParams
 from softknn.service.testing import ADMIN_TOKEN, LiveServer, free_port, wait_ready
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import read_manifest

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from softknn.common.errors import ShardUnavailable
-from softknn.engine import Engine, InferParams
+from softknn.infer.engine import Engine, InferParams
 from softknn.storage.bundle import load_bundle
 from tests.shards.test_sharded import QUERIES, assert_same
 

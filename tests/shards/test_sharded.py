@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from softknn.common.errors import BundleError
-from softknn.engine import Engine, InferParams
-from softknn.results import InferResult
+from softknn.infer.engine import Engine, InferParams
+from softknn.infer.results import InferResult
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import read_manifest, verify_bundle
 from softknn.storage.shards import ShardedBundle, shard_ranges

@@ -14,8 +14,8 @@ import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine, InferParams
 from softknn.params import Settings
 from softknn.service.testing import wait_ready
 from softknn.storage.bundle import load_bundle

@@ -11,7 +11,7 @@ from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
 from softknn.common.errors import SoftKNNError
-from softknn.generation import GenAnswer
+from softknn.generate.engine import GenAnswer
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBsDep, RequestIdDep, body_model
 from softknn.service.errors import ServiceError, error_body, status_of

@@ -39,7 +39,7 @@ def build_router(InferRequest: type[InferRequestBase]) -> APIRouter:
         params = body.to_params(settings.defaults.hybrid_pool, settings.defaults.candidates)
         engine, results = await runtime.infer(body.inputs, params, truncate=body.truncate, cut=body.cut,
                                               request_id=request_id)
-        # The engine's typed results (softknn.results), rendered by orjson as they are: documented by
+        # The engine's typed results (softknn.infer.results), rendered by orjson as they are: documented by
         # InferResponse and checked against it by the contract tests; validating hundreds of
         # thousands of floats per response on the event loop buys nothing.
         return FastJSONResponse({**served(request_id, engine), "results": results})

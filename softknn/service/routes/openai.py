@@ -16,7 +16,7 @@ import numpy as np
 from fastapi import APIRouter
 
 from softknn.common.errors import InvalidInput, SoftKNNError
-from softknn.generation import GenAnswer
+from softknn.generate.engine import GenAnswer
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBQuery, KBsDep, RequestIdDep, SettingsDep, body_model
 from softknn.service.errors import ModelNotFound, ServiceError

@@ -2,7 +2,7 @@
 
 `Generator` loads any Hugging Face causal LM of the Llama / Qwen2 / Mistral families (a folder, or a
 GGUF file that transformers dequantises, converted once and cached), routes its attention through
-softknn.gen_attention, and runs:
+softknn.generate.attention, and runs:
 - `chunk_kv`: each chunk on its own at positions 0..n−1, its keys (after RoPE) and values at the
   memory layers, from the model's own cache (what the builder stores, or what `recompute` computes);
 - `generate`: prefill and decode with the memory hook bound, one token at a time (a callback can
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from softknn.common.errors import InvalidInput, UnsupportedModel
-from softknn.gen_attention import (
+from softknn.generate.attention import (
     GEN_ATTN_IMPLEMENTATION,
     GenMemory,
     MemoryHook,
@@ -206,7 +206,7 @@ def weight_fingerprint(model: torch.nn.Module) -> str:
 
 
 class Generator:
-    """A causal LM whose attention at chosen layers can take a GenMemory (softknn.gen_attention)."""
+    """A causal LM whose attention at chosen layers can take a GenMemory (softknn.generate.attention)."""
 
     def __init__(self, model, tokenizer, *, name: str, path: str = ""):
         register_gen_attention()
@@ -231,33 +231,19 @@ class Generator:
 
         # transformers 5 renamed the forward's past_key_values to cache
         self.cache_kw = "cache" if "cache" in inspect.signature(type(model.model).forward).parameters else "past_key_values"
-        self._loops: dict[tuple, object] = {}  # (weights, layers) → DecodeLoop, built on first use
-        self._loops_lock = threading.Lock()
+        # (weights, layers) → its DecodeLoop, built on first use (softknn.generate.batch.decode_loop)
+        self.decode_loops: dict[tuple, object] = {}
+        self.loops_lock = threading.Lock()
         self._weights: dict[str, str] = {}  # asked → resolved ("auto" → q4 | fp32)
 
     def weights(self, asked: str = "auto") -> str:
         """The decode graph's weight format for `asked` (softknn.generate.graph.resolve_weights), once."""
         from softknn.generate.graph import resolve_weights
 
-        with self._loops_lock:
+        with self.loops_lock:
             if asked not in self._weights:
                 self._weights[asked] = resolve_weights(self.model, asked)
             return self._weights[asked]
-
-    def decode_loop(self, layers: list[int], *, weights: str = "auto", threads: int = 1, max_batch: int = 16):
-        """The continuous-batching decode loop (softknn.generate.batch.DecodeLoop) of this model with
-        memory at `layers`: one per (weights, layers), shared by every engine that asks for it."""
-        from softknn.generate.batch import DecodeLoop
-        from softknn.generate.runtime import DecoderSession
-
-        w = self.weights(weights)
-        key = (w, tuple(sorted(layers)))
-        with self._loops_lock:
-            loop = self._loops.get(key)
-            if loop is None:
-                session = DecoderSession(self.model, w, list(key[1]), threads=threads)
-                loop = self._loops[key] = DecodeLoop(session, self.eos_ids, self.tokenizer, max_batch=max_batch)
-            return loop
 
     @classmethod
     def load(cls, name_or_path: str = PACKAGED, *, cache_dir: Path | None = None) -> Generator:

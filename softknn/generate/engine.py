@@ -17,11 +17,11 @@ import numpy as np
 import torch
 
 from softknn.common.errors import BundleError, InvalidInput
-from softknn.engine import Engine, InferParams
-from softknn.gen_attention import MIXING, POSITIONS, GenMemory, place_memory
-from softknn.gen_memory import ChunkKV, GeneratorStore
-from softknn.generate.batch import job_for
-from softknn.generator import Generation, Generator, Sampling, Step
+from softknn.generate.attention import MIXING, POSITIONS, GenMemory, place_memory
+from softknn.generate.batch import decode_loop, job_for
+from softknn.generate.memory import ChunkKV, GeneratorStore
+from softknn.generate.model import Generation, Generator, Sampling, Step
+from softknn.infer.engine import Engine, InferParams
 from softknn.retrieval.filters import FilterNode
 
 
@@ -41,7 +41,7 @@ class GenParams:
     exact: bool = False  # exact search, and R's K/V recomputed in float32 after this prompt's own prefix
     mixing: str = "joint"
     alpha: float = 0.7  # fixed mixing only
-    prior: float = 4.0  # joint only: β of the w_db prior on each chunk's share (softknn.gen_attention); 0 = plain joint
+    prior: float = 4.0  # joint only: β of the w_db prior on each chunk's share (softknn.generate.attention); 0 = plain joint
     positions: str = "composite"
     use_kb: bool = True  # False: the plain model (the explorer's side-by-side answer)
     context: str = "memory"  # memory: the KB in attention; prompt: the same chunks' text in the prompt (baseline)
@@ -153,8 +153,8 @@ class GenEngine:
 
     def decode_loop(self):
         """The decode graph's loop for this bundle's memory layers (built on first use)."""
-        return self.generator.decode_loop(self.layers, weights=self.weights, threads=self.threads,
-                                          max_batch=self.max_batch)
+        return decode_loop(self.generator, self.layers, weights=self.weights, threads=self.threads,
+                           max_batch=self.max_batch)
 
     # --- retrieval and memory -------------------------------------------------------------------
     def retrieve(self, query: str, p: GenParams):

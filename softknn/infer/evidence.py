@@ -24,8 +24,8 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from softknn.infer.results import EvidenceItem, QueryToken, Span
 from softknn.model.attention import FusedResult, entropy
-from softknn.results import EvidenceItem, QueryToken, Span
 
 
 def influence_reference(fr: FusedResult, b: int, valid: torch.Tensor | slice, *, weights: torch.Tensor, alpha: float,

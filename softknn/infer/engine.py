@@ -1,7 +1,7 @@
 """Knowledge-augmented inference: encode → k-NN over the KB → fused forward → evidence.
 
 One `Engine` holds a model and a bundle; `infer` takes a batch of texts, each with its own
-parameters (the service's micro-batches mix requests), and returns one `InferResult` (softknn.results) per text —
+parameters (the service's micro-batches mix requests), and returns one `InferResult` (softknn.infer.results) per text —
 the same object `softknn query --json` prints and `POST /v1/infer` returns.
 
 The retrieval needs the bundle alone and lives in softknn.retrieval.search (InferParams, Retrieval,
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from softknn.common.errors import BundleError
-from softknn.evidence import (
+from softknn.infer.evidence import (
     ChunkWords,
     effective_k,
     evidence_items,
@@ -26,9 +26,9 @@ from softknn.evidence import (
     label_scores,
     weight_entropy,
 )
+from softknn.infer.results import Diagnostics, InferResult, Neighbour, Prediction, Token, VersusPlain
 from softknn.model.attention import fused_attention
 from softknn.model.backends import MemoryStore, ModelForward, PlainPass, TokenBatch
-from softknn.results import Diagnostics, InferResult, Neighbour, Prediction, Token, VersusPlain
 from softknn.retrieval.scoring import best
 from softknn.retrieval.search import MIXING, InferParams, ResolvedParams, Retrieval, Retriever  # noqa: F401 (re-exported)
 from softknn.storage.layout import Bundle
