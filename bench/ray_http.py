@@ -86,8 +86,8 @@ def moved(bundle: Path, qs: list[str]) -> dict:
 
     from softknn.infer.engine import Engine, InferParams
     from softknn.model.encoder import Encoder
-    from softknn.service.ray_serving import RayShards
     from softknn.storage.bundle import load_bundle
+    from softknn.storage.ray_shards import RayShards
 
     ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)
     ways = ("local_reads", "through_the_actors")

@@ -13,7 +13,7 @@ map: RAM stays small). Flat (exact) index; dense retrieval (the synthetic KB has
 Both sides run the same Engine.infer (what the service's worker runs for a one-input request):
 - single: one Bundle of N chunks in this process;
 - ray: a softknn.storage.shards.ShardedBundle whose 2 shards (rows [0, N/2), [N/2, N)) are Ray actors
-  (softknn.service.ray_serving.RayShards, each actor building its half with the same recipe).
+  (softknn.storage.ray_shards.RayShards, each actor building its half with the same recipe).
 The queries (Banking77 test texts, short) alternate between the two, one at a time, so both see the same
 machine load; p50 over `--queries` requests each after 5 warm-up requests.
 """
@@ -91,7 +91,7 @@ class BenchShard(Shard):
 
 
 def sharded(one, n_real: int, n: int, threads: int):
-    from softknn.service.ray_serving import RayShards
+    from softknn.storage.ray_shards import RayShards
     from softknn.storage.shards import _KV, ShardedBundle, _Index
 
     half = n // 2

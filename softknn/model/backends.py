@@ -14,7 +14,7 @@ made; nothing that calls it changes:
   is chosen at build time by softknn.retrieval.chunk_index.choose_index and read back from the manifest), or a
   sharded bundle's merge over its shards (softknn.storage.shards); softknn.storage.bundle.load_bundle picks one.
 - ShardBackend: where a sharded bundle's shards run (softknn.storage.shards.Shard in every case): in
-  this process (softknn.storage.shards.LocalShards) or as Ray actors (softknn.service.ray_serving.RayShards);
+  this process (softknn.storage.shards.LocalShards) or as Ray actors (softknn.storage.ray_shards.RayShards);
   load_bundle's `shard_backend` factory picks one (None: in this process).
 - MemoryStore: the memory layer's keys/values of retrieved chunks, padded into a MemoryBatch.
   softknn.storage.memory_stores.KVStore (stored K/V), softknn.storage.memory_stores.HiddenStore (hidden states, fp16 or

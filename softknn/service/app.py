@@ -118,8 +118,8 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
                cluster=None, echo_request_id: bool = True) -> FastAPI:
     """The service app. Pass `encoder` to share an already loaded model (tests, several apps), and
     `generator` (softknn.generate.model.Generator) to share a loaded causal LM the same way;
-    `shard_backend` opens a sharded bundle's shards elsewhere (softknn.service.ray_serving.RayShards.factory);
-    `cluster` makes the app one replica of a deployment (softknn.service.ray_serving.ReplicaLink);
+    `shard_backend` opens a sharded bundle's shards elsewhere (softknn.storage.ray_shards.RayShards.factory);
+    `cluster` makes the app one replica of a deployment (softknn.service.ray.coordinator.ReplicaLink);
     `echo_request_id=False` when a proxy in front already echoes X-Request-ID (Ray Serve's does)."""
     check_settings(settings)
     # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's packaged copy

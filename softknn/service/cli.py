@@ -48,7 +48,7 @@ def serve(
                                                  "(SOFTKNN_MODEL__NAME; default: packaged all-MiniLM-L6-v2)")] = None,
     log_level: Annotated[str | None, typer.Option("--log-level", help="debug | info | warning | error")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="serve on Ray: one actor per shard of a sharded bundle, "
-                                      "the model as a Ray Serve deployment (softknn.service.ray_serving)")] = False,
+                                      "the model as a Ray Serve deployment (softknn.service.ray)")] = False,
     address: Annotated[str | None, typer.Option("--address", help="with --ray: the Ray cluster to join "
                                                    "(e.g. auto, HOST:6379); default: start a local one")] = None,
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="with --ray: model replicas")] = 1,
@@ -116,7 +116,7 @@ def serve(
                         fg=typer.colors.RED, err=True)
             raise typer.Exit(2)
 
-        from softknn.service.ray_serving import INGRESS_ENV
+        from softknn.service.ray.launcher import INGRESS_ENV
 
         if ingress not in INGRESS_ENV:
             typer.secho(f"error: --ingress must be one of {', '.join(INGRESS_ENV)}, got {ingress!r}",
@@ -125,14 +125,14 @@ def serve(
         from softknn.common.console import need_ray
 
         need_ray()
-        from softknn.service.ray_serving import serve_ray
+        from softknn.service.ray.launcher import serve_ray
 
         try:
             resources = json.loads(shard_resources) if shard_resources else None
         except json.JSONDecodeError as e:
             typer.secho(f"error: --shard-resources is not JSON: {e}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
-        from softknn.service.ray_serving import NotEnoughNodes
+        from softknn.service.ray.launcher import NotEnoughNodes
 
         try:
             serve_ray(settings, address=address, replicas=replicas, shard_resources=resources,

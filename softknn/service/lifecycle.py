@@ -226,7 +226,7 @@ class Runtime:
         self.bundle_path = bundle if bundle is not None else (settings.bundle if shared is None else None)
         self.shared = shared if shared is not None else Shared(settings, metrics, generator)
         self.shard_backend = shard_backend  # where a sharded bundle's shards run (None: in this process)
-        # a Ray Serve replica's link to the deployment (softknn.service.ray_serving.ReplicaLink): what to serve
+        # a Ray Serve replica's link to the deployment (softknn.service.ray.coordinator.ReplicaLink): what to serve
         # comes from it, and a reload runs through it on every replica; None: this process decides
         self.cluster = cluster
         self._retired: list = []  # bundles swapped out, closed once requests pinned to them are done

@@ -95,7 +95,7 @@ def load_bundle(
     (softknn.storage.shards.Shard: embeddings, FAISS index, memory), in this process or in its Ray actor.
 
     A sharded bundle loads as a softknn.storage.shards.ShardedBundle (the same interface), its shards in
-    this process or, with `shard_backend` (softknn.service.ray_serving.RayShards.factory(...)), elsewhere.
+    this process or, with `shard_backend` (softknn.storage.ray_shards.RayShards.factory(...)), elsewhere.
     The one place the chunk search (softknn.model.backends.ChunkSearch) is chosen: the manifest's index
     in a ChunkIndex, or the shards' merge; the memory store is load_memory's choice."""
     path = Path(path)

@@ -18,7 +18,7 @@ per-(term, chunk) score was computed with the whole KB's N, avgdl and document f
 a shard's BM25 score of a chunk is bit-for-bit the one-index score (sliced, never recomputed).
 
 Serving: `Shard` is all the per-shard work (dense top k, exact similarities, BM25 scores, the
-memory gather of requested rows); it runs in-process or as a Ray actor (softknn.service.ray_serving)
+memory gather of requested rows); it runs in-process or as a Ray actor (softknn.storage.ray_shards)
 with the same code. `ShardedBundle` stands where a `Bundle` stands for the Engine: its `index`,
 `lexical` and `kv` fan each call out to the shards and merge exactly:
 
@@ -119,7 +119,7 @@ class Shard:
     directory holds another version (rebuilt in place since) refuses to open, and so does one whose
     directory was replaced while it loaded: a shard never serves rows of a bundle other than the one
     the serving process merges them with. `run` answers with the version it holds, for the caller's
-    own check (softknn.service.ray_serving)."""
+    own check (softknn.storage.ray_shards)."""
 
     def __init__(self, path: str | Path, lo: int, version: str | None = None, *, verify: bool = False,
                  use_gpu: bool = False):
@@ -457,7 +457,7 @@ class ShardedBundle:
 
     path: Path
     manifest: Manifest
-    backend: ShardBackend  # LocalShards or softknn.service.ray_serving.RayShards (softknn.model.backends)
+    backend: ShardBackend  # LocalShards or softknn.storage.ray_shards.RayShards (softknn.model.backends)
     chunks: MappedChunks  # memory-mapped from the shards' chunks.jsonl: a row decoded when read
     lo: list[int]  # first global row of each shard
     labels: list[str] = field(default_factory=list)

@@ -18,7 +18,7 @@ def test_the_model_index_and_memory_satisfy_their_protocols(engine, encoder, sam
 
 
 def test_the_shard_backends_satisfy_their_protocol():
-    from softknn.service.ray_serving import RayShards
+    from softknn.storage.ray_shards import RayShards
     from softknn.storage.shards import LocalShards
 
     assert isinstance(LocalShards([]), ShardBackend)

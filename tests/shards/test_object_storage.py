@@ -195,7 +195,7 @@ def test_ray_shards_fetch_their_own_directories_and_answer_exactly(s3, ray_clust
     from ray import serve
 
     from softknn.params import Settings
-    from softknn.service.ray_serving import kill_named_shards, serve_ray
+    from softknn.service.ray.launcher import kill_named_shards, serve_ray
     from softknn.service.testing import free_port, wait_ready
 
     _push(sharded_bundle_path, "s3://kbs/ray")

@@ -4,7 +4,7 @@ reloads that reach every replica and free the old shard actors, and a reload tha
 shards failing with a clear error.
 
 One module-scoped local Ray cluster of 4 logical CPUs; each test starts its own Serve application
-(softknn.service.ray_serving.serve_ray, blocking=False) and shuts it down (serve.shutdown, then its named
+(softknn.service.ray.launcher.serve_ray, blocking=False) and shuts it down (serve.shutdown, then its named
 actors)."""
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class Deployment:
     """serve_ray(…, blocking=False) on this module's cluster, an httpx client to it, and its shutdown."""
 
     def __init__(self, bundle, **opts):
-        from softknn.service.ray_serving import serve_ray
+        from softknn.service.ray.launcher import serve_ray
 
         self.port = free_port()
         serve_ray(_settings(bundle, self.port), blocking=False, **opts)
@@ -81,7 +81,7 @@ class Deployment:
     def close(self) -> None:
         from ray import serve
 
-        from softknn.service.ray_serving import kill_named_shards
+        from softknn.service.ray.launcher import kill_named_shards
 
         self.client.close()
         serve.shutdown()
@@ -102,7 +102,7 @@ def deploy(ray_cluster):
 
 
 def _shard_names() -> list[str]:
-    from softknn.service.ray_serving import shard_actor_names
+    from softknn.storage.ray_shards import shard_actor_names
 
     return shard_actor_names()
 

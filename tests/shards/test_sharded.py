@@ -205,7 +205,7 @@ def test_a_shard_opens_only_the_version_it_was_created_for(sharded_bundle_path, 
     """A shard opened for another version of its directory (the bundle rebuilt in place) refuses to
     open; `run` answers with the version the shard holds, and a caller expecting another refuses it."""
     from softknn.common.errors import ShardMismatch
-    from softknn.service.ray_serving import RayShards
+    from softknn.storage.ray_shards import RayShards
     from softknn.storage.shards import Shard
 
     sh = read_manifest(sharded_bundle_path)["shards"][1]

@@ -152,7 +152,7 @@ def test_cli_sharded_hidden_int8_serves_the_unsharded_answers(sample_int8, encod
 @pytest.mark.slow
 def test_ray_sharded_hidden_int8_serves_the_unsharded_answers(sample_int8, encoder):
     ray = pytest.importorskip("ray")
-    from softknn.service.ray_serving import RayShards
+    from softknn.storage.ray_shards import RayShards
 
     one, two = sample_int8
     want, _ = _http(one, encoder, SAMPLE_BODY)
