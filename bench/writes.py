@@ -57,11 +57,11 @@ def run(args: argparse.Namespace) -> dict:
         kb = CACHE / f"writes-kb-{args.passages}.jsonl"
         kb.write_text("".join(json.dumps(r) + "\n" for r in base))
         build_bundle(kb, src, BuildConfig(memory="kv"), enc, force=True, progress=False)
-    import softknn.service.lifecycle
+    import softknn.service.runtime.shared
 
     rows = []
     for arm, nice in (("writes at niceness 10", 10), ("writes at normal priority", 0)):
-        softknn.service.lifecycle.WRITE_NICENESS = nice  # read when the app's write thread starts
+        softknn.service.runtime.shared.WRITE_NICENESS = nice  # read when the app's write thread starts
         rows.append({"arm": arm, "write_niceness": nice,
                      **_arm(src, enc, args, base, stream, qs, create_app, threaded_server, Settings)})
         print(json.dumps(rows[-1], indent=1))

@@ -28,7 +28,6 @@ from softknn.params import DEFAULT_KB, Settings
 from softknn.service import errors
 from softknn.service.auth import require_admin, require_api_key
 from softknn.service.kbs import KBs
-from softknn.service.lifecycle import Runtime
 from softknn.service.metrics import Metrics
 from softknn.service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from softknn.service.routes import (
@@ -43,6 +42,7 @@ from softknn.service.routes import (
     openai,
     rerank,
 )
+from softknn.service.runtime.core import Runtime
 from softknn.service.schemas import (
     chat_request_model,
     embedding_request_model,

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from softknn.infer.engine import Engine
 from softknn.params import Settings
 from softknn.service.kbs import KBs
-from softknn.service.lifecycle import Runtime
+from softknn.service.runtime.core import Runtime
 from softknn.service.schemas import KB_DOC
 
 

@@ -1,65 +1,50 @@
 """What the app serves: the model (loaded once), the current Engine (model + bundle), the batcher.
 
+`Runtime` is one KB served. This module holds its core (start, open, reload, install, close, the
+engine serving now, admission and the requests through the batcher); its generation
+(softknn.service.runtime.generation) and KB writes (softknn.service.runtime.writes) are mixins of it,
+and what the app's KBs share is softknn.service.runtime.shared.
+
 `start` runs once, from the lifespan, in the background: model and bundle (checksums verified) in a
 thread, then a warm-up pass; only then is the runtime ready. `reload` opens another bundle the same way, off the
 hot path, and swaps the engine reference in one assignment: requests admitted before it keep the
 engine they were pinned to (softknn.service.batching), requests after it get the new one.
-
-Generation: when the bundle's manifest has a generator record, its causal LM is loaded (once per
-name, kept across reloads) and a GenEngine over the same Engine is installed with it. At most
-`settings.generator.max_concurrent` generations run (`max_queue` wait, past it 429): each retrieves
-on a generation thread, then decodes in the generator's decode loop, one batched step for every
-running generation (softknn.generate.batch; fixed α and exact ones in torch on their thread);
-`generate` streams each token to the event loop, and a consumer that stops (a client gone
-mid-stream) cancels the generation at its next token, which frees its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-import threading
 import time
 import weakref
-from collections.abc import AsyncGenerator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from softknn.common.errors import BundleError, DocumentNotFound, InputTooLarge, SoftKNNError, WriteRefused
-from softknn.generate.engine import GenAnswer, GenEngine, GenParams
-from softknn.generate.model import Generator, Step
+from softknn.common.errors import BundleError, InputTooLarge, SoftKNNError
+from softknn.generate.engine import GenEngine
+from softknn.generate.model import Generator
 from softknn.index_builder.documents import BuilderDocuments
-from softknn.infer.engine import GROUP_SIZE, Engine, InferParams
+from softknn.infer.engine import Engine, InferParams
 from softknn.infer.results import InferResult
 from softknn.model.encoder import Encoder
 from softknn.model.runtime import open_encoder
 from softknn.params import Settings, apply_threads
 from softknn.retrieval.rerank import Reranker
-from softknn.service.batching import Batcher
-from softknn.service.errors import (
-    Conflict,
-    DeadlineExceeded,
-    GeneratorUnavailable,
-    InferenceFailed,
-    NotReady,
-    QueueFull,
-    ServiceError,
-)
+from softknn.service.errors import Conflict, InferenceFailed, NotReady, ServiceError
 from softknn.service.metrics import Metrics
+from softknn.service.runtime.generation import RuntimeGeneration
+from softknn.service.runtime.shared import PlainEmbed, Shared, token_counter
+from softknn.service.runtime.writes import RuntimeWrites
 from softknn.storage.bundle import load_bundle
 from softknn.storage.remote import Location, is_remote, localize, source_of
 from softknn.storage.writes import (
     KBStore,
-    WriteResult,
     has_pending_writes,
     recover_swap,
     renamed,
     version_name,
-    writable,
 )
 
 if TYPE_CHECKING:
@@ -74,146 +59,7 @@ WARMUP_TEXT = "softknn warm-up: how are the ferries today?"
 INLINE_ADMIT_CHARS = 2048
 
 
-@dataclass(frozen=True)
-class PlainEmbed:
-    """A text's parameters when only the plain model's embedding is asked for (/v1/embeddings,
-    /v1/rerank): no retrieval, no fused pass. `truncate`: cut at the model's token limit."""
-
-    truncate: bool = False
-
-
-def plain_embeddings(engine: Engine, texts: list[str], params: list[PlainEmbed],
-                     group_size: int = GROUP_SIZE) -> list[np.ndarray]:
-    """The plain model's embedding (D,) float32 of each text: the encoder's own pipeline (pooling,
-    normalisation), in length-sorted passes of at most `group_size` texts as Engine.infer runs."""
-    enc = engine.encoder
-    order = sorted(range(len(texts)), key=lambda i: (len(texts[i]), i))
-    size = group_size if group_size > 0 else len(texts)
-    out: list[np.ndarray] = [np.empty(0, np.float32)] * len(texts)
-    for g in range(0, len(order), size):
-        idx = order[g : g + size]
-        batch = enc.tokenize([texts[i] for i in idx], truncate=[params[i].truncate for i in idx], positions=idx)
-        emb = enc.forward_plain(batch).embedding.float().cpu().numpy()
-        for j, i in enumerate(idx):
-            out[i] = emb[j]
-    return out
-
-
-def run_engine(engine: Engine, texts: list[str], params: list[InferParams | PlainEmbed],
-               group_size: int = GROUP_SIZE) -> list[InferResult | np.ndarray]:
-    """The batcher's runner: one micro-batch through the core, as `softknn query` would run it
-    (in length-sorted passes of at most `group_size` texts: Engine.infer); the texts that ask for
-    the plain embedding only (PlainEmbed) through the plain pass alone."""
-    plain: list[int] = []
-    plain_params: list[PlainEmbed] = []
-    rest: list[int] = []
-    rest_params: list[InferParams] = []
-    for i, p in enumerate(params):
-        if isinstance(p, PlainEmbed):
-            plain.append(i)
-            plain_params.append(p)
-        else:
-            rest.append(i)
-            rest_params.append(p)
-    if not plain:
-        return list(engine.infer(texts, rest_params, group_size=group_size))
-    out: list[InferResult | np.ndarray] = [None] * len(texts)  # type: ignore[list-item]  # every slot set below
-    for i, e in zip(plain, plain_embeddings(engine, [texts[i] for i in plain], plain_params, group_size)):
-        out[i] = e
-    if rest:
-        for i, r in zip(rest, engine.infer([texts[i] for i in rest], rest_params, group_size=group_size)):
-            out[i] = r
-    return out
-
-
-def token_counter(encoder: Encoder) -> Tokenizer:
-    """A private copy of the model's fast (`tokenizers.Tokenizer`) tokenizer, truncation and padding off.
-
-    A private copy because the transformers wrapper reconfigures its Rust tokenizer on every call
-    (truncation, padding) and concurrent reconfiguration fails ("Already borrowed"); this copy is
-    configured once and only read, from any number of admission threads.
-    """
-    backend = encoder.tokenizer.backend_tokenizer
-    tok = type(backend).from_str(backend.to_str())
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
-
-
-def _lower_priority() -> None:
-    """Nice the calling thread (Linux sets niceness per thread) by WRITE_NICENESS; never raises."""
-    import os
-
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITE_NICENESS)
-    except (OSError, AttributeError):  # not permitted, or not Linux: writes run at normal priority
-        pass
-
-
-WRITE_NICENESS = 10
-
-
-class GenSlots:
-    """At most `running` generations at once and `waiting` more queued for a slot; past that QueueFull
-    (429, Retry-After). Acquired on the event loop; released from a done callback on the loop."""
-
-    def __init__(self, running: int, waiting: int, metrics: Metrics):
-        self.size, self.max_waiting, self.metrics = running, waiting, metrics
-        self._sem = asyncio.Semaphore(running)
-        self.waiting = 0
-
-    async def acquire(self, timeout: float) -> None:
-        if self._sem.locked() and self.waiting >= self.max_waiting:
-            self.metrics.rejected.labels("generation_queue_full").inc()
-            raise QueueFull(f"generation queue full: {self.size} running, {self.waiting} waiting, limit "
-                            f"{self.max_waiting}; retry later", headers={"Retry-After": str(1 + self.waiting)})
-        self.waiting += 1
-        self.metrics.generations_waiting.set(self.waiting)
-        try:
-            await asyncio.wait_for(self._sem.acquire(), timeout)
-        except TimeoutError:
-            self.metrics.rejected.labels("generation_timeout").inc()
-            raise DeadlineExceeded(f"no generation slot within {timeout:g} s", headers={"Retry-After": "1"}) from None
-        finally:
-            self.waiting -= 1
-            self.metrics.generations_waiting.set(self.waiting)
-        self.metrics.generations_running.inc()
-
-    def release(self) -> None:
-        self.metrics.generations_running.dec()
-        self._sem.release()
-
-
-_END = object()
-
-
-class _Failed:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
-
-
-class Shared:
-    """What every KB of one app shares: the batcher (every forward pass of the process), the
-    generation slots and threads, the KB-write thread, the loaded generators."""
-
-    def __init__(self, settings: Settings, metrics: Metrics, generator: Generator | None = None):
-        b = settings.batching
-        self.batcher = Batcher(max_batch_size=b.max_batch_size, max_batch_tokens=b.max_batch_tokens,
-                               max_wait_ms=b.max_wait_ms, queue_size=b.queue_size,
-                               runner=functools.partial(run_engine, group_size=b.group_size),
-                               slot_unit=settings.defaults.k, metrics=metrics, workers=b.workers)
-        self.generators: dict[str, Generator] = {}
-        if generator is not None:
-            self.generators[generator.info.name] = generator  # shared, like `encoder` (tests, several apps)
-        g = settings.generator
-        self.gen_slots = GenSlots(g.max_concurrent, g.max_queue, metrics)
-        self.gen_pool = ThreadPoolExecutor(g.max_concurrent, thread_name_prefix="softknn-gen")
-        # KB writes (encode, new version, compaction) run on one thread of lower CPU priority, so on a
-        # busy machine the inference workers get the cores first (bench/writes.py measures both)
-        self.write_pool = ThreadPoolExecutor(1, thread_name_prefix="softknn-write", initializer=_lower_priority)
-
-
-class Runtime:
+class Runtime(RuntimeGeneration, RuntimeWrites):
     """One KB served: its engine, version, reloads, write store and generation. `kb` is its name
     (requests' `kb`, the metrics' label); `bundle` what it opens at start (default settings.bundle);
     `shared` what it shares with the app's other KBs (made here when not given)."""
@@ -357,40 +203,6 @@ class Runtime:
             raise
         except Exception as e:  # a bundle that verifies but does not load is still the bundle's fault
             raise BundleError(f"{location}: cannot be loaded: {type(e).__name__}: {e}", field="bundle") from e
-
-    async def open_generation(self, engine: Engine) -> tuple[GenEngine | None, str]:
-        """The GenEngine for `engine`'s bundle, or (None, why not). Never raises: a generator that does
-        not load leaves /v1/infer serving and the generation routes answering generator_unavailable."""
-        rec = engine.bundle.manifest.generator
-        if rec is None:
-            return None, (f"bundle {engine.bundle.version} was built without a generator "
-                          "(softknn build KB --out DIR --generator smollm2-135m-instruct)")
-        try:
-            ge = await asyncio.to_thread(self._load_generation, engine)
-        except Exception as e:
-            reason = f"generator {self.settings.generator.name or rec.name} did not load: {type(e).__name__}: {e}"
-            log.error(reason, exc_info=not isinstance(e, SoftKNNError))
-            return None, reason
-        return ge, ""
-
-    def _load_generation(self, engine: Engine) -> GenEngine:
-        t0 = time.perf_counter()
-        rec = engine.bundle.manifest.generator
-        if rec is None:
-            raise GeneratorUnavailable(f"bundle {engine.bundle.version} was built without a generator")
-        name = self.settings.generator.name or rec.name
-        gen = self._generators.get(name)
-        if gen is None and not self.settings.generator.name:  # a shared generator with the bundle's weights
-            gen = next((g for g in self._generators.values() if g.info.fingerprint == rec.fingerprint), None)
-        if gen is None:
-            gen = Generator.load(name, cache_dir=self.settings.generator.cache_dir)
-            self._generators[name] = gen
-        g = self.settings.generator
-        ge = GenEngine(engine, gen, runtime=g.runtime, weights=g.weights, threads=g.threads, max_batch=g.max_concurrent,
-                       torch_concurrent=g.torch_concurrent)
-        log.info("generator loaded", extra={"generator": gen.info.name, "layers": len(ge.layers),
-                                            "memory": ge.store.kind, "seconds": round(time.perf_counter() - t0, 2)})
-        return ge
 
     def _install(self, engine: Engine, generation: tuple[GenEngine | None, str] = (None, "no generator")) -> None:
         self._gen, self._gen_reason = generation  # before the engine: a request that sees the new engine sees it
@@ -583,158 +395,3 @@ class Runtime:
         log.info("bundle swapped", extra={"kb": self.kb, "previous_version": previous, "version_id": engine.bundle.version})
         return previous, engine
 
-    # --- KB writes (softknn.storage.writes) -----------------------------------------------------
-    def _store(self, engine: Engine) -> KBStore:
-        """The KBStore of the KB `engine` serves (opened on the first write, over the loaded bundle)."""
-        store = self._stores.get(engine)
-        if store is None:
-            if engine.bundle.manifest.sharded:
-                writable(engine.bundle.manifest)  # refuses, saying why
-            uri = self._sources.get(engine)
-            if uri is not None:  # a write into the cache would be lost with it, and never reach the store
-                raise WriteRefused(f"this KB is a cached copy of {uri}: writes are not supported on a bundle "
-                                   "served from object storage; build the new version and reload it")
-            store = KBStore(engine.bundle.path, self.encoder, documents=BuilderDocuments(),
-                            use_gpu=self.settings.use_gpu_index, base=engine.bundle)  # type: ignore[arg-type]  # not sharded: a Bundle
-        return store
-
-    def document(self, doc_id: str) -> tuple[Engine, dict]:
-        """(the engine read, one document of its KB)."""
-        engine = self.current()
-        store = self._stores.get(engine)
-        if store is not None and store.bundle is engine.bundle:
-            return engine, store.document(doc_id)
-        rows = [c for c in engine.bundle.chunks if c["doc_id"] == doc_id]
-        if not rows:
-            raise DocumentNotFound(f"no document {doc_id!r} in the KB (version {engine.bundle.version})", field="doc_id")
-        return engine, {"doc_id": doc_id, "label": rows[0].get("label"), "metadata": rows[0].get("metadata") or {},
-                        "text": rows[0]["text"] if len(rows) == 1 else None, "written": False,
-                        "chunks": [{k: c[k] for k in ("chunk_id", "start", "end", "text")} for c in rows]}
-
-    async def write(self, op: str, doc_id: str, record: dict | None = None) -> tuple[Engine, WriteResult]:
-        """Put or delete one document: durable (logged, fsynced) before it returns; then the new version
-        serves, swapped in like a reload (requests already admitted finish on the version they started with)."""
-        self.current()
-        async with self._reload_lock:
-            engine = self.current()  # after the wait: the version every earlier write left
-            loop = asyncio.get_running_loop()
-            store = await loop.run_in_executor(self._write_pool, self._store, engine)
-            if op == "put":
-                result = await loop.run_in_executor(self._write_pool, store.put, doc_id, record or {})
-            else:
-                result = await loop.run_in_executor(self._write_pool, store.delete, doc_id)
-            new = self._install_version(store, engine)
-        self.metrics.kb_writes.labels(self.kb, op).inc()
-        limit = self.settings.writes.compact_after
-        if limit and store.pending_writes >= limit and (self._compaction is None or self._compaction.done()):
-            self._compaction = asyncio.create_task(self._compact_quietly())
-        return new, result
-
-    def _install_version(self, store: KBStore, engine: Engine) -> Engine:
-        new = Engine(self.model, store.bundle)
-        self._stores[new] = store
-        self._install(new, (self._gen, self._gen_reason))  # writes refuse generator bundles: nothing to change
-        return new
-
-    async def compact(self) -> tuple[Engine, dict]:
-        """Fold the KB's logged writes into a new base bundle (softknn.storage.writes.KBStore.compact)."""
-        self.current()
-        async with self._reload_lock:
-            engine = self.current()
-            loop = asyncio.get_running_loop()
-            store = await loop.run_in_executor(self._write_pool, self._store, engine)
-            result = await loop.run_in_executor(self._write_pool, store.compact)
-            new = self._install_version(store, engine) if result["writes_folded"] else engine
-        log.info("KB compacted", extra={"kb": self.kb, "version_id": new.bundle.version, "writes_folded": result["writes_folded"],
-                                        "recalibrated": result["recalibrated"]})
-        return new, result
-
-    async def _compact_quietly(self) -> None:
-        try:
-            await self.compact()
-        except Exception as e:  # the log keeps every write: the next threshold crossing tries again
-            log.error("background compaction failed: %s", e, exc_info=not isinstance(e, SoftKNNError))
-
-    # --- generation ---------------------------------------------------------------------------
-    @property
-    def served_generator(self) -> GenEngine | None:
-        """The GenEngine serving now, or None (no generator, or it did not load)."""
-        return self._gen
-
-    def generation(self) -> GenEngine:
-        """The GenEngine serving now; 503 until ready, 409 generator_unavailable without one."""
-        self.current()
-        ge = self._gen
-        if ge is None:
-            raise GeneratorUnavailable(f"no generator is served: {self._gen_reason}")
-        return ge
-
-    async def generate(self, ge: GenEngine, params: GenParams, prompt: str | None, messages: list[dict] | None,
-                       *, request_id: str | None = None) -> AsyncGenerator[Step | GenAnswer, None]:
-        """Wait for a slot (429 past the queue), then run `ge.stream` on a generation thread: yields
-        each Step as it is chosen, then the GenAnswer. Closing this iterator early (a client gone)
-        cancels the generation at its next token; the slot frees when its thread ends."""
-        params = params.validate()  # 422 here, before a slot is taken
-        start = time.monotonic()
-        await self.gen_slots.acquire(self.settings.batching.request_timeout_s)
-        loop = asyncio.get_running_loop()
-        items: asyncio.Queue = asyncio.Queue()
-        cancel = threading.Event()
-        metrics = self.metrics
-
-        def put(item) -> None:
-            try:
-                loop.call_soon_threadsafe(items.put_nowait, item)
-            except RuntimeError:  # the loop is closed: nobody is waiting any more
-                pass
-
-        def work() -> None:
-            t0, first = time.monotonic(), True
-            try:
-                for item in ge.stream(params, prompt, messages, cancelled=cancel.is_set):
-                    if isinstance(item, Step):
-                        if first:
-                            metrics.time_to_first_token.observe(time.monotonic() - start)
-                            first = False
-                    else:
-                        metrics.generations.labels(item.finish_reason).inc()
-                        metrics.generated_tokens.inc(item.usage["completion_tokens"])
-                    put(item)
-            except BaseException as e:  # noqa: BLE001 - every failure goes back to the request
-                metrics.generations.labels("error").inc()
-                put(_Failed(e))
-            finally:
-                metrics.generation_seconds.observe(time.monotonic() - t0)
-                put(_END)
-
-        try:
-            done = loop.run_in_executor(self._gen_pool, work)
-        except BaseException:
-            self.gen_slots.release()
-            raise
-        done.add_done_callback(lambda _: self.gen_slots.release())
-        try:
-            while (item := await items.get()) is not _END:
-                if isinstance(item, _Failed):
-                    e = item.exc
-                    if isinstance(e, SoftKNNError | ServiceError):
-                        raise e
-                    log.error("generation failed", exc_info=e, extra={"request_id": request_id})
-                    raise InferenceFailed(f"generation failed ({type(e).__name__}); "
-                                          "see the server log for this request id") from e
-                yield item
-        finally:
-            cancel.set()  # a consumer that stopped early: the thread ends at its next token
-
-    async def answer(self, ge: GenEngine, params: GenParams, prompt: str | None, messages: list[dict] | None,
-                     *, request_id: str | None = None) -> GenAnswer:
-        """`generate` to the end: the GenAnswer."""
-        answer = None
-        stream = self.generate(ge, params, prompt, messages, request_id=request_id)
-        try:
-            async for item in stream:
-                answer = item
-        finally:
-            await stream.aclose()
-        assert isinstance(answer, GenAnswer)
-        return answer
