@@ -6,25 +6,14 @@
 
 from typing import Any
 
-import orjson
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBsDep, RequestIdDep, SettingsDep, body_model
+from softknn.service.responses import FastJSONResponse
 from softknn.service.schemas import ErrorResponse, InferRequestBase, InferResponse, served
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 429, 503)}
-
-
-class FastJSONResponse(JSONResponse):
-    """JSON rendered by orjson, on the event loop that every request shares: an order of magnitude
-    faster than the stdlib's json on real answers (`python -m bench json_encode`; docs/benchmarks.md).
-    Same values: both write floats in their shortest round-trip form, and the benchmark checks the
-    decoded answers are equal."""
-
-    def render(self, content) -> bytes:
-        return orjson.dumps(content)
 
 
 def build_router(InferRequest: type[InferRequestBase]) -> APIRouter:

@@ -12,7 +12,7 @@ from fastapi import APIRouter
 
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBsDep, RequestIdDep, SettingsDep, body_model
-from softknn.service.routes.infer import FastJSONResponse
+from softknn.service.responses import FastJSONResponse
 from softknn.service.schemas import ErrorResponse, Rank, RerankRequestBase
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 429, 503)}
