@@ -177,7 +177,7 @@ def _streams_summary(streams: list[list[float]]) -> dict:
 def streams(args, ctx) -> dict:
     from bench.generation import gen_engine, msgs
     from softknn.generate.engine import GenParams
-    from softknn.service.testing import LiveServer, free_port
+    from tests.harness import LiveServer, free_port
 
     levels = [int(x) for x in args.streams.split(",")]
     qs = [q["question"] for q in ctx["all_test"]]

@@ -8,7 +8,7 @@ Both servers serve the same sharded bundle: the sample KB built with `softknn bu
 its 2 shards in-process (softknn.storage.shards.LocalShards), `--ray` as 2 Ray actors behind the Serve
 proxy (`--ingress proxy`, the default) or Ray Serve's HAProxy ingress (`--ingress haproxy`) and one
 model replica. Both run one torch thread and no API key (the harness's
-softknn/service/testing.py LiveServer). Each query (the sample KB's queries.jsonl, one input per
+tests/harness.py LiveServer). Each query (the sample KB's queries.jsonl, one input per
 request) goes to both servers, alternating which first, in dense and in hybrid retrieval, one
 request at a time: every figure sees the same load. The answers are compared (same evidence ids in
 the same order, max |Δ| of similarities and embedding). `/healthz` is timed the same way: the proxy's own cost, no model,
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench.common import percentile, write
 from bench.kb import CACHE, set_threads
-from softknn.service.testing import LiveServer, free_port
+from tests.harness import LiveServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SIDES = ("single", "ray_2_shards")

@@ -23,13 +23,13 @@ import httpx
 
 from bench.common import RESULTS, summary, write
 from bench.kb import set_threads
-from softknn.service.testing import HOST, LiveServer, free_port
+from tests.harness import HOST, LiveServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def spawn(name: str, cmd: list[str], ready_path: str, env: dict | None = None, cwd: Path = REPO) -> LiveServer:
-    """Start a server through the one harness (softknn/service/testing.py) on a free port ("{port}" in `cmd`),
+    """Start a server through the one harness (tests/harness.py) on a free port ("{port}" in `cmd`),
     HF offline, `env` on top, its output in $TMPDIR/bench_service_NAME.log; not waited for yet."""
     port = free_port()
     return LiveServer.spawn([c.replace("{port}", str(port)) for c in cmd],
@@ -293,7 +293,7 @@ def fill_wait(args) -> dict:
 # --- --quick: softknn alone on the sample bundle ---------------------------------------------------
 def quick(args) -> dict:
     from softknn.common.console import sample_kb_path
-    from softknn.service.testing import ensure_bundle
+    from tests.harness import ensure_bundle
 
     bundle = ensure_bundle(args.bundle)
     queries = [json.loads(line)["text"] for line in (sample_kb_path().parent / "queries.jsonl").read_text().splitlines()

@@ -5,7 +5,7 @@ stream against the same server idle, side by side in one run.
 
 The KB: the first --passages ObliQA passages (../shared/data/obliqa_dev/documents, one document
 each, its passage id the doc id), built once (memory kv, as writes.json recorded; default flat index). A real uvicorn server
-in this process (softknn.service.testing.threaded_server, the admin token set, no background compaction)
+in this process (tests.harness.threaded_server, the admin token set, no background compaction)
 answers /v1/infer (default hybrid retrieval, k 8) for --queries ObliQA questions idle, then again
 while one client PUTs the next --writes passages as new documents back to back (each
 acknowledged once its log record is fsynced). Writes bench/results/writes.json|png.
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> dict:
     from softknn.model.encoder import Encoder
     from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.service.testing import threaded_server
+    from tests.harness import threaded_server
 
     docs = passages()
     base, stream = docs[: args.passages], docs[args.passages : args.passages + args.writes]

@@ -164,7 +164,7 @@ def test_the_softknn_command_loads_no_web_framework_until_serve_runs():
 
 
 def test_no_test_imports_the_benchmarks():
-    """Tests use the one server harness (softknn/service/testing.py) and their own helpers, never bench/."""
+    """Tests use the one server harness (tests/harness.py) and their own helpers, never bench/."""
     tests = sorted((ROOT / "tests").rglob("*.py"))
     assert len(tests) >= 20
     bad = [f"{p.relative_to(ROOT)}:{n} imports {m}" for p in tests for n, m in imported_names(p)

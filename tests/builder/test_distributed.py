@@ -21,8 +21,8 @@ import pytest
 
 from softknn.index_builder import pipeline
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.service.testing import free_port
 from softknn.storage.layout import sha256_file, verify_bundle
+from tests.harness import free_port
 from tests.ray_nodes import ray_env, start_node, stop_node, wait_for_cpus
 
 ROOT = Path(__file__).resolve().parents[2]

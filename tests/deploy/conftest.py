@@ -14,7 +14,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from softknn.service.testing import LiveServer, wait_ready
+from tests.harness import LiveServer, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 try:
@@ -58,7 +58,7 @@ def inproc_client(inproc_app):
 
 @contextlib.contextmanager
 def serve(bundle: Path, log_path: Path):
-    """`python -m softknn.service.cli --bundle B --port P` (the project venv's, softknn.service.testing.LiveServer,
+    """`python -m softknn.service.cli --bundle B --port P` (the project venv's, tests.harness.LiveServer,
     no auth) on 127.0.0.1; yields its base URL once ready."""
     with LiveServer.start(bundle, log_path, auth=False, ready_timeout=180.0) as srv:
         yield srv.url

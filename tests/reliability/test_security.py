@@ -26,9 +26,9 @@ from fastapi.testclient import TestClient
 import softknn.service.auth
 from softknn.common.errors import BundleError
 from softknn.service.app import create_app
-from softknn.service.testing import ADMIN_TOKEN, API_KEY
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import DATA_FILES, MANIFEST, sha256_file, verify_bundle, version_id
+from tests.harness import ADMIN_TOKEN, API_KEY
 from tests.reliability.conftest import bearer, settings_for
 
 

@@ -72,7 +72,7 @@ def test_serve_exits_with_the_reason_on_stderr_when_its_bundle_fails_verificatio
     import subprocess
     import sys
 
-    from softknn.service.testing import REPO, free_port
+    from tests.harness import REPO, free_port
 
     corrupt = refused_bundles["corrupt"]
     r = subprocess.run([sys.executable, "-m", "softknn.service.cli", "--bundle", str(corrupt), "--port", str(free_port())],

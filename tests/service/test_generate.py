@@ -19,8 +19,8 @@ from softknn.generate.model import Generator, Sampling
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.infer.engine import Engine
 from softknn.service.app import create_app
-from softknn.service.testing import threaded_server, wait_ready
 from softknn.storage.bundle import load_bundle
+from tests.harness import threaded_server, wait_ready
 from tests.service.conftest import settings_for
 
 QUESTION = "How much is an adult single on the Amber Line?"

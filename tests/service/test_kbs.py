@@ -257,7 +257,7 @@ def test_the_model_is_loaded_once_for_every_kb(encoder, make_settings, bundle_b,
 
     import softknn.service.runtime.core as runtime_core
     from softknn.service.app import create_app
-    from softknn.service.testing import wait_ready
+    from tests.harness import wait_ready
 
     loads = []
 

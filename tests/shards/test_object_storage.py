@@ -150,7 +150,7 @@ def test_the_service_serves_a_uri_and_refuses_writes_into_its_cache(s3, encoder,
 
     from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.service.testing import wait_ready
+    from tests.harness import wait_ready
 
     _push(sample_bundle_path, "s3://kbs/served")
     version = read_manifest(sample_bundle_path)["version_id"]
@@ -196,7 +196,7 @@ def test_ray_shards_fetch_their_own_directories_and_answer_exactly(s3, ray_clust
 
     from softknn.params import Settings
     from softknn.service.ray.launcher import kill_named_shards, serve_ray
-    from softknn.service.testing import free_port, wait_ready
+    from tests.harness import free_port, wait_ready
 
     _push(sharded_bundle_path, "s3://kbs/ray")
     version = read_manifest(sharded_bundle_path)["version_id"]

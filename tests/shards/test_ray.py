@@ -159,7 +159,7 @@ def test_serve_deployment_same_api(ray_cluster, sharded_bundle_path, sample_bund
 
     from softknn.service.app import create_app
     from softknn.service.ray.launcher import kill_named_shards, serve_ray
-    from softknn.service.testing import free_port
+    from tests.harness import free_port
 
     port = free_port()
     settings = _settings(sharded_bundle_path, port)

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from softknn.infer.engine import Engine, InferParams
-from softknn.service.testing import ADMIN_TOKEN, LiveServer, free_port, wait_ready
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import read_manifest
+from tests.harness import ADMIN_TOKEN, LiveServer, free_port, wait_ready
 from tests.shards.test_sharded import QUERIES
 
 ray = pytest.importorskip("ray")
@@ -290,7 +290,7 @@ def test_serve_ray_exits_when_the_cluster_does_not_reach_wait_nodes(sharded_bund
     import subprocess
     import sys
 
-    from softknn.service.testing import REPO
+    from tests.harness import REPO
 
     r = subprocess.run([sys.executable, "-m", "softknn.service.cli", "--bundle", str(sharded_bundle_path), "--ray",
                         "--wait-nodes", "2", "--wait-nodes-timeout", "2", "--port", str(free_port())],

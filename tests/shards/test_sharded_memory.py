@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.infer.engine import Engine, InferParams
 from softknn.params import Settings
-from softknn.service.testing import wait_ready
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import read_manifest
 from softknn.storage.memory_stores import MEMORY_FILES
 from softknn.storage.shards import ShardedBundle
+from tests.harness import wait_ready
 from tests.numerics import assert_tree_close
 from tests.shards.test_sharded import QUERIES, assert_same
 

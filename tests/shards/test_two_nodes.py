@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from softknn.infer.engine import Engine, InferParams
-from softknn.service.testing import free_port, wait_ready
+from tests.harness import free_port, wait_ready
 from tests.ray_nodes import ray_env, start_node, stop_node, wait_for_cpus
 from tests.shards.test_sharded import QUERIES
 

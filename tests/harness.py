@@ -16,7 +16,9 @@ Both serve real HTTP over real sockets on 127.0.0.1 through `softknn.service.ser
 lingering close of `softknn serve`). A live server runs one torch thread (the 2-core box is shared)
 and, unless `auth=False`, has an API key and an admin token set, like a production deployment;
 `module` runs another entry point with the same command line (tests/reliability/fault_server.py).
-Needs httpx (the `test` extra), as starlette.testclient does.
+Needs httpx (the `test` extra), as starlette.testclient does. It lives in tests/, out of the wheel;
+the benchmarks import it as `tests.harness`, the shell scripts run `python -m tests.harness` from
+the repository root.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import NamedTuple
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 API_KEY = "sk-reliability-4f1c9a7e2b6d"  # distinctive strings: the log tests search for them
 ADMIN_TOKEN = "adm-reliability-8d3e6b0c51f9"
 HOST = "127.0.0.1"
@@ -403,11 +405,11 @@ async def slow_body(url: str, *, byte_every_s: float = 0.25, give_up_s: float = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m softknn.service.testing wait-ready URL [--timeout S] [--pid PID] [--log FILE]`: the shell scripts'
+    """`python -m tests.harness wait-ready URL [--timeout S] [--pid PID] [--log FILE]`: the shell scripts'
     readiness wait (scripts/load_smoke.sh), the same poll as the tests'. Exit 0 when ready, 1 otherwise."""
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m softknn.service.testing")
+    ap = argparse.ArgumentParser(prog="python -m tests.harness")
     sub = ap.add_subparsers(dest="command", required=True)
     w = sub.add_parser("wait-ready", help="poll URL/readyz until 200")
     w.add_argument("url")
