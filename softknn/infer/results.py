@@ -1,6 +1,6 @@
 """What `Engine.infer` returns: one `InferResult` per input, typed and immutable.
 
-The same object `softknn query --json` prints and `POST /v1/infer` returns; softknn/service/schemas.py
+The same object `softknn query --json` prints and `POST /v1/infer` returns; softknn/service/schemas/infer.py
 documents every field for the OpenAPI schema (tests/service/test_contract.py checks the two agree
 field for field). orjson renders these dataclasses natively (`orjson.dumps(result)`), close to
 as fast as the dicts they replace (bench/json_encode.py). Nothing changes a result once built: the service

@@ -68,7 +68,7 @@ class InferParams:
     def from_defaults(cls, defaults, **given) -> InferParams:
         """The settings' request defaults (`Settings.defaults`, softknn.params.InferDefaults) with
         the `given` values that are not None on top, validated: how every command builds its
-        parameters (the service's request model bakes the same defaults in, softknn/service/schemas.py)."""
+        parameters (the service's request model bakes the same defaults in, softknn/service/schemas/infer.py)."""
         known = {f.name for f in fields(cls)}
         values = {name: v for name, v in defaults.model_dump().items() if name in known}
         values.update({name: v for name, v in given.items() if v is not None})
