@@ -20,6 +20,10 @@ damaged since is refused there. One lock file per version serialises the process
 (a replica and its shard actors) fetching the same files. Credentials and endpoints come from the
 file system's own configuration (for S3: the AWS_* environment, AWS_ENDPOINT_URL for MinIO and
 other S3-compatible stores); fsspec and the protocol's package (s3fs, gcsfs) must be installed.
+
+This module stays light at import (its softknn imports are inside the functions that use them): the
+Settings (a bundle's `Location`) and `softknn serve` use it to tell a URI from a path before numpy,
+torch or FAISS load.
 """
 
 from __future__ import annotations
@@ -36,18 +40,6 @@ from pydantic import StringConstraints
 
 from softknn.common.errors import BundleError
 from softknn.common.file_lock import exclusive_lock
-from softknn.storage.layout import (
-    FORMAT_VERSION,
-    MANIFEST,
-    atomic_write_bytes,
-    data_files,
-    fsync_dir,
-    read_manifest,
-    replica_files,
-    verify_bundle,
-    version_id,
-)
-from softknn.storage.manifest import Manifest
 
 URI_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]*://"
 URI = re.compile(URI_PATTERN)
@@ -86,6 +78,8 @@ def _join(root: str, name: str) -> str:
 
 def read_remote_manifest(uri: str) -> dict:
     """The manifest of the bundle at `uri`, checked as read_manifest checks a local one."""
+    from softknn.storage.layout import FORMAT_VERSION, MANIFEST
+
     fs, root = _fs(uri)
     try:
         data = fs.cat_file(_join(root, MANIFEST))
@@ -105,6 +99,8 @@ def read_remote_manifest(uri: str) -> dict:
 
 def holds_bundle(uri: str) -> bool:
     """Whether `uri` holds a bundle's top manifest (what `push` writes last)."""
+    from softknn.storage.layout import MANIFEST
+
     fs, root = _fs(uri)
     try:
         return bool(fs.exists(_join(root, MANIFEST)))
@@ -121,11 +117,15 @@ def staging_dir() -> Path:
 
 
 def read_location_manifest(location: str | Path) -> dict:
+    from softknn.storage.layout import read_manifest
+
     return read_remote_manifest(str(location)) if is_remote(location) else read_manifest(Path(location))
 
 
-def replica_names(m: Manifest) -> list[str]:
+def replica_names(m) -> list[str]:
     """What a serving process opens of the bundle with manifest `m` (softknn.storage.manifest.Manifest)."""
+    from softknn.storage.layout import data_files, replica_files
+
     if m.sharded:
         return replica_files(m)
     gen = m.generator.memory if m.generator is not None else None
@@ -134,6 +134,8 @@ def replica_names(m: Manifest) -> list[str]:
 
 def _download(fs, src: str, dst: Path, want_bytes: int, want_sha: str | None, uri: str) -> None:
     """src → dst through a temporary file, hashed as it streams; refuse a wrong size or sha256."""
+    from softknn.storage.layout import fsync_dir
+
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.part-{os.getpid()}")
     h, n = hashlib.sha256(), 0
@@ -196,6 +198,8 @@ def evict(folder: Path, keep: int, current: Path) -> list[Path]:
 def _materialize(uri: str, names: list[str], raw: dict, local: Path) -> None:
     """Download each of `names` (checksummed in manifest `raw`) not yet in `local`, the manifest
     last; mark `local` as just opened and evict the folder's least recently opened versions."""
+    from softknn.storage.layout import MANIFEST, atomic_write_bytes
+
     files = raw.get("files") or {}
     fs, root = _fs(uri)
     with exclusive_lock(_lock_path(local)):
@@ -217,6 +221,9 @@ def _materialize(uri: str, names: list[str], raw: dict, local: Path) -> None:
 
 def _checked_manifest(uri: str):
     """The manifest at `uri`, raw and typed, its version_id the hash of its content (it names a cache folder)."""
+    from softknn.storage.layout import version_id
+    from softknn.storage.manifest import Manifest
+
     raw = read_remote_manifest(uri)
     m = Manifest.of(raw, _join(uri, "manifest.json"))
     if version_id(raw) != m.version_id or not VERSION.fullmatch(m.version_id):
@@ -238,6 +245,8 @@ def localize(location: str | Path, cache: Path | None = None) -> Path:
 
 def fetch(uri: str, cache: Path | None = None) -> Path:
     """A shard directory's URI (`…/kb/shard-0001`) as a node-local directory with all its files."""
+    from softknn.storage.layout import data_files
+
     uri = uri.rstrip("/")
     raw, m = _checked_manifest(uri)
     # a shard's manifest lists its own files; the directory is keyed by the shard's version id
@@ -258,6 +267,9 @@ def source_of(directory: Path) -> str | None:
 def push(directory: Path, uri: str) -> int:
     """Upload the bundle in `directory` to `uri` (every file the manifests list, then the shard
     manifests, then the top manifest); the number of files uploaded. Refuses an unverified bundle."""
+    from softknn.storage.layout import MANIFEST, verify_bundle
+    from softknn.storage.manifest import Manifest
+
     directory = Path(directory)
     raw = verify_bundle(directory)
     m = Manifest.of(raw, directory / MANIFEST)
