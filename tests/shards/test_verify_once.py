@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-import softknn.storage.bundle as bundle_mod
+import softknn.storage.layout as layout_mod
 from softknn.common.errors import BundleError
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import read_manifest, replica_files, shard_own_files
@@ -24,13 +24,13 @@ from softknn.storage.shards import LocalShards, Shard, shard_specs
 def checksummed(monkeypatch) -> Counter:
     """Every file sha256_file reads, with how often."""
     seen: Counter = Counter()
-    real = bundle_mod.sha256_file
+    real = layout_mod.sha256_file
 
     def spy(path, *a, **kw):
         seen[Path(path)] += 1
         return real(path, *a, **kw)
 
-    monkeypatch.setattr(bundle_mod, "sha256_file", spy)
+    monkeypatch.setattr(layout_mod, "sha256_file", spy)  # what verify_files reads each file with
     return seen
 
 
