@@ -51,8 +51,8 @@ def search_ms(ci, xq: np.ndarray, k: int) -> dict:
 
 def run_size(n: int, xq: np.ndarray, texts: list[str], enc, kinds: list[str], n_delta: int) -> list[dict]:
     from bench.kb import cached_index, embeddings, synthetic_bundle
-    from softknn.chunk_index import choose_index
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.retrieval.chunk_index import choose_index
 
     xb = embeddings(n)
     E = {}
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from bench.kb import CACHE, device, queries
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     enc = Encoder(device=device())
     xq = np.load(CACHE / "queries.npy")[: args.queries]

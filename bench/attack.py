@@ -16,7 +16,7 @@ per phase the well-formed latency (p50/p95/p99/max) and statuses, the RSS (MB), 
 kind the statuses it got and how fast (p50/p99). Every hostile request must get its expected
 status; every well-formed one 200.
 
-HOSTILE (softknn/service/testing.py) is also the table of tests/reliability/test_hostile.py.
+HOSTILE (tests/harness.py) is also the table of tests/reliability/test_hostile.py.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from softknn.service.testing import (
+from tests.harness import (
     API_KEY,
     HOSTILE,
     REPO,

@@ -55,10 +55,10 @@ def _sha(p: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from softknn.bundle import load_bundle
-    from softknn.encoder import Encoder
-    from softknn.engine import Engine, InferParams
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
+    from softknn.storage.bundle import load_bundle
 
     corpus = _passages()
     n, m = args.passages, max(1, round(args.passages * args.changed))

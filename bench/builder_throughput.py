@@ -45,8 +45,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from softknn.encoder import Encoder
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.model.encoder import Encoder
 
     enc = Encoder()
     tmp = Path(tempfile.mkdtemp(prefix="softknn-bench-"))

@@ -1,7 +1,7 @@
 """A replica's chunk metadata: the eager list of dicts vs the memory-mapped MappedChunks (issue 24 item 7).
 
-Every replica of a sharded service opens the whole KB's chunk metadata (softknn.shards.load_sharded).
-Eager (softknn.mapped_chunks.eager_chunks, what it held before): every chunks.jsonl line decoded into
+Every replica of a sharded service opens the whole KB's chunk metadata (softknn.storage.shards.load_sharded).
+Eager (softknn.storage.chunks.eager_chunks, what it held before): every chunks.jsonl line decoded into
 a dict, plus {chunk_id: row}. Mapped (MappedChunks): the files memory-mapped, a line offset per
 chunk and a sorted 8-byte id hash with its row; a row decoded when read.
 
@@ -47,14 +47,14 @@ def _rss_anon() -> int:
 
 def _source_lines(bundle: Path | None) -> list[bytes]:
     from bench.kb import CACHE
-    from softknn.bundle import read_manifest
+    from softknn.storage.layout import read_manifest
 
     if bundle is None:
         bundle = CACHE / "sample-2shards"
         if not (bundle / "manifest.json").exists():
-            from softknn.console import sample_kb_path
-            from softknn.encoder import Encoder
+            from softknn.common.console import sample_kb_path
             from softknn.index_builder.pipeline import BuildConfig, build_bundle
+            from softknn.model.encoder import Encoder
 
             build_bundle(sample_kb_path(), bundle, BuildConfig(shards=2), Encoder(), progress=False)
     lines: list[bytes] = []
@@ -64,7 +64,8 @@ def _source_lines(bundle: Path | None) -> list[bytes]:
 
 
 def _write_shards(lines: list[bytes], n: int, n_shards: int, out: Path) -> list[Path]:
-    from softknn.shards import SHARD_DIR, shard_ranges
+    from softknn.storage.layout import SHARD_DIR
+    from softknn.storage.shards import shard_ranges
 
     files = []
     for s, (lo, hi) in enumerate(shard_ranges(n, n_shards)):
@@ -110,7 +111,7 @@ def _arm(name: str, load, files: list[Path], calls: int, rng: random.Random) -> 
 
 
 def run(args: argparse.Namespace) -> dict:
-    from softknn.mapped_chunks import MappedChunks, eager_chunks
+    from softknn.storage.chunks import MappedChunks, eager_chunks
 
     lines = _source_lines(args.bundle)
     rng = random.Random(0)

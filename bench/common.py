@@ -61,7 +61,7 @@ def timed_pair(fa, fb, repeats: int = 3) -> tuple[dict, dict]:
 
 def percentile(xs, q: float) -> float:
     """The q-th percentile (0..100) of xs, linear interpolation (numpy's default); nan when empty.
-    The one percentile of the benchmarks (softknn/service/testing.py's nearest-rank one is the harness's)."""
+    The one percentile of the benchmarks (tests/harness.py's nearest-rank one is the harness's)."""
     import numpy as np
 
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if len(xs) else float("nan")

@@ -79,8 +79,8 @@ def run(args: argparse.Namespace) -> dict:
     from sentence_transformers import SentenceTransformer
 
     from bench.service import ready, softknn_server
-    from softknn.encoder import resolve_model_path
-    from softknn.service.testing import ensure_bundle
+    from softknn.model.encoder import resolve_model_path
+    from tests.harness import ensure_bundle
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     for k in [k for k in os.environ if k.startswith("SOFTKNN_") or k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")]:

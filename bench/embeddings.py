@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from bench.common import plot_bars, summary, write
-from softknn.service.testing import REPO, LiveServer, ensure_bundle
+from tests.harness import REPO, LiveServer, ensure_bundle
 
 MODEL = "all-MiniLM-L6-v2"
 

@@ -4,7 +4,7 @@
 
 On a bundle (default: bench/kb.py's real 10k bundle, `python -m bench kb`; the sample bundle with
 `--bundle`), real queries one at a time, per parameter set (`CONFIGS`), interleaved per query:
-    infer:  Engine.infer([q]) with the fast evidence (softknn.evidence.evidence_items) and with the
+    infer:  Engine.infer([q]) with the fast evidence (softknn.infer.evidence.evidence_items) and with the
             reference (evidence_items_reference), alternately;
     result: Engine.result alone on one fused pass captured per query, reference and fast alternately
             (the order swapped every round), wall and process CPU ms.
@@ -39,7 +39,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 def _capture(engine, text: str, p):
     """One request's fused pass, kept: what Engine.result reads (Engine._infer, then Engine.fuse)."""
-    from softknn.attention import fused_attention
+    from softknn.model.attention import fused_attention
 
     enc = engine.encoder
     batch = enc.tokenize([text])
@@ -154,9 +154,9 @@ def _plot(name: str, results: dict, n_chunks: int) -> None:
 def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
     from bench.kb import bundle_path, queries
-    from softknn.bundle import load_bundle
-    from softknn.encoder import Encoder
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
+    from softknn.storage.bundle import load_bundle
 
     class ReferenceEngine(Engine):
         """The engine with the evidence of evidence_items_reference."""

@@ -45,7 +45,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--chunks", type=int, default=100_000)
     ap.add_argument("--queries", type=int, default=200)
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--index", default="auto", help="auto | flat | hnsw | ivf (softknn.chunk_index.choose_index)")
+    ap.add_argument("--index", default="auto", help="auto | flat | hnsw | ivf (softknn.retrieval.chunk_index.choose_index)")
     ap.add_argument("--threads", type=int, default=1, help="faiss/torch threads while timing")
     ap.add_argument("--name", default="filters")
 
@@ -54,8 +54,8 @@ def _kb(n: int, index_kind: str, threads: int):
     """A Retriever-ready stand-in for a bundle: index, BM25, chunks with metadata (bucket 0..99, rank 0..n−1)."""
     import faiss
 
-    from softknn.chunk_index import ChunkIndex, build_index, choose_index
-    from softknn.lexical import LexicalIndex
+    from softknn.retrieval.chunk_index import ChunkIndex, build_index, choose_index
+    from softknn.retrieval.lexical import LexicalIndex
 
     rng = np.random.default_rng(SEED)
     base = rng.standard_normal((max(1, n // 10), DIM), dtype=np.float32)
@@ -84,7 +84,7 @@ def _kb(n: int, index_kind: str, threads: int):
 @contextmanager
 def _variant(name: str):
     """The alternatives: `selector` forces the index's ID selector, `unwidened` keeps its own efSearch."""
-    from softknn import chunk_index, search
+    from softknn.retrieval import chunk_index, search
 
     saved = search.FILTER_SCAN_MAX, search.FILTER_INDEX_SHARE, chunk_index.FILTER_WIDEN
     if name.endswith("selector"):
@@ -101,8 +101,8 @@ def run(args) -> dict:
     import faiss
     import torch
 
-    from softknn.filters import parse_filter
-    from softknn.search import InferParams, Retriever
+    from softknn.retrieval.filters import parse_filter
+    from softknn.retrieval.search import InferParams, Retriever
 
     kb, texts, xb, build_s = _kb(args.chunks, args.index, args.threads)
     faiss.omp_set_num_threads(args.threads)

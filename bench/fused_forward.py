@@ -43,7 +43,7 @@ def plain_forward(enc, text: str) -> np.ndarray:
 
 def stage_times(engine, text: str, params) -> dict[str, dict[str, float]]:
     """One Engine.infer, split into its stages (same calls, timed between them): wall and CPU seconds."""
-    from softknn.attention import fused_attention
+    from softknn.model.attention import fused_attention
 
     enc, marks = engine.encoder, []
     mark = lambda: marks.append((time.perf_counter(), time.process_time()))  # noqa: E731
@@ -71,7 +71,7 @@ def stage_times(engine, text: str, params) -> dict[str, dict[str, float]]:
 
 
 def measure(engine, texts: list[str], k: int, repeats: int, evidence: int = 5) -> dict:
-    from softknn.engine import InferParams
+    from softknn.infer.engine import InferParams
 
     p = InferParams(k=k, evidence=evidence)
     qa, qb = itertools.cycle(texts), itertools.cycle(texts)
@@ -116,8 +116,8 @@ def _flat_exactness(bundle, xq: np.ndarray, k: int) -> float:
 
 def measure_sizes(sizes: list[int], kinds: list[str], ks: list[int], repeats: int, n_queries: int, evidence: int = 5) -> list[dict]:
     from bench.kb import device, embeddings, queries, synthetic_bundle
-    from softknn.encoder import Encoder
-    from softknn.engine import Engine
+    from softknn.infer.engine import Engine
+    from softknn.model.encoder import Encoder
 
     enc = Encoder(device=device())
     texts = queries(n_queries)

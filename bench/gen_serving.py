@@ -79,7 +79,7 @@ def _decode_rate(times: list[float]) -> float | None:
 
 def _stream_softknn(ge, params, question: str) -> dict:
     from bench.generation import msgs
-    from softknn.generator import Step
+    from softknn.generate.model import Step
 
     t0 = time.perf_counter()
     times = []
@@ -102,8 +102,8 @@ def _median(rows: list[dict], key: str) -> float | None:
 
 def single(args, ctx) -> dict:
     from bench.generation import msgs
-    from softknn.engine import Engine
-    from softknn.generation import GenEngine, GenParams
+    from softknn.generate.engine import GenEngine, GenParams
+    from softknn.infer.engine import Engine
 
     enc, gen, bundle, qs, llama = ctx["enc"], ctx["gen"], ctx["bundle"], ctx["questions"], ctx["llama"]
     ks = [int(x) for x in args.ks.split(",")]
@@ -176,8 +176,8 @@ def _streams_summary(streams: list[list[float]]) -> dict:
 
 def streams(args, ctx) -> dict:
     from bench.generation import gen_engine, msgs
-    from softknn.generation import GenParams
-    from softknn.service.testing import LiveServer, free_port
+    from softknn.generate.engine import GenParams
+    from tests.harness import LiveServer, free_port
 
     levels = [int(x) for x in args.streams.split(",")]
     qs = [q["question"] for q in ctx["all_test"]]
@@ -224,7 +224,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     from bench.generation import CACHE, get_bundle, load_qa, models, setup_threads
-    from softknn.generator import resolve_generator
+    from softknn.generate.model import resolve_generator
 
     setup_threads()
     t_start = time.perf_counter()

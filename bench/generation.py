@@ -1,4 +1,4 @@
-"""Generation with the KB in attention (softknn.generation) vs prompt-stuffed RAG vs the plain model.
+"""Generation with the KB in attention (softknn.generate.engine) vs prompt-stuffed RAG vs the plain model.
 
 Four parts, each its own subcommand and result file (bench/results/generation_<part>.json + .png):
 
@@ -103,9 +103,9 @@ def setup_threads() -> None:
 
 def get_bundle(kb: Path, out: Path, enc, gen, layers: str = "all", memory: str = "fp16", **cfg_kw) -> tuple[object, dict]:
     """The bundle at `out` (built once; reused when it verifies and holds this generator memory)."""
-    from softknn.bundle import load_bundle
-    from softknn.errors import SoftKNNError
+    from softknn.common.errors import SoftKNNError
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.storage.bundle import load_bundle
 
     want_layers = gen.layers(layers)
     info = {"path": str(out), "built": False, "build_s": None}
@@ -125,15 +125,15 @@ def get_bundle(kb: Path, out: Path, enc, gen, layers: str = "all", memory: str =
 
 
 def models():
-    from softknn.encoder import Encoder
-    from softknn.generator import Generator
+    from softknn.generate.model import Generator
+    from softknn.model.encoder import Encoder
 
     return Encoder(), Generator.load()
 
 
 def gen_engine(enc, gen, bundle):
-    from softknn.engine import Engine
-    from softknn.generation import GenEngine
+    from softknn.generate.engine import GenEngine
+    from softknn.infer.engine import Engine
 
     return GenEngine(Engine(enc, bundle), gen)
 
@@ -192,7 +192,7 @@ def summarise(rows: list[dict]) -> dict:
 
 
 def answers(args) -> None:
-    from softknn.generation import GenParams
+    from softknn.generate.engine import GenParams
 
     enc, gen, ge, binfo, val, test = sample_setup(args.limit)
     base = GenParams(max_tokens=32, temperature=0.0, k=4)
@@ -233,7 +233,7 @@ def answers(args) -> None:
 
 def answers_k(args) -> dict:
     """k chosen on validation for each way of giving the model the KB (prompt-stuffed, joint), then test."""
-    from softknn.generation import GenParams
+    from softknn.generate.engine import GenParams
 
     enc, gen, ge, binfo, val, test = sample_setup(args.limit)
     ks = [int(x) for x in args.ks.split(",")]
@@ -263,8 +263,8 @@ def answers_k(args) -> dict:
 
 
 def answers_prior(args) -> dict:
-    """softknn joint with the w_db prior β (softknn.gen_attention): (k, β) chosen on validation, then test."""
-    from softknn.generation import GenParams
+    """softknn joint with the w_db prior β (softknn.generate.attention): (k, β) chosen on validation, then test."""
+    from softknn.generate.engine import GenParams
 
     enc, gen, ge, binfo, val, test = sample_setup(args.limit)
     ks = [int(x) for x in args.ks.split(",")]
@@ -354,7 +354,7 @@ def obliqa_kb(n_questions: int, n_passages: int, seed: int = 0) -> tuple[Path, l
 
 
 def obliqa(args) -> None:
-    from softknn.generation import GenParams
+    from softknn.generate.engine import GenParams
 
     prev = json.loads((RESULTS / "generation_answers.json").read_text()) if (RESULTS / "generation_answers.json").exists() else {}
     alpha = args.alpha if args.alpha is not None else prev.get("alpha_chosen", 0.7)
@@ -404,8 +404,8 @@ def obliqa(args) -> None:
 
 # --- 3. speed --------------------------------------------------------------------------------------
 def speed(args) -> None:
-    from softknn.generation import GenParams
-    from softknn.generator import Step
+    from softknn.generate.engine import GenParams
+    from softknn.generate.model import Step
 
     enc, gen = models()
     bundle, binfo = get_bundle(ROOT / "softknn" / "sample_kb" / "kb", CACHE / "gen-sample", enc, gen)
@@ -493,8 +493,8 @@ def llama_cpp(args) -> dict:
     template), beside softknn's figures from generation_speed.json: TTFT and decode tokens/s."""
     import subprocess
 
-    from softknn.generation import GenParams
-    from softknn.generator import PACKAGED_GGUF, resolve_generator
+    from softknn.generate.engine import GenParams
+    from softknn.generate.model import PACKAGED_GGUF, resolve_generator
 
     enc, gen = models()
     bundle, binfo = get_bundle(ROOT / "softknn" / "sample_kb" / "kb", CACHE / "gen-sample", enc, gen)
@@ -554,7 +554,7 @@ def formula_bytes(tokens_per_chunk: float, layers: int, kind: str, nkv: int = 3,
 
 
 def memory(args) -> None:
-    from softknn.generation import GenParams
+    from softknn.generate.engine import GenParams
 
     enc, gen = models()
     kbp = ROOT / "softknn" / "sample_kb" / "kb"

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from bench.kb import SHARED, device, synthetic_bundle
-    from softknn.encoder import Encoder
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
 
     engine = Engine(Encoder(device=device()), synthetic_bundle(10_000, "flat"))
     with open(SHARED / "banking77" / "test.csv", newline="", encoding="utf-8") as f:

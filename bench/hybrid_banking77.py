@@ -21,7 +21,6 @@ import numpy as np
 import torch
 
 from bench.common import RESULTS, result_path, write
-from softknn.attention import knn_weights
 from softknn.evaluation.metrics import (
     abstain_point,
     auroc,
@@ -30,8 +29,9 @@ from softknn.evaluation.metrics import (
     gated_scores,
     rejection_rate,
 )
-from softknn.lexical import LexicalIndex
-from softknn.retrieval import topk_reference
+from softknn.model.attention import knn_weights
+from softknn.retrieval.lexical import LexicalIndex
+from softknn.retrieval.scoring import topk_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,7 +143,7 @@ def run_retrieval(xb: np.ndarray, lex: LexicalIndex, xq: np.ndarray, terms: list
 
 
 def check_reference(xb, lex, xq, terms, k, self_rows, sample: np.ndarray, got: dict) -> int:
-    """The vectorised top k equals softknn.retrieval.topk_reference on a sample (self removed)."""
+    """The vectorised top k equals softknn.retrieval.scoring.topk_reference on a sample (self removed)."""
     checked = 0
     for i in sample:
         d = xb.astype(np.float64) @ xq[i].astype(np.float64)
@@ -288,7 +288,7 @@ def run(args: argparse.Namespace) -> dict:
 
     # query embeddings (the service's plain pass), cached
     t0 = time.time()
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     encoder = Encoder()
     assert encoder.info.fingerprint == manifest["model"]["fingerprint"]
@@ -466,7 +466,7 @@ def run(args: argparse.Namespace) -> dict:
         "bundle": {"path": os.path.relpath(args.bundle.resolve(), ROOT), "version_id": manifest.get("version_id"),
                    "chunks": len(chunks), "labels": len(labels)},
         "definitions": {
-            "retrieval": "softknn.retrieval.scores_reference; top k by s (score desc, id asc)",
+            "retrieval": "softknn.retrieval.scoring.scores_reference; top k by s (score desc, id asc)",
             "labels": "argmax Σ_{top k} softmax(s/τ)·onehot(label)",
             "loo": "each KB row as a query (its stored embedding, its text's BM25 terms) against the other rows; "
                    "its own row removed from d and b before norm_m; BM25 statistics include it",

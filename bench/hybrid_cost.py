@@ -224,7 +224,7 @@ def dense_index(xb: np.ndarray, kind: str, vectors: str):
     """(faiss index, spec, build seconds or None when cached, serialized bytes) for choose_index(N, D, kind)."""
     import faiss
 
-    from softknn.chunk_index import build_index, choose_index
+    from softknn.retrieval.chunk_index import build_index, choose_index
 
     spec = choose_index(len(xb), xb.shape[1], kind)
     build = {k: v for k, v in spec.params.items() if k != "efSearch"}
@@ -263,7 +263,7 @@ def time_modes(engine, params: dict, xq: np.ndarray, texts: list[str], rounds: i
 
 def certification(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
     """How often topk_fast answered (certified) vs returned None (the brute force ran), per mode."""
-    import softknn.engine as eng
+    import softknn.infer.engine as eng
 
     real = eng.topk_fast
     counts = {"certified": 0, "fallback": 0}
@@ -291,7 +291,7 @@ def exactness(engine, params: dict, xq: np.ndarray, texts: list[str], tol: float
     given the exact dense top m vs topk_reference (the fast path's algorithm without ANN error)."""
     from dataclasses import replace
 
-    from softknn.retrieval import topk_fast, topk_reference
+    from softknn.retrieval.scoring import topk_fast, topk_reference
 
     index, lex = engine.bundle.index, engine.bundle.lexical
     n = len(engine.bundle)
@@ -347,10 +347,10 @@ def exactness(engine, params: dict, xq: np.ndarray, texts: list[str], tol: float
 
 def stage_breakdown(engine, params: dict, xq: np.ndarray, texts: list[str]) -> dict:
     """Median ms of each step of one hybrid retrieval (Retriever._lexical_select's calls and
-    softknn.retrieval.topk_fast's steps, timed between them) and of the dense one; plus the BM25
+    softknn.retrieval.scoring.topk_fast's steps, timed between them) and of the dense one; plus the BM25
     work: query terms and posting entries summed."""
-    from softknn.engine import Retrieval
-    from softknn.retrieval import best, candidates, mix, norm_top, top_m
+    from softknn.infer.engine import Retrieval
+    from softknn.retrieval.scoring import best, candidates, mix, norm_top, top_m
 
     index, lex = engine.bundle.index, engine.bundle.lexical
     n = len(engine.bundle)
@@ -426,12 +426,12 @@ def run_size(n: int, kind: str, n_queries: int, rounds: int, n_check: int, base,
              do_profile: bool, command: str) -> dict:
     import gc
 
-    from softknn.bundle import Bundle
-    from softknn.chunk_index import PREFILTER_MIN_CHUNKS, ChunkIndex
-    from softknn.lexical import LexicalIndex, LexicalSpec
-    from softknn.manifest import Counts, IndexRecord, Manifest
-    from softknn.memory_stores import KVStore
-    from softknn.search import InferParams, Retriever
+    from softknn.retrieval.chunk_index import PREFILTER_MIN_CHUNKS, ChunkIndex
+    from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
+    from softknn.retrieval.search import InferParams, Retriever
+    from softknn.storage.layout import Bundle
+    from softknn.storage.manifest import Counts, IndexRecord, Manifest
+    from softknn.storage.memory_stores import KVStore
 
     texts_b, ids_b, intents_b, real_b = base
     load_start = [round(x, 2) for x in os.getloadavg()]

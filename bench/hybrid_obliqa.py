@@ -22,8 +22,8 @@ from bench.common import RESULTS, result_path, write
 from softknn.evaluation.metrics import ndcg_at_k, retrieval_metrics
 from softknn.evaluation.run import ranked_ids, read_queries, sample
 from softknn.index_builder.reader import Fields
-from softknn.lexical import LexicalIndex, LexicalSpec
-from softknn.retrieval import scores_reference
+from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
+from softknn.retrieval.scoring import scores_reference
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,8 +62,8 @@ _ENCODER: dict = {}  # one model load for both question sets
 def embed_questions(queries, cache: Path, manifest: dict, batch_size: int = 64) -> tuple[np.ndarray, dict]:
     """e_q (n, D) float32 as the service computes it (tokenize, truncate, plain forward, pooled +
     normalised), cached by question ids + texts + model fingerprint."""
-    from softknn.encoder import Encoder
-    from softknn.settings import Settings
+    from softknn.model.encoder import Encoder
+    from softknn.params import Settings
 
     key = hashlib.sha256("\n".join(f"{q.id}\t{q.text}" for q in queries).encode()).hexdigest()[:16]
     path = cache / f"qemb_{key}.npz"
@@ -90,7 +90,7 @@ def embed_questions(queries, cache: Path, manifest: dict, batch_size: int = 64) 
 
 # --- ranking ----------------------------------------------------------------------------------
 def top_rows(s: np.ndarray, ids: np.ndarray | None = None, k: int = K) -> np.ndarray:
-    """The k best rows by (score desc, id asc), = softknn.retrieval.best, without sorting all N."""
+    """The k best rows by (score desc, id asc), = softknn.retrieval.scoring.best, without sorting all N."""
     if ids is None:
         ids = np.arange(len(s))
     k = min(k, len(s))
@@ -171,8 +171,8 @@ class Scorer:
 
 
 def module_defaults() -> dict:
-    """λ, m (softknn.retrieval.LEXICAL_WEIGHT, CANDIDATES, when defined) and LexicalSpec's k1, b."""
-    import softknn.retrieval as r
+    """λ, m (softknn.retrieval.scoring.LEXICAL_WEIGHT, CANDIDATES, when defined) and LexicalSpec's k1, b."""
+    import softknn.retrieval.scoring as r
 
     spec = LexicalSpec()
     return {"weight": getattr(r, "LEXICAL_WEIGHT", None), "pool": getattr(r, "CANDIDATES", None),
@@ -342,7 +342,7 @@ def run(args: argparse.Namespace) -> dict:
     if default_spec != chosen_spec:  # for the record: what the baseline BM25 parameters would have given
         runs["lexical_default_bm25"] = T.reference(default_spec, "lexical", 1.0, best_default["pool"])
         runs["hybrid_default_bm25"] = T.reference(default_spec, "hybrid", best_default["weight"], best_default["pool"])
-    # the defaults softknn.retrieval / LexicalSpec carry now (set from this sweep), if they differ
+    # the defaults softknn.retrieval.scoring / LexicalSpec carry now (set from this sweep), if they differ
     mod = module_defaults()
     mod_spec = LexicalSpec(k1=mod["k1"], b=mod["b"])
     if mod["weight"] is not None and (mod["weight"], mod["pool"], mod_spec) != (chosen["weight"], chosen["pool"], chosen_spec):
@@ -397,7 +397,7 @@ def run(args: argparse.Namespace) -> dict:
                    "version_id": manifest.get("version_id"), "model": (manifest.get("model") or {}).get("name"),
                    "index": (manifest.get("index") or {}).get("kind")},
         "definitions": {
-            "reference": "softknn.retrieval.scores_reference: s = (1−λ)·norm_m(d) + λ·norm_m(b), norm_m min-max "
+            "reference": "softknn.retrieval.scoring.scores_reference: s = (1−λ)·norm_m(d) + λ·norm_m(b), norm_m min-max "
                          "clipped to [0,1] against each retriever's m-th best over the whole KB",
             "union_minmax": "(a) d and b min-max normalised over (dense top m) ∪ (BM25 top m, b > 0), then "
                             "(1−λ)·d̂ + λ·b̂ over those candidates",

@@ -1,7 +1,7 @@
 """Rendering a /v1/infer answer: stdlib json vs orjson, and orjson over typed results vs over dicts.
 
 The standard library's json is what Starlette's JSONResponse does; the typed results
-(softknn.results dataclasses) are what the route renders now, the dicts what it rendered before them.
+(softknn.infer.results dataclasses) are what the route renders now, the dicts what it rendered before them.
 
     python -m bench json_encode [--calls 2000] [--threads 1]
 
@@ -32,9 +32,9 @@ def run(args: argparse.Namespace) -> dict:
     import orjson
 
     from bench.kb import bundle_path, device, queries
-    from softknn.bundle import load_bundle
-    from softknn.encoder import Encoder
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
+    from softknn.storage.bundle import load_bundle
 
     engine = Engine(Encoder(device=device()), load_bundle(bundle_path(10_000)))  # the 10k real bundle (flat)
     typed = [{"request_id": "x" * 32, "results": engine.infer([q], InferParams(k=8, evidence=5))} for q in queries(20)]

@@ -88,8 +88,8 @@ def bundle_path(n_real: int) -> Path:
 
 def prepare(n_real: int = 10_000, batch_size: int = 64) -> dict:
     """Build the real bundle and encode the embedding pool (both cached). Returns timings."""
-    from softknn.encoder import Encoder
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.model.encoder import Encoder
 
     CACHE.mkdir(parents=True, exist_ok=True)
     recs = kb_texts()
@@ -158,9 +158,10 @@ def synthetic_bundle(n: int, kind: str = "flat", params: dict | None = None, *, 
 
     `index`/`xb` may be passed in to reuse a built FAISS index and its embeddings.
     """
-    from softknn.bundle import Bundle, load_bundle
-    from softknn.chunk_index import ChunkIndex, choose_index
-    from softknn.memory_stores import KVStore
+    from softknn.retrieval.chunk_index import ChunkIndex, choose_index
+    from softknn.storage.bundle import load_bundle
+    from softknn.storage.layout import Bundle
+    from softknn.storage.memory_stores import KVStore
 
     real = load_bundle(bundle_path(n_real), verify=False)
     xb = embeddings(n) if xb is None else xb
@@ -231,7 +232,7 @@ def build_index_fast(xb: np.ndarray, spec, train_max: int = 65_536):
 def _build(xb: np.ndarray, spec, train_max: int):
     import faiss
 
-    from softknn.chunk_index import build_index
+    from softknn.retrieval.chunk_index import build_index
 
     n, d = xb.shape
     if spec.kind in ("flat", "hnsw") or n <= train_max:

@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from bench.kb import CACHE, SHARED, device, embeddings
-    from softknn.chunk_index import ChunkIndex, IndexSpec
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
+    from softknn.retrieval.chunk_index import ChunkIndex, IndexSpec
 
     n = 2048
     a, b = torch.randn(n, n), torch.randn(n, n)

@@ -43,14 +43,14 @@ import numpy as np
 import torch
 
 from bench.common import RESULTS, result_path, write
-from softknn.bundle import load_bundle
-from softknn.encoder import Encoder
-from softknn.engine import Engine, InferParams
 from softknn.evaluation.metrics import classification_metrics, retrieval_metrics
 from softknn.evaluation.run import Query, Strategy, run_variants
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields
-from softknn.memory_stores import MEMORY_KINDS
+from softknn.infer.engine import Engine, InferParams
+from softknn.model.encoder import Encoder
+from softknn.storage.bundle import load_bundle
+from softknn.storage.memory_stores import MEMORY_KINDS
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path("/work/shared/data")

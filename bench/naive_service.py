@@ -20,7 +20,7 @@ def create_app(bundle: str):
     from pydantic import BaseModel
     from sentence_transformers import SentenceTransformer
 
-    from softknn.encoder import resolve_model_path
+    from softknn.model.encoder import resolve_model_path
 
     xb = np.load(os.path.join(bundle, "embeddings.npy"))
     index = faiss.IndexFlatIP(xb.shape[1])

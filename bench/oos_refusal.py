@@ -7,7 +7,7 @@
 
 Each split (seed s) removes --held-out of the 77 intents from the KB: the KB is train.csv's rows of
 the other intents, with the BM25 index the builder writes (LexicalIndex.build, the default
-analyser) and the calibration the builder computes (softknn.calibration.calibrate_loo, k 8,
+analyser) and the calibration the builder computes (softknn.retrieval.calibration.calibrate_loo, k 8,
 m 200, 1% budget); queries are test.csv's rows, in scope where their intent is in the KB, out of
 scope (near: same domain and style) where it is not, and the 2,288 ObliQA test questions
 (obliqa_prepare's seeded split, seed 0) as far-OOS. Split "full" (run last) keeps every intent
@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import RESULTS, write
-from softknn.calibration import (
+from softknn.retrieval.calibration import (
     BUDGET_MARGIN,
     calibrate_loo,
     calibrate_rules,
@@ -56,8 +56,8 @@ from softknn.calibration import (
     query_votes,
     refused,
 )
-from softknn.lexical import LexicalIndex
-from softknn.retrieval import CANDIDATES, DEFAULT_TEMPERATURE
+from softknn.retrieval.lexical import LexicalIndex
+from softknn.retrieval.scoring import CANDIDATES, DEFAULT_TEMPERATURE
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -121,8 +121,8 @@ def embeddings(cache: Path, texts: dict[str, list[str]]) -> dict[str, np.ndarray
                 import torch
 
                 from bench.question_words import _embed
-                from softknn.encoder import Encoder
-                from softknn.settings import Settings
+                from softknn.model.encoder import Encoder
+                from softknn.params import Settings
 
                 torch.set_num_threads(1)
                 enc = Encoder(Settings().model.name, device="cpu")

@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> dict:
     from pyinstrument import Profiler
 
     from bench.kb import device, queries, synthetic_bundle
-    from softknn.encoder import Encoder
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
 
     engine = Engine(Encoder(device=device()), synthetic_bundle(args.size, args.kind))
     p = InferParams(k=args.k)

@@ -31,8 +31,8 @@ def run(args: argparse.Namespace) -> dict:
     import numpy as np
 
     from bench.kb import device, queries, synthetic_bundle
-    from softknn.encoder import Encoder
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
 
     engine = Engine(Encoder(device=device()), synthetic_bundle(10_000, "flat"))
     enc, p, cases = engine.encoder, InferParams(k=8, evidence=5), []

@@ -1,5 +1,5 @@
 """Question words as BM25 terms or not: top-1 retrieval, dense vs hybrid vs lexical, analyser "en"
-(bm25s's stopwords) against "en+questions" (those and softknn.lexical.QUESTION_WORDS), on three KBs.
+(bm25s's stopwords) against "en+questions" (those and softknn.retrieval.lexical.QUESTION_WORDS), on three KBs.
 
     python -m bench question_words [--banking-per-intent 10] [--banking-queries 4] [--obliqa-docs 4]
 
@@ -11,8 +11,8 @@
 - obliqa: KB = every passage of the first --obliqa-docs documents of ../shared/data/obliqa_dev,
   queries = the questions whose gold passages all lie in them. Right: the top-1 passage is a gold one.
 
-Dense is e_q·e_c of the plain model (as the service retrieves); BM25 is softknn.lexical's index over
-the same texts with each analyser; hybrid and lexical are softknn.retrieval.scores_reference with the
+Dense is e_q·e_c of the plain model (as the service retrieves); BM25 is softknn.retrieval.lexical's index over
+the same texts with each analyser; hybrid and lexical are softknn.retrieval.scoring.scores_reference with the
 service's defaults (λ = LEXICAL_WEIGHT, the unlabelled KB's, and its CANDIDATES normalisation pool).
 Dense does not depend on the analyser: it is the same figure in both columns.
 """
@@ -109,8 +109,8 @@ def obliqa_corpus(n_docs: int):
 
 
 def top1(kb_texts, kb_keys, q_texts, q_right, kb_emb, q_emb) -> dict:
-    from softknn.lexical import LexicalIndex, LexicalSpec
-    from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT, scores_reference
+    from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
+    from softknn.retrieval.scoring import CANDIDATES, LEXICAL_WEIGHT, scores_reference
 
     dense = q_emb @ kb_emb.T
     out: dict = {}
@@ -133,8 +133,8 @@ def top1(kb_texts, kb_keys, q_texts, q_right, kb_emb, q_emb) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from softknn.encoder import Encoder
-    from softknn.settings import Settings
+    from softknn.model.encoder import Encoder
+    from softknn.params import Settings
 
     enc = Encoder(Settings().model.name, device="cpu")
     corpora = {"pydoc": pydoc_corpus(enc), "banking77": banking_corpus(args.banking_per_intent, args.banking_queries),

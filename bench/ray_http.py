@@ -5,10 +5,10 @@
 
 Both servers serve the same sharded bundle: the sample KB built with `softknn build --shards 2`
 (`--bundle`, default $SOFTKNN_BENCH_CACHE/sample2, built when missing). The single process opens
-its 2 shards in-process (softknn.shards.LocalShards), `--ray` as 2 Ray actors behind the Serve
+its 2 shards in-process (softknn.storage.shards.LocalShards), `--ray` as 2 Ray actors behind the Serve
 proxy (`--ingress proxy`, the default) or Ray Serve's HAProxy ingress (`--ingress haproxy`) and one
 model replica. Both run one torch thread and no API key (the harness's
-softknn/service/testing.py LiveServer). Each query (the sample KB's queries.jsonl, one input per
+tests/harness.py LiveServer). Each query (the sample KB's queries.jsonl, one input per
 request) goes to both servers, alternating which first, in dense and in hybrid retrieval, one
 request at a time: every figure sees the same load. The answers are compared (same evidence ids in
 the same order, max |Δ| of similarities and embedding). `/healthz` is timed the same way: the proxy's own cost, no model,
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench.common import percentile, write
 from bench.kb import CACHE, set_threads
-from softknn.service.testing import LiveServer, free_port
+from tests.harness import LiveServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SIDES = ("single", "ray_2_shards")
@@ -43,7 +43,7 @@ MODES = ("dense", "hybrid")
 def sharded_sample(path: Path) -> Path:
     """The sample KB as a bundle of 2 shards at `path` (`softknn build --shards 2` when missing)."""
     if not (path / "manifest.json").is_file():
-        from softknn.console import sample_kb_path
+        from softknn.common.console import sample_kb_path
 
         subprocess.run([sys.executable, "-m", "softknn", "build", str(sample_kb_path()), "--out", str(path),
                         "--shards", "2", "--force", "--no-progress"], check=True, cwd=REPO,
@@ -59,7 +59,7 @@ def server(name: str, bundle: Path, ray: bool, env: dict[str, str] | None = None
 
 
 def queries(n: int) -> list[str]:
-    from softknn.console import sample_kb_path
+    from softknn.common.console import sample_kb_path
 
     lines = (sample_kb_path().parent / "queries.jsonl").read_text(encoding="utf-8").splitlines()
     texts = [json.loads(x)["text"] for x in lines if x.strip()]
@@ -84,10 +84,10 @@ def moved(bundle: Path, qs: list[str]) -> dict:
     import numpy as np
     import ray
 
-    from softknn.bundle import load_bundle
-    from softknn.encoder import Encoder
-    from softknn.engine import Engine, InferParams
-    from softknn.service.ray_serving import RayShards
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
+    from softknn.storage.bundle import load_bundle
+    from softknn.storage.ray_shards import RayShards
 
     ray.init(address="local", num_cpus=6, include_dashboard=False, log_to_driver=False)
     ways = ("local_reads", "through_the_actors")

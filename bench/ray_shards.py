@@ -12,8 +12,8 @@ map: RAM stays small). Flat (exact) index; dense retrieval (the synthetic KB has
 
 Both sides run the same Engine.infer (what the service's worker runs for a one-input request):
 - single: one Bundle of N chunks in this process;
-- ray: a softknn.shards.ShardedBundle whose 2 shards (rows [0, N/2), [N/2, N)) are Ray actors
-  (softknn.service.ray_serving.RayShards, each actor building its half with the same recipe).
+- ray: a softknn.storage.shards.ShardedBundle whose 2 shards (rows [0, N/2), [N/2, N)) are Ray actors
+  (softknn.storage.ray_shards.RayShards, each actor building its half with the same recipe).
 The queries (Banking77 test texts, short) alternate between the two, one at a time, so both see the same
 machine load; p50 over `--queries` requests each after 5 warm-up requests.
 """
@@ -32,14 +32,14 @@ import numpy as np
 
 from bench import kb
 from bench.common import percentile
-from softknn.shards import Shard
+from softknn.storage.shards import Shard
 
 NOISE = 0.02
 
 
 def real_bundle(n_real: int) -> Path:
-    from softknn.encoder import Encoder
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.model.encoder import Encoder
 
     bp = kb.bundle_path(n_real)
     if not (bp / "manifest.json").is_file():
@@ -65,9 +65,10 @@ def embeddings(real_xb: np.ndarray, n: int) -> np.ndarray:
 
 def rows_bundle(n_real: int, n: int, lo: int, hi: int):
     """The Bundle of rows lo..hi−1 of the N-chunk KB (in memory; K/V shared with the real bundle)."""
-    from softknn.bundle import Bundle, load_bundle
-    from softknn.chunk_index import ChunkIndex, build_index, choose_index
-    from softknn.memory_stores import KVStore
+    from softknn.retrieval.chunk_index import ChunkIndex, build_index, choose_index
+    from softknn.storage.bundle import load_bundle
+    from softknn.storage.layout import Bundle
+    from softknn.storage.memory_stores import KVStore
 
     real = load_bundle(kb.bundle_path(n_real), verify=False)
     xb = np.ascontiguousarray(embeddings(np.asarray(real.index.xb), n)[lo:hi])
@@ -90,8 +91,8 @@ class BenchShard(Shard):
 
 
 def sharded(one, n_real: int, n: int, threads: int):
-    from softknn.service.ray_serving import RayShards
-    from softknn.shards import _KV, ShardedBundle, _Index
+    from softknn.storage.ray_shards import RayShards
+    from softknn.storage.shards import _KV, ShardedBundle, _Index
 
     half = n // 2
     backend = RayShards([(n_real, n, 0, half, threads), (n_real, n, half, n, threads)], actor_cls=BenchShard,
@@ -117,8 +118,8 @@ def run(args: argparse.Namespace) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import ray
 
-    from softknn.encoder import Encoder
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.encoder import Encoder
 
     kb.set_threads(args.threads)
     t0 = time.perf_counter()

@@ -14,7 +14,7 @@
 3. --quality: the int8 cost at the embedding level, fp32 (onnx, = torch within 1e-4) vs int8 in the
    same run: Banking77 test accuracy of the weighted k-NN (k 8, softmax τ 0.05) over train
    embeddings, and ObliQA validation-question dense retrieval nDCG@10 over the ObliQA KB passages.
---baseline REV adds `onnx-REV`: the fp32 export of `softknn/onnx_forward.py` as it was at git
+--baseline REV adds `onnx-REV`: the fp32 export of `softknn/model/onnx_forward.py` as it was at git
 revision REV (its own cache file name, its own verification), in the same interleaved runs and in the
 builder comparison: old vs new export measured together. --variants picks the onnx alternatives.
 Writes bench/results/<name>.json and <name>.png.
@@ -196,12 +196,12 @@ def plot(name: str, res: dict) -> Path:
 
 
 def baseline_forward(rev: str):
-    """softknn/onnx_forward.py at git revision `rev`, loaded as a module of its own."""
+    """softknn/model/onnx_forward.py at git revision `rev`, loaded as a module of its own."""
     import importlib.util
     import subprocess
     import sys
 
-    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:softknn/onnx_forward.py"], check=True,
+    src = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:softknn/model/onnx_forward.py"], check=True,
                          capture_output=True, text=True).stdout
     path = Path(tempfile.mkdtemp(prefix="softknn-onnx-baseline-")) / f"onnx_forward_{rev}.py"
     path.write_text(src)
@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> dict:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     torch.set_num_threads(1)
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     t0 = time.perf_counter()
     encs = {"torch": Encoder()}

@@ -29,10 +29,10 @@ import numpy as np
 import torch
 
 from bench.common import result_path, write
-from softknn.bundle import load_bundle
-from softknn.encoder import Encoder
-from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine, InferParams
+from softknn.model.encoder import Encoder
+from softknn.storage.bundle import load_bundle
 
 SAMPLE = Path(__file__).resolve().parents[1] / "softknn" / "sample_kb"
 EDGE = ["?", "refund", "DOG", "ferry ferry ferry ferry ferry ferry", "Zürich → Köln: 12,50 € 🚆 déjà-vu",

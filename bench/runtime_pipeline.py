@@ -33,13 +33,13 @@ import torch
 
 from bench.common import RESULTS, result_path, write
 from bench.memory_repr import banking77, obliqa
-from softknn.bundle import load_bundle
-from softknn.encoder import Encoder
-from softknn.engine import Engine, InferParams
 from softknn.evaluation.run import evaluate
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields
-from softknn.settings import InferDefaults
+from softknn.infer.engine import Engine, InferParams
+from softknn.model.encoder import Encoder
+from softknn.params import InferDefaults
+from softknn.storage.bundle import load_bundle
 
 REPO = Path(__file__).resolve().parents[1]
 OBLIQA = Path("/work/main/artifacts/eval/obliqa")  # kb.jsonl + questions_val.jsonl (bench/obliqa_prepare.py)

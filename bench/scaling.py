@@ -49,7 +49,7 @@ def texts_of_length(tokenizer, base: list[str], T: int) -> list[str]:
 def kb_growth(enc, sizes: list[int], kinds: list[str], texts: list[str], xq: np.ndarray, repeats: int) -> list[dict]:
     from bench.fused_forward import plain_forward
     from bench.kb import embeddings, synthetic_bundle
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
 
     rows, p = [], InferParams(k=8)
     for n in sizes:
@@ -95,7 +95,7 @@ def kb_growth(enc, sizes: list[int], kinds: list[str], texts: list[str], xq: np.
 def input_length(enc, lengths: list[int], base: list[str], repeats: int) -> list[dict]:
     from bench.fused_forward import plain_forward
     from bench.kb import synthetic_bundle
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
 
     engine = Engine(enc, synthetic_bundle(10_000, "flat"))
     p, rows = InferParams(k=8), []
@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
     from bench.kb import CACHE, device, queries
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     enc = Encoder(device=device())
     texts = queries(40)

@@ -23,13 +23,13 @@ import httpx
 
 from bench.common import RESULTS, summary, write
 from bench.kb import set_threads
-from softknn.service.testing import HOST, LiveServer, free_port
+from tests.harness import HOST, LiveServer, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def spawn(name: str, cmd: list[str], ready_path: str, env: dict | None = None, cwd: Path = REPO) -> LiveServer:
-    """Start a server through the one harness (softknn/service/testing.py) on a free port ("{port}" in `cmd`),
+    """Start a server through the one harness (tests/harness.py) on a free port ("{port}" in `cmd`),
     HF offline, `env` on top, its output in $TMPDIR/bench_service_NAME.log; not waited for yet."""
     port = free_port()
     return LiveServer.spawn([c.replace("{port}", str(port)) for c in cmd],
@@ -146,7 +146,7 @@ def lat_summary(t: list[float]) -> dict:
 def sequential(servers: dict, info: dict, engine, queries: list[str], n: int) -> dict:
     """One request at a time; per query every alternative once, in turn (load drift hits all alike)."""
     from bench.fused_forward import plain_forward
-    from softknn.engine import InferParams
+    from softknn.infer.engine import InferParams
 
     p = InferParams(k=8, evidence=5)
     clients = {name: httpx.Client(base_url=s.url, timeout=60) for name, s in servers.items()}
@@ -292,8 +292,8 @@ def fill_wait(args) -> dict:
 
 # --- --quick: softknn alone on the sample bundle ---------------------------------------------------
 def quick(args) -> dict:
-    from softknn.console import sample_kb_path
-    from softknn.service.testing import ensure_bundle
+    from softknn.common.console import sample_kb_path
+    from tests.harness import ensure_bundle
 
     bundle = ensure_bundle(args.bundle)
     queries = [json.loads(line)["text"] for line in (sample_kb_path().parent / "queries.jsonl").read_text().splitlines()
@@ -364,9 +364,9 @@ def run(args: argparse.Namespace) -> dict:
         return fill_wait(args)
 
     from bench.kb import SHARED, bundle_path, device
-    from softknn.bundle import load_bundle
-    from softknn.encoder import Encoder, resolve_model_path
-    from softknn.engine import Engine
+    from softknn.infer.engine import Engine
+    from softknn.model.encoder import Encoder, resolve_model_path
+    from softknn.storage.bundle import load_bundle
 
     bundle = bundle_path(10_000)
     with open(SHARED / "banking77" / "test.csv", newline="", encoding="utf-8") as f:

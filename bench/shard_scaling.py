@@ -4,8 +4,8 @@
 
 A KB of N = shards × shard-rows synthetic chunks (bench/filters.py's recipe: random unit vectors
 with clustered copies, texts of Zipf-drawn words), its BM25 index built over all N (the whole KB's
-statistics) and sliced per shard (softknn.shards.slice_lexical, as `softknn build --shards`), each
-shard a softknn.shards.Shard over its rows (flat index) in this process (LocalShards). Each query (a
+statistics) and sliced per shard (softknn.storage.shards.slice_lexical, as `softknn build --shards`), each
+shard a softknn.storage.shards.Shard over its rows (flat index) in this process (LocalShards). Each query (a
 vector near a chunk, six of its words) goes through `Retriever.retrieve` (hybrid, k 8, m 200), the
 two paths interleaved in one loop:
 
@@ -102,9 +102,9 @@ def kb(n: int, rng: np.random.Generator):
 
 def sharded(xb: np.ndarray, texts: list[str], shard_rows: int):
     """A ShardedBundle of len(xb) / shard_rows Shards in this process (timed), BM25 with the whole KB's statistics."""
-    from softknn.chunk_index import ChunkIndex, IndexSpec, build_index
-    from softknn.lexical import LexicalIndex
-    from softknn.shards import Shard, ShardedBundle, _Index, _Lexical, shard_ranges, slice_lexical
+    from softknn.retrieval.chunk_index import ChunkIndex, IndexSpec, build_index
+    from softknn.retrieval.lexical import LexicalIndex
+    from softknn.storage.shards import Shard, ShardedBundle, _Index, _Lexical, shard_ranges, slice_lexical
 
     n = len(xb)
     lex = LexicalIndex.build(texts)
@@ -132,7 +132,7 @@ def run(args) -> dict:
     import faiss
     import torch
 
-    from softknn.search import InferParams, Retriever
+    from softknn.retrieval.search import InferParams, Retriever
 
     faiss.omp_set_num_threads(1)
     torch.set_num_threads(1)

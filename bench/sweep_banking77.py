@@ -26,14 +26,15 @@ import faiss
 import numpy as np
 import torch
 
-from softknn.attention import knn_weights
-from softknn.bundle import load_bundle, read_manifest
-from softknn.encoder import Encoder
-from softknn.engine import Engine, InferParams
 from softknn.evaluation.holdout import prepare_validation
 from softknn.evaluation.metrics import abstain_point, auroc, choose_threshold
 from softknn.evaluation.run import Strategy, read_queries, run_variants
 from softknn.index_builder.reader import Fields
+from softknn.infer.engine import Engine, InferParams
+from softknn.model.attention import knn_weights
+from softknn.model.encoder import Encoder
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data" / "banking77"

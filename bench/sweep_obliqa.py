@@ -24,12 +24,12 @@ import math
 import time
 from pathlib import Path
 
-from softknn.bundle import load_bundle
-from softknn.encoder import Encoder
-from softknn.engine import Engine, InferParams
 from softknn.evaluation.metrics import retrieval_metrics
 from softknn.evaluation.run import Strategy, baseline_outcomes, ranked_ids, read_queries, run_variants, sample
 from softknn.index_builder.reader import Fields
+from softknn.infer.engine import Engine, InferParams
+from softknn.model.encoder import Encoder
+from softknn.storage.bundle import load_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
 BUNDLE = ROOT / "artifacts" / "eval" / "bundles" / "obliqa"

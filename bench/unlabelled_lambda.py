@@ -3,7 +3,7 @@
     python -m bench unlabelled_lambda [--banking-per-intent 10] [--banking-queries 4] [--obliqa-docs 4]
 
 Three KBs, the corpora of bench/question_words.py (its loaders), each searched by dense, lexical,
-hybrid at the old fixed λ 0.6 and hybrid at the λ softknn.calibration.calibrate_unlabelled chooses
+hybrid at the old fixed λ 0.6 and hybrid at the λ softknn.retrieval.calibration.calibrate_unlabelled chooses
 for that KB (held-out sentences of its own chunks; no query or label is used), with each
 analyser's stopwords ("en", "en+questions"):
 
@@ -66,9 +66,9 @@ def vs_dense(x: dict, m: str) -> dict:
 
 
 def measure(kb_texts, kb_keys, q_texts, q_right, kb_emb, q_emb, enc) -> dict:
-    from softknn.calibration import PSEUDO_WEIGHTS, calibrate_unlabelled
-    from softknn.lexical import LexicalIndex, LexicalSpec
-    from softknn.retrieval import CANDIDATES, LEXICAL_WEIGHT, scores_reference
+    from softknn.retrieval.calibration import PSEUDO_WEIGHTS, calibrate_unlabelled
+    from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
+    from softknn.retrieval.scoring import CANDIDATES, LEXICAL_WEIGHT, scores_reference
 
     dense = q_emb @ kb_emb.T
     out: dict = {}
@@ -103,8 +103,8 @@ def measure(kb_texts, kb_keys, q_texts, q_right, kb_emb, q_emb, enc) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from softknn.encoder import Encoder
-    from softknn.settings import Settings
+    from softknn.model.encoder import Encoder
+    from softknn.params import Settings
 
     enc = Encoder(Settings().model.name, device="cpu")
     ob = obliqa_heldout(args.obliqa_docs)

@@ -5,7 +5,7 @@ stream against the same server idle, side by side in one run.
 
 The KB: the first --passages ObliQA passages (../shared/data/obliqa_dev/documents, one document
 each, its passage id the doc id), built once (memory kv, as writes.json recorded; default flat index). A real uvicorn server
-in this process (softknn.service.testing.threaded_server, the admin token set, no background compaction)
+in this process (tests.harness.threaded_server, the admin token set, no background compaction)
 answers /v1/infer (default hybrid retrieval, k 8) for --queries ObliQA questions idle, then again
 while one client PUTs the next --writes passages as new documents back to back (each
 acknowledged once its log record is fsynced). Writes bench/results/writes.json|png.
@@ -41,11 +41,11 @@ def passages() -> list[dict]:
 def run(args: argparse.Namespace) -> dict:
     set_threads(args.threads)
 
-    from softknn.encoder import Encoder
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.model.encoder import Encoder
+    from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.service.testing import threaded_server
-    from softknn.settings import Settings
+    from tests.harness import threaded_server
 
     docs = passages()
     base, stream = docs[: args.passages], docs[args.passages : args.passages + args.writes]
@@ -57,11 +57,11 @@ def run(args: argparse.Namespace) -> dict:
         kb = CACHE / f"writes-kb-{args.passages}.jsonl"
         kb.write_text("".join(json.dumps(r) + "\n" for r in base))
         build_bundle(kb, src, BuildConfig(memory="kv"), enc, force=True, progress=False)
-    import softknn.service.lifecycle
+    import softknn.service.runtime.shared
 
     rows = []
     for arm, nice in (("writes at niceness 10", 10), ("writes at normal priority", 0)):
-        softknn.service.lifecycle.WRITE_NICENESS = nice  # read when the app's write thread starts
+        softknn.service.runtime.shared.WRITE_NICENESS = nice  # read when the app's write thread starts
         rows.append({"arm": arm, "write_niceness": nice,
                      **_arm(src, enc, args, base, stream, qs, create_app, threaded_server, Settings)})
         print(json.dumps(rows[-1], indent=1))

@@ -4,7 +4,7 @@
 
 1. checks once (through the generated client) that GET /readyz answers 200, and exits 2 when it does
    not: the caller waits for readiness (docker compose's `service_healthy`, scripts/load_smoke.sh
-   through softknn.service.testing's harness), so a load test never starts against a service still loading;
+   through the tests' harness, tests/harness.py), so a load test never starts against a service still loading;
 2. runs locust headless on loadtest/locustfile.py: --users users started at --spawn-rate per second,
    for --duration seconds (calls in flight at the end finish, up to --stop-timeout), in a
    subprocess with a hard wall-clock cap;

@@ -182,7 +182,7 @@ uid=$(timeout 60 podman exec "$SVC" id -u) || die "podman exec id -u"
 lap "service runs as uid $uid"
 
 # object storage (`--bundle s3://…`, `softknn fetch`): the image carries the `remote` extra
-timeout 60 podman exec "$SVC" /opt/venv/bin/python -c 'import s3fs, softknn.remote_bundle as r; assert r.is_remote("s3://b/kb")' \
+timeout 60 podman exec "$SVC" /opt/venv/bin/python -c 'import s3fs, softknn.storage.remote as r; assert r.is_remote("s3://b/kb")' \
   || die "the image cannot serve from object storage (s3fs missing)"
 lap "s3fs importable in the image"
 

@@ -38,8 +38,8 @@ def _no_softknn_env() -> Iterator[None]:
 
 def build_spec() -> dict:
     """The app's OpenAPI document at default settings, as a dict."""
+    from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.settings import Settings
 
     with _no_softknn_env():
         settings = Settings()

@@ -51,7 +51,7 @@ else
 fi
 
 # 3. the server, on a free port of 127.0.0.1
-PORT=$("$PYTHON" -c 'from softknn.service.testing import free_port; print(free_port())')
+PORT=$("$PYTHON" -c 'from tests.harness import free_port; print(free_port())')
 URL="http://127.0.0.1:$PORT"
 SOFTKNN_MODEL__THREADS=${SOFTKNN_MODEL__THREADS:-1} "$PYTHON" -c 'from softknn.cli import app; app(prog_name="softknn")' \
   serve --bundle "$BUNDLE" --host 127.0.0.1 --port "$PORT" --log-level warning >"$OUT/server.log" 2>&1 &
@@ -66,7 +66,7 @@ stop_server() {
 trap stop_server EXIT
 
 echo "== waiting for $URL/readyz (server pid $SERVER)"
-if ! "$PYTHON" -m softknn.service.testing wait-ready "$URL" --pid "$SERVER" --timeout 240
+if ! "$PYTHON" -m tests.harness wait-ready "$URL" --pid "$SERVER" --timeout 240
 then
   echo "server log:"; tail -n 60 "$OUT/server.log"
   exit 1

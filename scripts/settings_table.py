@@ -1,4 +1,4 @@
-"""Print the README's settings table from softknn.settings.Settings (tests check the README matches).
+"""Print the README's settings table from softknn.params.Settings (tests check the README matches).
 
     python scripts/settings_table.py
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from softknn.settings import Settings
+from softknn.params import Settings
 
 
 def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str]]:

@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 from typer.core import TyperArgument, TyperCommand
 
-from softknn.console import encoder_for, fail, need_bundle, sample_kb_path, settings_from
-from softknn.errors import InputTooLarge, SoftKNNError
+from softknn.common.console import fail, need_bundle, sample_kb_path, settings_from
+from softknn.common.errors import InputTooLarge, SoftKNNError
 
 
 class Command(TyperCommand):
@@ -47,12 +47,19 @@ def _options(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-_settings, _encoder, _fail = settings_from, encoder_for, fail  # the names the commands below use
+_settings, _fail = settings_from, fail  # the names the commands below use
+
+
+def _encoder(settings):
+    """The command's encoder (softknn.model.runtime.encoder_for), imported when a command needs it."""
+    from softknn.model.runtime import encoder_for
+
+    return encoder_for(settings)
 
 
 def _json_arg(text: str, option: str):
     """An option's JSON value, or InvalidInput naming the option and where the JSON breaks."""
-    from softknn.errors import InvalidInput
+    from softknn.common.errors import InvalidInput
 
     try:
         return json.loads(text)
@@ -124,12 +131,12 @@ def build(
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + the layer-L memory), index it (FAISS and BM25)."""
     from softknn.index_builder.reader import Fields, read_kb, resolve_fields
-    from softknn.remote_bundle import is_remote
+    from softknn.storage.remote import is_remote
 
     remote = out if is_remote(out) else None
     try:  # the checks that need no model come first
         if remote is not None:
-            from softknn.remote_bundle import holds_bundle
+            from softknn.storage.remote import holds_bundle
 
             if holds_bundle(remote) and not force:
                 raise SoftKNNError(f"{remote}: already holds a bundle; pass --force to replace it (a deployment "
@@ -144,13 +151,13 @@ def build(
         fields, notes = resolve_fields(kb, Fields(id=id_field, text=text_field or "text", label=label_field),
                                        text_given=text_field is not None)
         read_kb(kb, fields)  # every record parsed (bad JSON, duplicate ids) before the model loads
-        from softknn.memory_stores import check_kind, check_kv_dtype
+        from softknn.storage.memory_stores import check_kind, check_kv_dtype
 
         check_kind(memory)  # a typo fails before the model loads
         check_kv_dtype(memory, kv_dtype)
         if generator is not None:
-            from softknn.gen_memory import generator_files
-            from softknn.generator import resolve_generator
+            from softknn.generate.model import resolve_generator
+            from softknn.storage.layout import generator_files
 
             generator_files(generator_memory)
             resolve_generator(generator)
@@ -167,7 +174,7 @@ def build(
     try:
         encode = None
         if ray:
-            from softknn.console import need_ray
+            from softknn.common.console import need_ray
 
             need_ray()
             from softknn.index_builder.distributed import RayEncode
@@ -180,7 +187,7 @@ def build(
                           generator_keep=generator_keep)
         gen = None
         if generator is not None:
-            from softknn.generator import Generator
+            from softknn.generate.model import Generator
 
             gen = Generator.load(generator)
         enc = _encoder(_build_runtime(settings))
@@ -230,7 +237,7 @@ def _build_and_push(kb: Path, uri: str, cfg, encoder, **kw) -> dict:
     import shutil
 
     from softknn.index_builder.pipeline import build_bundle
-    from softknn.remote_bundle import push, staging_dir
+    from softknn.storage.remote import push, staging_dir
 
     staging = staging_dir()
     try:
@@ -267,8 +274,8 @@ def add_lexical(bundle: Annotated[Path, typer.Argument(help="bundle directory bu
     """Add the BM25 index to an older bundle (no re-encoding); it then serves hybrid retrieval, with
     its λ chosen as a build chooses it (an unlabelled KB's from pseudo-queries, with the bundle's model)."""
     need_bundle(bundle)
-    from softknn.bundle import read_manifest
     from softknn.index_builder.pipeline import add_lexical as add
+    from softknn.storage.layout import read_manifest
 
     try:
         m0 = read_manifest(bundle)  # the model loads only where pseudo-queries will need it
@@ -285,8 +292,8 @@ def add_lexical(bundle: Annotated[Path, typer.Argument(help="bundle directory bu
 def verify(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> None:
     """Check a bundle's manifest and every file's sha256."""
     need_bundle(bundle)
-    from softknn.bundle import verify_bundle
-    from softknn.index_builder.writes import verify_log
+    from softknn.storage.layout import verify_bundle
+    from softknn.storage.writes import verify_log
 
     try:
         m = verify_bundle(bundle)
@@ -306,9 +313,9 @@ def push(bundle: Annotated[Path, typer.Argument(help="bundle directory")],
          uri: Annotated[str, typer.Argument(help="where to put it: s3://bucket/kb, gs://…, any fsspec URI")]) -> None:
     """Upload a verified bundle to object storage, its manifests last, for `serve --bundle URI`."""
     need_bundle(bundle)
-    from softknn.index_builder.writes import has_pending_writes
-    from softknn.remote_bundle import is_remote
-    from softknn.remote_bundle import push as push_bundle
+    from softknn.storage.remote import is_remote
+    from softknn.storage.remote import push as push_bundle
+    from softknn.storage.writes import has_pending_writes
 
     if not is_remote(uri):
         _fail(SoftKNNError(f"{uri}: not a URI (s3://bucket/kb, gs://bucket/kb, file:///dir)"))
@@ -326,9 +333,9 @@ def fetch(uri: Annotated[str, typer.Argument(help="a bundle in object storage: s
           shards: Annotated[bool, typer.Option("--shards", help="every shard's files too (for one node "
                                                                  "serving all of a sharded bundle)")] = False) -> None:
     """Download what serving a bundle opens into the node-local cache (SOFTKNN_CACHE_DIR); print its path."""
-    from softknn.bundle import read_manifest
-    from softknn.remote_bundle import fetch as fetch_shard
-    from softknn.remote_bundle import is_remote, localize
+    from softknn.storage.layout import read_manifest
+    from softknn.storage.remote import fetch as fetch_shard
+    from softknn.storage.remote import is_remote, localize
 
     if not is_remote(uri):
         _fail(SoftKNNError(f"{uri}: not a URI (s3://bucket/kb, gs://bucket/kb, file:///dir)"))
@@ -343,10 +350,11 @@ def fetch(uri: Annotated[str, typer.Argument(help="a bundle in object storage: s
 
 
 def _store(bundle: Path):
-    from softknn.index_builder.writes import KBStore
+    from softknn.index_builder.documents import BuilderDocuments
+    from softknn.storage.writes import KBStore
 
     need_bundle(bundle)
-    return KBStore(bundle, _encoder(_settings()))
+    return KBStore(bundle, _encoder(_settings()), documents=BuilderDocuments())
 
 
 @app.command(cls=Command)
@@ -356,8 +364,8 @@ def add(
                                             "read as `softknn build` reads a KB")],
 ) -> None:
     """Add or replace documents of a bundle without a rebuild (each write logged and fsynced; same code as PUT /v1/documents)."""
+    from softknn.index_builder.documents import kb_documents
     from softknn.index_builder.reader import Fields, resolve_fields
-    from softknn.index_builder.writes import kb_documents
 
     try:
         fields, notes = resolve_fields(kb, Fields())
@@ -415,9 +423,9 @@ def compact(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) ->
 def info(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> None:
     """Print a bundle's manifest as JSON, with `memory_summary` (its memory's kind and bytes per chunk); no checksum pass (see `verify`)."""
     need_bundle(bundle)
-    from softknn.bundle import MANIFEST, read_manifest
-    from softknn.manifest import Manifest
-    from softknn.memory_stores import memory_summary
+    from softknn.storage.layout import MANIFEST, read_manifest
+    from softknn.storage.manifest import Manifest
+    from softknn.storage.memory_stores import memory_summary
 
     try:
         m = read_manifest(bundle)
@@ -452,10 +460,10 @@ def query(
 ) -> None:
     """Run knowledge-augmented inference on TEXTS against BUNDLE; prints one result per input."""
     need_bundle(bundle)
-    from softknn.bundle import load_bundle
-    from softknn.encoder import TRUNCATE_HINT
-    from softknn.engine import Engine, InferParams
-    from softknn.filters import parse_filter
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.encoder import TRUNCATE_HINT
+    from softknn.retrieval.filters import parse_filter
+    from softknn.storage.bundle import load_bundle
 
     try:
         settings = _settings(model__name=model)
@@ -513,10 +521,10 @@ def generate(
 ) -> None:
     """Answer QUESTION with the generator attending to the KB chunks retrieved for it; prints the answer and its evidence."""
     need_bundle(bundle)
-    from softknn.bundle import load_bundle
-    from softknn.engine import Engine
-    from softknn.generation import GenEngine, GenParams
-    from softknn.generator import Generator
+    from softknn.generate.engine import GenEngine, GenParams
+    from softknn.generate.model import Generator
+    from softknn.infer.engine import Engine
+    from softknn.storage.bundle import load_bundle
 
     try:
         settings = _settings()

@@ -14,7 +14,7 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def encoder():
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     return Encoder()
 
@@ -37,14 +37,14 @@ def sample_bundle_path(tmp_path_factory, encoder, sample_kb) -> Path:
 
 @pytest.fixture(scope="session")
 def sample_bundle(sample_bundle_path, encoder):
-    from softknn.bundle import load_bundle
+    from softknn.storage.bundle import load_bundle
 
     return load_bundle(sample_bundle_path, expected_fingerprint=encoder.info.fingerprint)
 
 
 @pytest.fixture(scope="session")
 def engine(encoder, sample_bundle):
-    from softknn.engine import Engine
+    from softknn.infer.engine import Engine
 
     return Engine(encoder, sample_bundle)
 
@@ -64,7 +64,8 @@ def dense_only_bundle_path(tmp_path_factory, sample_bundle_path) -> Path:
     import json
     import shutil
 
-    from softknn.bundle import DATA_FILES, finalize, read_manifest
+    from softknn.storage.bundle import finalize
+    from softknn.storage.layout import DATA_FILES, read_manifest
 
     tmp = tmp_path_factory.mktemp("dense_only") / ".tmp"
     tmp.mkdir()

@@ -17,7 +17,7 @@ import time
 import uuid
 from pathlib import Path
 
-from softknn.service.testing import free_port
+from tests.harness import free_port
 
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]  # the `ray` CLI of this interpreter
 NODE_PORTS = ("--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",

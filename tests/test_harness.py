@@ -1,4 +1,4 @@
-"""The one server harness (softknn/service/testing.py): readiness, early exits and timeouts, told exactly."""
+"""The one server harness (tests/harness.py): readiness, early exits and timeouts, told exactly."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from softknn.service.testing import bound_socket, free_port, wait_ready
+from tests.harness import REPO, bound_socket, free_port, wait_ready
 
 
 def test_wait_ready_reports_a_server_that_exited_with_its_code_and_log(tmp_path):
@@ -75,20 +75,21 @@ def test_wait_ready_polls_the_path_it_is_given(scripted_server):
 
 
 def test_the_scripts_wait_is_the_harness_wait_and_fails_when_the_server_exits(scripted_server, tmp_path):
-    """`python -m softknn.service.testing wait-ready` (scripts/load_smoke.sh's wait): 0 at the first 200; 1 with the
+    """`python -m tests.harness wait-ready` (scripts/load_smoke.sh's wait): 0 at the first 200; 1 with the
     pid and the log's tail as soon as the watched process is gone."""
     url, statuses, paths = scripted_server
     statuses += [503, 200]
-    ok = subprocess.run([sys.executable, "-m", "softknn.service.testing", "wait-ready", url, "--timeout", "30"],
-                        capture_output=True, text=True, timeout=60)
+    ok = subprocess.run([sys.executable, "-m", "tests.harness", "wait-ready", url, "--timeout", "30"],
+                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert (ok.returncode, paths) == (0, ["/readyz", "/readyz"])
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait(30)
     log = tmp_path / "server.log"
     log.write_text("it died\n")
     with bound_socket() as sock:
-        dead = subprocess.run([sys.executable, "-m", "softknn.service.testing", "wait-ready",
+        dead = subprocess.run([sys.executable, "-m", "tests.harness", "wait-ready",
                                f"http://127.0.0.1:{sock.getsockname()[1]}", "--pid", str(gone.pid),
-                               "--log", str(log), "--timeout", "30"], capture_output=True, text=True, timeout=60)
+                               "--log", str(log), "--timeout", "30"], capture_output=True, text=True, timeout=60,
+                              cwd=REPO)
     assert dead.returncode == 1
     assert dead.stderr == f"error: server (pid {gone.pid}) exited; log:\nit died\n\n"

@@ -5,7 +5,7 @@ builder (softknn/index_builder/), which never imports it back; the core never im
 
     metrics.py      the metrics as pure functions (recall@k, nDCG@k, MRR@k, accuracy, macro-F1,
                     the abstain trade-off, AUROC; the abstain rules and their thresholds are
-                    softknn.calibration's, re-exported)
+                    softknn.retrieval.calibration's, re-exported)
     run.py          query sets, one shared plain pass for softknn and the baseline, the report
     holdout.py      the held-out calibration: a validation split of the KB, its bundle (built
                     with index_builder), the thresholds written into the bundle

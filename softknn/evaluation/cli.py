@@ -15,8 +15,8 @@ from typing import Annotated
 
 import typer
 
-from softknn.console import encoder_for, fail, settings_from
-from softknn.errors import SoftKNNError
+from softknn.common.console import fail, settings_from
+from softknn.common.errors import SoftKNNError
 
 log = logging.getLogger(__name__)
 
@@ -92,15 +92,16 @@ def eval_command(
 ) -> None:
     """Evaluate BUNDLE on QUERIES beside the plain embedding k-NN baseline: accuracy, macro-F1, abstain
     trade-off, OOD rejection, recall@k / nDCG@10 / MRR@10 of the evidence. Writes a JSON report and plots."""
-    from softknn.console import need_bundle
+    from softknn.common.console import need_bundle
 
     need_bundle(bundle)
-    from softknn.bundle import load_bundle
-    from softknn.engine import Engine, InferParams
     from softknn.evaluation.holdout import calibrate
     from softknn.evaluation.report import write_report
     from softknn.evaluation.run import Strategy, baseline_outcomes, evaluate, read_queries, sample
     from softknn.index_builder.reader import Fields
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.model.runtime import encoder_for
+    from softknn.storage.bundle import load_bundle
 
     try:
         settings = settings_from(model__name=model)
@@ -161,13 +162,14 @@ def calibrate_command(
 
     The field names default to those stored in the bundle's manifest at build time. Below
     --min-validation queries (default ⌈1/target_loss⌉) no threshold is set (see small_validation)."""
-    from softknn.console import need_bundle
+    from softknn.common.console import need_bundle
 
     need_bundle(bundle)
-    from softknn.bundle import read_manifest
-    from softknn.engine import InferParams
     from softknn.evaluation.holdout import calibrate
     from softknn.index_builder.reader import Fields
+    from softknn.infer.engine import InferParams
+    from softknn.model.runtime import encoder_for
+    from softknn.storage.layout import read_manifest
 
     try:
         built = read_manifest(bundle)["build"].get("fields") or {}

@@ -1,12 +1,12 @@
 """The held-out calibration workflow: a stratified validation split carved from the KB side, a
 bundle built from the rest (with the bundle's own build settings), the held-out records run as
-queries against it, and the abstain thresholds chosen on their outcomes (softknn.calibration's
+queries against it, and the abstain thresholds chosen on their outcomes (softknn.retrieval.calibration's
 rules) written into the bundle's manifest. `softknn calibrate DIR KB` and `softknn eval
 --calibrate-kb` run it (softknn.evaluation.cli).
 
 This app is its one home: it builds the second bundle through the builder (index_builder), which
 in turn never imports the evaluation (tests/test_layering.py keeps the apps acyclic); the
-builder's own calibration is the leave-one-out in the core (softknn.calibration).
+builder's own calibration is the leave-one-out in the core (softknn.retrieval.calibration).
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from softknn.bundle import atomic_write_bytes, load_bundle, read_manifest, verify_bundle, write_calibration
-from softknn.calibration import RULES, abstain_point, calibrate_rules, gated_scores
-from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError, InvalidInput
+from softknn.common.errors import BundleError, InvalidInput
 from softknn.evaluation.run import Query, Strategy, baseline_outcomes, run_variants
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import Fields, read_kb
-from softknn.retrieval import DEFAULT_TEMPERATURE
+from softknn.infer.engine import Engine, InferParams
+from softknn.retrieval.calibration import RULES, abstain_point, calibrate_rules, gated_scores
+from softknn.retrieval.scoring import DEFAULT_TEMPERATURE
+from softknn.storage.bundle import load_bundle, write_calibration
+from softknn.storage.layout import atomic_write_bytes, read_manifest, verify_bundle
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,7 @@ def calibration_record(soft_val: list[dict], base_val: list[dict], held: list[Qu
     """Choose the thresholds on validation outcomes; the record the manifest's calibration holds.
 
     The engine applies the gated rule (RULES): `min_similarity` with `abstain_threshold_gated`;
-    `abstain_threshold` is the score-only rule's t (softknn.engine.Engine._predict).
+    `abstain_threshold` is the score-only rule's t (softknn.infer.engine.Engine._predict).
     """
     soft = _calibrated(soft_val, held, target_loss)
     return {

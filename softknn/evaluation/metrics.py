@@ -20,7 +20,7 @@ import numpy as np
 
 # The abstain rules and their threshold choice live in the core, where the builder's calibration
 # uses them too; re-exported here beside the other metrics.
-from softknn.calibration import RULES, abstain_point, calibrate_rules, choose_threshold, gated_scores  # noqa: F401
+from softknn.retrieval.calibration import RULES, abstain_point, calibrate_rules, choose_threshold, gated_scores  # noqa: F401
 
 
 # --- ranking and classification ---------------------------------------------------------------

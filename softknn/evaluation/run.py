@@ -21,9 +21,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from softknn.attention import knn_weights
-from softknn.engine import Engine, InferParams
-from softknn.errors import InvalidInput, KBFormatError
+from softknn.common.errors import InvalidInput, KBFormatError
 from softknn.evaluation.metrics import (
     RULES,
     abstain_curve,
@@ -35,8 +33,10 @@ from softknn.evaluation.metrics import (
     retrieval_metrics,
 )
 from softknn.index_builder.reader import Fields, read_kb
-from softknn.results import InferResult
-from softknn.retrieval import DEFAULT_TEMPERATURE, RETRIEVALS
+from softknn.infer.engine import Engine, InferParams
+from softknn.infer.results import InferResult
+from softknn.model.attention import knn_weights
+from softknn.retrieval.scoring import DEFAULT_TEMPERATURE, RETRIEVALS
 
 MATCH = ("doc", "chunk")
 REQUERY = ("fused", "sum")

@@ -2,7 +2,7 @@
 joint softmax with the k-NN prior as a float mask, and requests that join and leave the running
 batch at every step.
 
-A request's memory (softknn.gen_attention.GenMemory: R's keys after RoPE at their placed positions,
+A request's memory (softknn.generate.attention.GenMemory: R's keys after RoPE at their placed positions,
 and values) is written once into the first M columns of its row of the cache; its prompt and
 generated tokens follow. The mask row of the request holds
 
@@ -11,9 +11,9 @@ generated tokens follow. The mask row of the request holds
     −inf                on every other column (not yet written, or another length's padding)
 
 so each step is the model's own attention over [R's tokens ; own context] — what MemoryHook computes
-in joint mixing (softknn.gen_attention), with the chat template's prefix rows facing no memory.
+in joint mixing (softknn.generate.attention), with the chat template's prefix rows facing no memory.
 
-`DecodeLoop` runs one thread: it prefills each new request alone (B = 1, T prompt tokens), then
+`DecodeLoop` (one per model, weights and memory layers: `decode_loop`) runs one thread: it prefills each new request alone (B = 1, T prompt tokens), then
 decodes every running request in one batch (B rows, T = 1), and hands each its Step as chosen.
 `Generator.generate` with a MemoryHook is the plain reference the tests compare with.
 """
@@ -27,14 +27,15 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
 
-from softknn.errors import InvalidInput
-from softknn.gen_attention import GenMemory, Trace, prompt_positions
+from softknn.common.errors import InvalidInput
+from softknn.generate.attention import GenMemory, Trace, prompt_positions
+from softknn.generate.model import Generation, Generator, Sampling, Step, TextStream, choose_token
 from softknn.generate.runtime import DecoderSession
-from softknn.generator import Generation, Sampling, Step, TextStream, choose_token
 
 log = logging.getLogger(__name__)
 COLUMN_BLOCK = 128  # the cache grows in blocks of this many columns
@@ -412,3 +413,18 @@ def job_for(prompt_ids: list[int], memory: GenMemory | None, sampling: Sampling,
     pos = prompt_positions(len(prompt_ids), memory).tolist()
     packed = pack_memory(memory, prior) if memory is not None else None
     return DecodeJob(list(prompt_ids), pos, packed, sampling, keep_logits, cancelled)
+
+
+def decode_loop(generator: Generator, layers: list[int], *, weights: str = "auto", threads: int = 1,
+                max_batch: int = 16) -> DecodeLoop:
+    """The continuous-batching decode loop of `generator`'s model with memory at `layers`: one per
+    (weights, layers), kept on the generator and shared by every engine that asks for it."""
+    w = generator.weights(weights)
+    key = (w, tuple(sorted(layers)))
+    with generator.loops_lock:
+        loop = generator.decode_loops.get(key)
+        if loop is None:
+            session = DecoderSession(generator.model, w, list(key[1]), threads=threads)
+            loop = generator.decode_loops[key] = DecodeLoop(session, generator.eos_ids, generator.tokenizer,
+                                                            max_batch=max_batch)
+        return cast("DecodeLoop", loop)

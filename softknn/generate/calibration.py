@@ -1,7 +1,7 @@
 """Generation defaults chosen per KB at build time, from the KB itself: k (how many chunks the
-generator attends to) and β (the k-NN prior's weight in the joint softmax, softknn.gen_attention).
+generator attends to) and β (the k-NN prior's weight in the joint softmax, softknn.generate.attention).
 
-Like the unlabelled λ (softknn.calibration), the KB makes its own questions. A fill-in-the-blank
+Like the unlabelled λ (softknn.retrieval.calibration), the KB makes its own questions. A fill-in-the-blank
 pseudo-question is a sentence of a chunk with a number, date or name replaced by a blank; the chunk
 without that sentence (re-embedded, re-indexed for BM25) is what retrieval must find, so the question's
 words are not a verbatim key to it; the generator then attends to the retrieved chunks' stored
@@ -130,9 +130,9 @@ def calibrate_generation(texts: list[str], xb: np.ndarray, embed: Callable[[list
     xb (N, D): the chunks' embeddings; embed(texts) → (n, D) as the build embeds; lexical: the bundle's
     LexicalIndex (None: dense retrieval); answer(batch) → the generated text of each (question, R's rows,
     w_db, β) — the generator attending to R's stored memory (softknn.generate.engine does this)."""
-    from softknn.attention import knn_weights_row
-    from softknn.lexical import LexicalIndex
-    from softknn.retrieval import topk_reference
+    from softknn.model.attention import knn_weights_row
+    from softknn.retrieval.lexical import LexicalIndex
+    from softknn.retrieval.scoring import topk_reference
 
     ks = GEN_KS if ks is None else ks  # the module's grid, read at call time
     priors = GEN_PRIORS if priors is None else priors
@@ -183,13 +183,13 @@ def answers_with_memory(generator, layers: list[int], store, recompute, batch: l
     (a GeneratorStore; `recompute(rows)` for a recompute memory) and placed as generation places it
     (composite), joint mixing with prior β, greedy; decoded in waves of `wave` jobs through the
     generator's batching decode loop (softknn.generate.batch)."""
-    from softknn.gen_attention import place_memory
-    from softknn.generate.batch import job_for
-    from softknn.generator import Generation, Sampling
+    from softknn.generate.attention import place_memory
+    from softknn.generate.batch import decode_loop, job_for
+    from softknn.generate.model import Generation, Sampling
 
     out: list[str] = []
     sampling = Sampling(max_tokens=max_tokens)
-    loop = generator.decode_loop(layers)
+    loop = decode_loop(generator, layers)
     for start in range(0, len(batch), wave):
         its = []
         for q, rows, w, beta in batch[start : start + wave]:

@@ -13,7 +13,7 @@ Per layer ℓ, with q, k, v the new tokens' (RoPE on q and k at `position_ids`, 
 `bias` (B, 1, g·T, C + T) is additive: 0 where a query row may attend, −inf where it may not (cache
 columns not yet written, the future, a prefix row facing the memory), and β·log(k·w_db(c)) on
 chunk c's columns — so the joint softmax over [R's tokens ; own context] with the k-NN prior of
-softknn.gen_attention is the model's own attention over a cache with a float mask. Layers that hold
+softknn.generate.attention is the model's own attention over a cache with a float mask. Layers that hold
 no memory read `bias_plain` (the memory columns −inf). The graph returns the last position's
 logits (B, V), the new tokens' keys/values per layer (B, nkv, T, hs) for the caller to write into
 its cache, and `attn` (B, C + T): the last row's attention probabilities, averaged over the heads
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from softknn.errors import UnsupportedModel
+from softknn.common.errors import UnsupportedModel
 from softknn.generate.quant import is_lossless, pack_q4, pack_q8_as_two_q4
 
 WEIGHTS = ("fp32", "q4", "q4a8")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from softknn.errors import ModelRuntimeError
+from softknn.common.errors import ModelRuntimeError
 from softknn.generate.graph import WEIGHTS, DecoderShape, build_decoder, decoder_shape
 
 

@@ -24,10 +24,10 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from softknn.encoder import DEFAULT_MODEL, Encoder, resolve_model_path
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 from softknn.index_builder.chunker import Chunk
 from softknn.index_builder.pipeline import BuildConfig, encode_batch
+from softknn.model.encoder import DEFAULT_MODEL, Encoder, resolve_model_path
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from softknn.bundle import fsync_dir, save_array, sha256_file
-from softknn.file_lock import exclusive_lock
+from softknn.common.file_lock import exclusive_lock
+from softknn.storage.layout import fsync_dir, save_array, sha256_file
 
 log = logging.getLogger(__name__)
 

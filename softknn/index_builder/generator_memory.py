@@ -1,5 +1,5 @@
 """The builder's generator pass: every chunk through the causal LM on its own, after the memory
-prefix, its keys/values at the memory layers stored in the chosen representation (softknn.gen_memory),
+prefix, its keys/values at the memory layers stored in the chosen representation (softknn.generate.memory),
 of every token or of the tokens the chunk's own attention keeps (`keep` < 1).
 
 Resumable like the encoder pass: each batch of chunks is written to the build's work folder under a
@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from softknn.gen_memory import BITS, GEN_DIR, GEN_MEMORY_KINDS, bytes_per_token, encode_chunk, select_tokens
-from softknn.generator import Generator
+from softknn.generate.memory import bytes_per_token, encode_chunk, select_tokens
+from softknn.generate.model import Generator
+from softknn.storage.layout import BITS, GEN_DIR, GEN_MEMORY_KINDS
 
 BATCH = 16  # chunks per resumable unit of the generator pass
 
@@ -25,8 +26,8 @@ BATCH = 16  # chunks per resumable unit of the generator pass
 @dataclass(frozen=True)
 class GeneratorBuild:
     layers: str = "all"  # "all" or "a,b,c" (0-based; negative from the last)
-    memory: str = "fp16"  # softknn.gen_memory.GEN_MEMORY_KINDS
-    keep: float = 1.0  # fraction of each chunk's tokens stored (softknn.gen_memory.select_tokens)
+    memory: str = "fp16"  # softknn.storage.layout.GEN_MEMORY_KINDS
+    keep: float = 1.0  # fraction of each chunk's tokens stored (softknn.generate.memory.select_tokens)
 
     def check(self) -> GeneratorBuild:
         if self.memory not in GEN_MEMORY_KINDS:

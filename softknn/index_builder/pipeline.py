@@ -23,20 +23,28 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from softknn.bundle import atomic_write_bytes, data_files, finalize, save_array, verify_bundle
-from softknn.calibration import calibrate_loo, calibrate_unlabelled
-from softknn.chunk_index import build_index, choose_index
-from softknn.encoder import Encoder
-from softknn.engine import InferParams
-from softknn.errors import BundleError, KBFormatError
-from softknn.generator import Generator
+from softknn.common.errors import BundleError, KBFormatError
+from softknn.generate.model import Generator
 from softknn.index_builder.chunker import Chunk, chunk_documents
 from softknn.index_builder.encode_cache import chunk_key
 from softknn.index_builder.generator_memory import GeneratorBuild, plan_record, write_generator_memory
 from softknn.index_builder.reader import Fields, read_kb
-from softknn.lexical import LexicalIndex, LexicalSpec
-from softknn.memory_stores import DEFAULT_MEMORY, HIDDEN_DTYPES, check_kind, check_kv_dtype, int8_scale, quantize_int8
-from softknn.retrieval import CANDIDATES
+from softknn.infer.engine import InferParams
+from softknn.model.encoder import Encoder
+from softknn.retrieval.calibration import calibrate_loo, calibrate_unlabelled
+from softknn.retrieval.chunk_index import build_index, choose_index
+from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
+from softknn.retrieval.scoring import CANDIDATES
+from softknn.storage.bundle import finalize
+from softknn.storage.layout import allocated_memmap, atomic_write_bytes, data_files, save_array, verify_bundle
+from softknn.storage.memory_stores import (
+    DEFAULT_MEMORY,
+    HIDDEN_DTYPES,
+    check_kind,
+    check_kv_dtype,
+    int8_scale,
+    quantize_int8,
+)
 
 log = logging.getLogger(__name__)
 KV_DTYPES = {"float32": np.float32, "float16": np.float16}
@@ -56,13 +64,13 @@ class BuildConfig:
     overlap: int = 32
     batch_size: int = 32
     kv_dtype: str = "float32"  # of stored K/V (memory "kv" only)
-    memory: str = DEFAULT_MEMORY  # the memory representation: softknn.memory_stores.MEMORY_KINDS
+    memory: str = DEFAULT_MEMORY  # the memory representation: softknn.storage.memory_stores.MEMORY_KINDS
     fields: Fields = field(default_factory=Fields)
-    lexical: bool = True  # write the BM25 index (softknn.lexical) beside the FAISS index
-    calibrate: bool = True  # labelled: λ, τ and the abstain rule by leave-one-out; unlabelled: λ from pseudo-queries (softknn.calibration)
-    shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.shards)
+    lexical: bool = True  # write the BM25 index (softknn.retrieval.lexical) beside the FAISS index
+    calibrate: bool = True  # labelled: λ, τ and the abstain rule by leave-one-out; unlabelled: λ from pseudo-queries (softknn.retrieval.calibration)
+    shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.storage.shards)
     generator_layers: str = "all"  # with a generator: its memory layers (softknn.index_builder.generator_memory)
-    generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.gen_memory)
+    generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.generate.memory)
     generator_keep: float = 1.0  # with a generator: the fraction of each chunk's tokens stored
     generator_calibrate: bool = True  # with a generator and calibrate: k and β from the KB (softknn.generate.calibration)
 
@@ -90,18 +98,6 @@ def _batches(chunks: list[Chunk], tokenizer, batch_size: int) -> list[list[int]]
 
 
 Convert = Callable[[np.ndarray], np.ndarray]  # how a shard's memory rows become the bundle's
-
-
-def allocated_memmap(path: Path, dtype, shape: tuple[int, ...]) -> np.memmap:
-    """A new .npy memory map whose blocks are allocated up front.
-
-    numpy's open_memmap makes a sparse file; writing through the map into a full disk then kills the
-    process with SIGBUS (seen on a full tmpfs) instead of raising. posix_fallocate raises ENOSPC here.
-    """
-    arr = np.lib.format.open_memmap(path, "w+", dtype, shape)
-    with open(path, "r+b") as f:
-        os.posix_fallocate(f.fileno(), 0, os.fstat(f.fileno()).st_size)
-    return arr
 
 
 def _write_error(e: OSError, parent: Path) -> BundleError:
@@ -155,8 +151,8 @@ def calibrate_generator(tmp: Path, texts: list[str], xb: np.ndarray, lex, manife
                         embed: Callable[[list[str]], np.ndarray]) -> dict:
     """softknn.generate.calibration over the bundle being written in `tmp` (its generator memory, its
     retrieval as a request would resolve it: mode, λ and τ of the bundle's own calibration)."""
-    from softknn.gen_memory import GeneratorStore
     from softknn.generate.calibration import answers_with_memory, calibrate_generation
+    from softknn.generate.memory import GeneratorStore
 
     rec = manifest["generator"]
     store = GeneratorStore(tmp, rec, len(texts))
@@ -164,7 +160,7 @@ def calibrate_generator(tmp: Path, texts: list[str], xb: np.ndarray, lex, manife
     p = InferParams().resolved(lex is not None, (manifest.get("calibration") or {}).get("retrieval_defaults"))
 
     def recompute(rows: list[int]):
-        from softknn.gen_memory import ChunkKV
+        from softknn.generate.memory import ChunkKV
 
         kv = gen.chunk_kv([store.token_ids(r) for r in rows], layers, prefix=prefix)
         return [ChunkKV(torch.from_numpy(x)) for x in kv]

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from softknn.errors import KBFormatError
+from softknn.common.errors import KBFormatError
 
 TEXT_SUFFIXES = (".txt", ".md")
 RECORD_SUFFIXES = (".jsonl", ".json", ".csv")

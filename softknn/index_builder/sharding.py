@@ -1,4 +1,4 @@
-"""The builder's side of sharded bundles (softknn.shards reads them): split the assembled one-index
+"""The builder's side of sharded bundles (softknn.storage.shards reads them): split the assembled one-index
 files into finalized sub-bundles, then checksum and finalize the whole."""
 
 from __future__ import annotations
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from softknn.memory_stores import INT8_SCALE, memory_files
-from softknn.shards import SHARD_DIR, shard_files, shard_ranges, slice_lexical
+from softknn.storage.layout import SHARD_DIR, shard_files
+from softknn.storage.memory_stores import INT8_SCALE, memory_files
+from softknn.storage.shards import shard_ranges, slice_lexical
 
 
 def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int, *, write_memory=None) -> dict:
@@ -21,8 +22,9 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int, *, w
     tests/shards/test_build.py)."""
     import faiss
 
-    from softknn.bundle import MANIFEST, finalize, save_array
-    from softknn.chunk_index import IndexSpec, build_index
+    from softknn.retrieval.chunk_index import IndexSpec, build_index
+    from softknn.storage.bundle import finalize
+    from softknn.storage.layout import MANIFEST, save_array
 
     n = manifest["counts"]["chunks"]
     xb = np.load(full / "embeddings.npy", mmap_mode="r")
@@ -72,9 +74,9 @@ def write_shards(full: Path, tmp: Path, manifest: dict, lex, n_shards: int, *, w
 
 
 def finalize_sharded(tmp_dir: Path, out: Path, manifest: dict, *, force: bool = False) -> dict:
-    """`softknn.bundle.finalize` for a sharded bundle: checksum every shard file, write the top
+    """`softknn.storage.bundle.finalize` for a sharded bundle: checksum every shard file, write the top
     manifest (one version_id over all shards), rename into place (the old bundle kept until then)."""
-    from softknn.bundle import finalize
+    from softknn.storage.bundle import finalize
 
     names = shard_files([sh["dir"] for sh in manifest["shards"]], manifest.get("memory", "kv"), bool(manifest.get("lexical")))
     return finalize(tmp_dir, out, manifest, force=force, names=names)

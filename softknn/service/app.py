@@ -23,11 +23,11 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 
 import softknn
-from softknn.encoder import Encoder
+from softknn.model.encoder import Encoder
+from softknn.params import DEFAULT_KB, Settings
 from softknn.service import errors
 from softknn.service.auth import require_admin, require_api_key
 from softknn.service.kbs import KBs
-from softknn.service.lifecycle import Runtime
 from softknn.service.metrics import Metrics
 from softknn.service.middleware import BodyLimitMiddleware, RequestContextMiddleware
 from softknn.service.routes import (
@@ -42,6 +42,7 @@ from softknn.service.routes import (
     openai,
     rerank,
 )
+from softknn.service.runtime.core import Runtime
 from softknn.service.schemas import (
     chat_request_model,
     embedding_request_model,
@@ -49,7 +50,6 @@ from softknn.service.schemas import (
     infer_request_model,
     rerank_request_model,
 )
-from softknn.settings import DEFAULT_KB, Settings
 
 log = logging.getLogger("softknn.service")
 
@@ -117,9 +117,9 @@ def make_kbs(settings: Settings, metrics: Metrics, *, encoder: Encoder | None = 
 def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_backend=None, generator=None,
                cluster=None, echo_request_id: bool = True) -> FastAPI:
     """The service app. Pass `encoder` to share an already loaded model (tests, several apps), and
-    `generator` (softknn.generator.Generator) to share a loaded causal LM the same way;
-    `shard_backend` opens a sharded bundle's shards elsewhere (softknn.service.ray_serving.RayShards.factory);
-    `cluster` makes the app one replica of a deployment (softknn.service.ray_serving.ReplicaLink);
+    `generator` (softknn.generate.model.Generator) to share a loaded causal LM the same way;
+    `shard_backend` opens a sharded bundle's shards elsewhere (softknn.storage.ray_shards.RayShards.factory);
+    `cluster` makes the app one replica of a deployment (softknn.service.ray.coordinator.ReplicaLink);
     `echo_request_id=False` when a proxy in front already echoes X-Request-ID (Ray Serve's does)."""
     check_settings(settings)
     # /docs and /redoc with Swagger UI and ReDoc served from fastapi-offline's packaged copy

@@ -22,10 +22,10 @@ from fastapi import Depends
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import SecretStr
 
+from softknn.params import Auth
 from softknn.service.deps import SettingsDep
 from softknn.service.errors import Forbidden, Unauthorized
 from softknn.service.kbs import Principal
-from softknn.settings import Auth
 
 # auto_error=False: this module answers in the service's own error shape; HTTPBearer only parses
 # the header and documents the scheme in OpenAPI (the /docs "Authorize" button).

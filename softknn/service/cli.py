@@ -15,9 +15,9 @@ import typer
 def split_bundles(values: list[str]) -> tuple[Path | str | None, dict[str, Path | str]]:
     """--bundle values: (the plain DIR or URI, if one; {NAME: DIR or URI} of the NAME=… ones). NAME=DIR
     needs a valid KB name before the first '=' (no '/': so ./a=b is a directory). A URI
-    (s3://bucket/kb) stays a string (softknn.remote_bundle)."""
-    from softknn.kb_names import KB_NAME  # not softknn.settings: it imports numpy
-    from softknn.remote_bundle import is_remote
+    (s3://bucket/kb) stays a string (softknn.storage.remote)."""
+    from softknn.common.kb_names import KB_NAME  # not softknn.params: it imports numpy
+    from softknn.storage.remote import is_remote
 
     def location(v: str) -> Path | str:
         return v if is_remote(v) else Path(v)
@@ -48,7 +48,7 @@ def serve(
                                                  "(SOFTKNN_MODEL__NAME; default: packaged all-MiniLM-L6-v2)")] = None,
     log_level: Annotated[str | None, typer.Option("--log-level", help="debug | info | warning | error")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="serve on Ray: one actor per shard of a sharded bundle, "
-                                      "the model as a Ray Serve deployment (softknn.service.ray_serving)")] = False,
+                                      "the model as a Ray Serve deployment (softknn.service.ray)")] = False,
     address: Annotated[str | None, typer.Option("--address", help="with --ray: the Ray cluster to join "
                                                    "(e.g. auto, HOST:6379); default: start a local one")] = None,
     replicas: Annotated[int, typer.Option("--replicas", min=1, help="with --ray: model replicas")] = 1,
@@ -82,8 +82,8 @@ def serve(
     if not given and os.environ.get("SOFTKNN_BUNDLE"):
         given = [os.environ["SOFTKNN_BUNDLE"]]
     if given:  # answered before FastAPI, torch and the model load
-        from softknn.console import need_bundle
-        from softknn.remote_bundle import is_remote
+        from softknn.common.console import need_bundle
+        from softknn.storage.remote import is_remote
 
         for path in given:
             if not is_remote(path):  # a URI is read by the service (its errors exit it, with the reason)
@@ -91,10 +91,10 @@ def serve(
     import uvicorn
     from pydantic import ValidationError
 
+    from softknn.params import Settings
     from softknn.service.app import create_app
     from softknn.service.logs import configure_logging
     from softknn.service.server import uvicorn_config
-    from softknn.settings import Settings
 
     overrides = {"bundle": plain, "bundles": named or None, "host": host, "port": port, "log_level": log_level}
     # the given options as Settings' keyword arguments (pydantic validates them; the environment fills the rest)
@@ -116,23 +116,23 @@ def serve(
                         fg=typer.colors.RED, err=True)
             raise typer.Exit(2)
 
-        from softknn.service.ray_serving import INGRESS_ENV
+        from softknn.service.ray.launcher import INGRESS_ENV
 
         if ingress not in INGRESS_ENV:
             typer.secho(f"error: --ingress must be one of {', '.join(INGRESS_ENV)}, got {ingress!r}",
                         fg=typer.colors.RED, err=True)
             raise typer.Exit(2)
-        from softknn.console import need_ray
+        from softknn.common.console import need_ray
 
         need_ray()
-        from softknn.service.ray_serving import serve_ray
+        from softknn.service.ray.launcher import serve_ray
 
         try:
             resources = json.loads(shard_resources) if shard_resources else None
         except json.JSONDecodeError as e:
             typer.secho(f"error: --shard-resources is not JSON: {e}", fg=typer.colors.RED, err=True)
             raise typer.Exit(2) from None
-        from softknn.service.ray_serving import NotEnoughNodes
+        from softknn.service.ray.launcher import NotEnoughNodes
 
         try:
             serve_ray(settings, address=address, replicas=replicas, shard_resources=resources,

@@ -14,11 +14,11 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Query, Request
 from pydantic import BaseModel
 
-from softknn.engine import Engine
+from softknn.infer.engine import Engine
+from softknn.params import Settings
 from softknn.service.kbs import KBs
-from softknn.service.lifecycle import Runtime
+from softknn.service.runtime.core import Runtime
 from softknn.service.schemas import KB_DOC
-from softknn.settings import Settings
 
 
 async def get_settings(request: Request) -> Settings:

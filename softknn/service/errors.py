@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
-from softknn.errors import (
+from softknn.common.errors import (
     BundleError,
     DocumentNotFound,
     InputTooLarge,
@@ -128,7 +128,7 @@ STATUS: dict[type[Exception], int] = {
     BundleError: 422,  # a reload naming a corrupt/foreign bundle: the request's bundle is unusable
     KBFormatError: 422,
     UnsupportedModel: 500,  # server configuration, never the client's fault
-    ShardUnavailable: 503,  # a KB shard's actor died and is restarting (softknn.service.ray_serving): Retry-After
+    ShardUnavailable: 503,  # a KB shard's actor died and is restarting (softknn.storage.ray_shards): Retry-After
     ModelRuntimeError: 500,
     WriteRefused: 409,  # a KB write this bundle does not support (sharded, generator memory)
     DocumentNotFound: 404,  # model.runtime: an export that fails verification, a bad setting

@@ -1,6 +1,6 @@
 """The KBs one app serves, by name, and who may see which (docs/security.md, "Keys").
 
-Each KB is a Runtime (softknn.service.lifecycle): its own engine, version, reloads, write store and
+Each KB is a Runtime (softknn.service.runtime): its own engine, version, reloads, write store and
 generation; they share one loaded model, the batcher and the generation and write threads. A
 request names its KB with `kb` (a body field on POST routes, a query parameter elsewhere); without
 one it gets the only KB the caller may see, else the one named `default`, else a 422 listing the
@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from softknn.errors import InvalidInput
+from softknn.common.errors import InvalidInput
+from softknn.params import DEFAULT_KB
 from softknn.service.errors import Forbidden, NotFound
-from softknn.service.lifecycle import Runtime
-from softknn.settings import DEFAULT_KB
+from softknn.service.runtime.core import Runtime
 
 log = logging.getLogger("softknn.service")
 

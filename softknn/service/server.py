@@ -22,7 +22,7 @@ server shutdown (a lingering one included).
 The settings reach the protocol through `uvicorn_config`: it builds one `Linger` per server (from
 the app's `app.state.settings.limits`) and hangs it on the uvicorn.Config that every connection's
 protocol receives; a server started without it (`uvicorn --http softknn.service.server:...`) lingers with
-the defaults of `softknn.settings.Limits`. The app's /metrics shows `softknn_lingering_connections`
+the defaults of `softknn.params.Limits`. The app's /metrics shows `softknn_lingering_connections`
 and `softknn_lingering_closes_total{reason}` (eof, idle, total, shutdown, lost, full).
 """
 
@@ -44,7 +44,7 @@ class Linger:
 
     def __init__(self, idle_s: float | None = None, total_s: float | None = None,
                  max_connections: int | None = None):
-        from softknn.settings import Limits
+        from softknn.params import Limits
 
         d = Limits()
         self.idle_s = float(d.linger_idle_s if idle_s is None else idle_s)

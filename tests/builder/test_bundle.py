@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softknn.bundle import DATA_FILES, load_bundle, verify_bundle, version_id
-from softknn.chunk_index import ChunkIndex, build_index, choose_index
-from softknn.errors import BundleError
-from softknn.lexical import LEXICAL_FILES
+from softknn.common.errors import BundleError
+from softknn.retrieval.chunk_index import ChunkIndex, build_index, choose_index
+from softknn.retrieval.lexical import LEXICAL_FILES
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import DATA_FILES, verify_bundle, version_id
 
 ROOT = Path(__file__).resolve().parents[2]
 

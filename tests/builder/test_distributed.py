@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softknn.bundle import sha256_file, verify_bundle
 from softknn.index_builder import pipeline
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.service.testing import free_port
+from softknn.storage.layout import sha256_file, verify_bundle
+from tests.harness import free_port
 from tests.ray_nodes import ray_env, start_node, stop_node, wait_for_cpus
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_ray_encode_refuses_bad_sizes():
 
 
 def test_a_worker_refuses_other_model_weights(encoder):
-    from softknn.errors import BundleError
+    from softknn.common.errors import BundleError
     from softknn.index_builder.distributed import _EncodeWorker
 
     with pytest.raises(BundleError, match=r"this worker's model weights differ from the driver's \(fingerprint "

@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from softknn.bundle import load_bundle
-from softknn.engine import Engine, InferParams
 from softknn.index_builder.encode_cache import chunk_key
 from softknn.index_builder.pipeline import BuildConfig, build_bundle, read_chunks
+from softknn.infer.engine import Engine, InferParams
+from softknn.storage.bundle import load_bundle
 
 N_RECORDS = 48
 

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.bundle import load_bundle, verify_bundle
-from softknn.engine import Engine
-from softknn.errors import BundleError
-from softknn.gen_memory import ChunkKV, GeneratorStore, generator_files
-from softknn.generation import GenEngine, GenParams
-from softknn.generator import Generator, Sampling
+from softknn.common.errors import BundleError
+from softknn.generate.engine import GenEngine, GenParams
+from softknn.generate.memory import ChunkKV, GeneratorStore
+from softknn.generate.model import Generator, Sampling
 from softknn.index_builder.generator_memory import BATCH
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import generator_files, verify_bundle
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +146,7 @@ def test_exact_answers_equal_the_masked_reference_over_the_retrieved_chunks(tmp_
 
 # --- compact memory: 4- and 2-bit codes, token selection, the LRU tier --------------------------------
 def test_bit_codes_round_trip_and_stay_within_half_a_step():
-    from softknn.gen_memory import _pack, _unpack, decode_chunk, encode_chunk
+    from softknn.generate.memory import _pack, _unpack, decode_chunk, encode_chunk
 
     rng = np.random.default_rng(0)
     for bits in (2, 4):
@@ -166,7 +167,7 @@ def test_bit_codes_round_trip_and_stay_within_half_a_step():
 
 
 def test_token_selection_keeps_the_most_voted_and_their_neighbours_in_order():
-    from softknn.gen_memory import select_tokens
+    from softknn.generate.memory import select_tokens
 
     votes = np.array([0.0, 0.0, 0.0, 0.0, 9.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0])
     # max-pooled over 5: tokens 2..6 carry 9, 9..11 carry 5; ties go to the earlier token
@@ -185,7 +186,7 @@ def q2_bundle(tmp_path_factory, kb20, encoder, gen) -> Path:
 
 
 def test_a_selected_q2_store_holds_half_the_tokens_at_the_bytes_its_formula_says(q2_bundle, fp32_bundle, gen):
-    from softknn.gen_memory import decode_chunk, encode_chunk, select_tokens
+    from softknn.generate.memory import decode_chunk, encode_chunk, select_tokens
 
     m = verify_bundle(q2_bundle)
     g = m["generator"]

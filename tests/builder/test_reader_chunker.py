@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from softknn.errors import KBFormatError
+from softknn.common.errors import KBFormatError
 from softknn.index_builder.chunker import chunk_documents
 from softknn.index_builder.reader import Fields, read_kb
 

@@ -1,5 +1,5 @@
 """An unlabelled KB chooses its hybrid λ at build time from held-out sentences of its own chunks
-(softknn.calibration.calibrate_unlabelled): the rule on hand-made inputs, the record a build writes,
+(softknn.retrieval.calibration.calibrate_unlabelled): the rule on hand-made inputs, the record a build writes,
 the default a request without lexical_weight gets from it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 
-from softknn.calibration import PSEUDO_WEIGHTS, calibrate_unlabelled, choose_weight, held_out, pseudo_queries
-from softknn.lexical import LexicalSpec
+from softknn.retrieval.calibration import PSEUDO_WEIGHTS, calibrate_unlabelled, choose_weight, held_out, pseudo_queries
+from softknn.retrieval.lexical import LexicalSpec
 
 
 def test_the_rule_takes_the_smallest_weight_within_two_standard_errors_of_the_best():
@@ -109,8 +109,9 @@ def unlabelled_bundle(tmp_path_factory, encoder):
 
 
 def test_an_unlabelled_build_records_its_choice_and_a_request_without_lexical_weight_uses_it(unlabelled_bundle, encoder):
-    from softknn.bundle import load_bundle, read_manifest
-    from softknn.engine import Engine, InferParams
+    from softknn.infer.engine import Engine, InferParams
+    from softknn.storage.bundle import load_bundle
+    from softknn.storage.layout import read_manifest
 
     cal = read_manifest(unlabelled_bundle)["calibration"]
     pq = cal["pseudo_queries"]
@@ -131,13 +132,14 @@ def test_an_unlabelled_build_records_its_choice_and_a_request_without_lexical_we
 def test_a_kb_write_and_a_compaction_keep_the_lambda_the_build_chose(unlabelled_bundle, encoder, tmp_path):
     import shutil
 
-    from softknn.bundle import read_manifest
-    from softknn.index_builder.writes import KBStore
+    from softknn.index_builder.documents import BuilderDocuments
+    from softknn.storage.layout import read_manifest
+    from softknn.storage.writes import KBStore
 
     copy = tmp_path / "b"
     shutil.copytree(unlabelled_bundle, copy)
     built = read_manifest(copy)["calibration"]
-    store = KBStore(copy, encoder)
+    store = KBStore(copy, encoder, documents=BuilderDocuments())
     store.put("pier-0", {"text": "Timetables for the pier are posted weekly. Printed copies sit at the ticket desk.",
                          "label": None})
     assert store.bundle.manifest.raw["calibration"] == built
@@ -150,7 +152,8 @@ def _without_lexical(bundle, out):
     """`bundle` as a build from before the lexical index (what conftest's dense_only bundle does)."""
     import shutil
 
-    from softknn.bundle import data_files, finalize, read_manifest
+    from softknn.storage.bundle import finalize
+    from softknn.storage.layout import data_files, read_manifest
 
     m = read_manifest(bundle)
     tmp = out.parent / f".{out.name}.tmp"
@@ -164,8 +167,8 @@ def _without_lexical(bundle, out):
 
 
 def test_add_lexical_chooses_an_unlabelled_kbs_lambda_as_its_build_did(unlabelled_bundle, encoder, tmp_path):
-    from softknn.bundle import read_manifest
     from softknn.index_builder.pipeline import add_lexical
+    from softknn.storage.layout import read_manifest
 
     built = read_manifest(unlabelled_bundle)["calibration"]
     old = _without_lexical(unlabelled_bundle, tmp_path / "old")
@@ -179,9 +182,9 @@ def test_add_lexical_chooses_an_unlabelled_kbs_lambda_as_its_build_did(unlabelle
 def test_add_lexical_refuses_a_model_other_than_the_bundles(unlabelled_bundle, encoder, tmp_path):
     from dataclasses import replace
 
-    from softknn.bundle import read_manifest, verify_bundle
-    from softknn.errors import BundleError
+    from softknn.common.errors import BundleError
     from softknn.index_builder.pipeline import add_lexical
+    from softknn.storage.layout import read_manifest, verify_bundle
 
     old = _without_lexical(unlabelled_bundle, tmp_path / "old")
     before = verify_bundle(old)["version_id"]

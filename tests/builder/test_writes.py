@@ -1,4 +1,4 @@
-"""KB writes (softknn.index_builder.writes): after any sequence of puts and deletes, every answer equals a
+"""KB writes (softknn.storage.writes): after any sequence of puts and deletes, every answer equals a
 fresh `softknn build` of the resulting KB (written as one JSONL file in KB order): exact and
 default retrieval, evidence ids and order, BM25 scores (N, df, avgdl), label scores, the embedding."""
 
@@ -12,13 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softknn.bundle import load_bundle, verify_bundle
-from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
+from softknn.common.errors import BundleError, DocumentNotFound, KBFormatError, WriteRefused
+from softknn.index_builder.documents import BuilderDocuments
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.index_builder.reader import read_kb
-from softknn.index_builder.writes import WAL, KBStore, read_log, verify_log, version_seq, writable
-from softknn.lexical import bm25_reference
+from softknn.infer.engine import Engine, InferParams
+from softknn.retrieval.lexical import bm25_reference
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import verify_bundle
+from softknn.storage.writes import WAL, KBStore, read_log, verify_log, version_seq, writable
 from tests.numerics import assert_tree_close
 
 QUERIES = ["how much is an adult single from harrowmere to saltbridge?",
@@ -132,7 +134,7 @@ def bundle_copy(tmp_path, sample_bundle_path) -> Path:
 
 def test_a_few_random_writes_answer_as_a_fresh_build(bundle_copy, encoder, sample_kb, tmp_path):
     records = kb_records(sample_kb)
-    store = KBStore(bundle_copy, encoder)
+    store = KBStore(bundle_copy, encoder, documents=BuilderDocuments())
     ops = random_ops(random.Random(7), records, 5)
     ops.append(("put", "handbook/03_cancellations.md" if "handbook/03_cancellations.md" in records
                 else next(d for d in records if d.startswith("handbook/")),
@@ -144,7 +146,7 @@ def test_a_few_random_writes_answer_as_a_fresh_build(bundle_copy, encoder, sampl
     store.close()
     # reopened: the log replays to the same KB
     store.close()
-    again = KBStore(bundle_copy, encoder)
+    again = KBStore(bundle_copy, encoder, documents=BuilderDocuments())
     assert again.bundle.version == store.bundle.version
     assert [c["chunk_id"] for c in again.bundle.chunks] == [c["chunk_id"] for c in store.bundle.chunks]
     # compacted: a new base, the same answers, an empty log; verify passes
@@ -167,7 +169,7 @@ def test_writes_on_a_kv_bundle_answer_as_a_fresh_kv_build(encoder, tmp_path):
         ("Lost property is kept at the terminal office for thirty days.", "lost")])}
     base = tmp_path / "base"
     build_bundle(write_kb(records, tmp_path / "kb0.jsonl"), base, BuildConfig(memory="kv"), encoder, progress=False)
-    store = KBStore(base, encoder)
+    store = KBStore(base, encoder, documents=BuilderDocuments())
     records = apply(store, records, [("put", "k-1", {"text": "Bicycles cost two pounds each way from March.", "label": "bikes"}),
                                      ("put", "k-9", {"text": "Dogs on a lead are welcome in the lounge.", "label": None}),
                                      ("delete", "k-3", None)])
@@ -185,7 +187,7 @@ def test_writes_on_a_kv_bundle_answer_as_a_fresh_kv_build(encoder, tmp_path):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_long_random_write_sequences_answer_as_fresh_builds(bundle_copy, encoder, sample_kb, tmp_path, seed):
     records = kb_records(sample_kb)
-    store = KBStore(bundle_copy, encoder)
+    store = KBStore(bundle_copy, encoder, documents=BuilderDocuments())
     rng = random.Random(seed)
     for round_ in range(3):
         records = apply(store, records, random_ops(rng, records, 12))
@@ -198,7 +200,7 @@ def test_long_random_write_sequences_answer_as_fresh_builds(bundle_copy, encoder
 
 
 def test_deleting_every_chunk_with_a_term_leaves_no_trace_of_it(bundle_copy, encoder):
-    store = KBStore(bundle_copy, encoder)
+    store = KBStore(bundle_copy, encoder, documents=BuilderDocuments())
     store.put("odd-1", {"text": "The quixotic zephyr timetable."})
     lex = store.bundle.lexical
     assert lex.scores(lex.analyzer.terms("zephyr")).max() > 0
@@ -211,7 +213,7 @@ def test_deleting_every_chunk_with_a_term_leaves_no_trace_of_it(bundle_copy, enc
 
 
 def test_refusals_name_the_problem(bundle_copy, encoder):
-    store = KBStore(bundle_copy, encoder)
+    store = KBStore(bundle_copy, encoder, documents=BuilderDocuments())
     with pytest.raises(DocumentNotFound, match="no document 'nope'"):
         store.delete("nope")
     with pytest.raises(DocumentNotFound):
@@ -238,7 +240,7 @@ def test_sharded_and_other_unsupported_bundles_refuse_writes(sample_bundle):
 
 
 def test_a_torn_tail_is_dropped_and_a_corrupt_middle_refused(bundle_copy, encoder):
-    store = KBStore(bundle_copy, encoder)
+    store = KBStore(bundle_copy, encoder, documents=BuilderDocuments())
     store.put("a", {"text": "first written document about ferries"})
     store.put("b", {"text": "second written document about piers"})
     store.close()
@@ -246,7 +248,7 @@ def test_a_torn_tail_is_dropped_and_a_corrupt_middle_refused(bundle_copy, encode
     data = wal.read_bytes()
     wal.write_bytes(data + data[:30])  # a third record that died mid-append
     assert verify_log(bundle_copy)["torn_bytes"] == 30
-    again = KBStore(bundle_copy, encoder)
+    again = KBStore(bundle_copy, encoder, documents=BuilderDocuments())
     assert again.seq == 2 and wal.read_bytes() == data  # cut back to the last whole record
     again.close()
     flipped = bytearray(data)
@@ -261,15 +263,15 @@ def test_a_compaction_stopped_between_its_two_renames_recovers_the_old_bundle_an
     """finalize moves the old bundle aside, then renames the new one in: a crash between the two
     leaves no bundle at its path. Opening it again restores the old one, whose log still holds every
     acknowledged write, and removes a half-written compaction."""
-    import softknn.bundle
+    import softknn.storage.bundle
 
     records = kb_records(sample_kb)
-    store = KBStore(bundle_copy, encoder)
+    store = KBStore(bundle_copy, encoder, documents=BuilderDocuments())
     ops = [("put", "new-doc", {"text": "The harbour office opens at six on Sundays.", "label": None}),
            ("delete", "faq-0003", None)]
     records = apply(store, records, ops)
     version = store.bundle.version
-    real_replace = softknn.bundle.os.replace
+    real_replace = softknn.storage.bundle.os.replace
     calls = []
 
     def crash_before_the_new_one_moves_in(src, dst):
@@ -278,16 +280,16 @@ def test_a_compaction_stopped_between_its_two_renames_recovers_the_old_bundle_an
         calls.append((src, dst))  # the manifest's atomic write, then the old bundle moved aside
         return real_replace(src, dst)
 
-    monkeypatch.setattr(softknn.bundle.os, "replace", crash_before_the_new_one_moves_in)
+    monkeypatch.setattr(softknn.storage.bundle.os, "replace", crash_before_the_new_one_moves_in)
     with pytest.raises(KeyboardInterrupt):
         store.compact()
-    monkeypatch.setattr(softknn.bundle.os, "replace", real_replace)
+    monkeypatch.setattr(softknn.storage.bundle.os, "replace", real_replace)
     store.close()
     aside = Path(calls[-1][1])
     assert not bundle_copy.exists() and aside.is_dir() and Path(calls[-1][0]) == bundle_copy  # only the old one, aside
     stale = bundle_copy.parent / f".{bundle_copy.name}.tmp-compact-deadbeef"
     stale.mkdir()
-    again = KBStore(bundle_copy, encoder)
+    again = KBStore(bundle_copy, encoder, documents=BuilderDocuments())
     assert again.bundle.version == version and not stale.exists() and not aside.exists()
     assert_same_as_fresh_build(again, records, encoder, tmp_path, params=PARAMS[:1], queries=QUERIES[:2])
     assert again.compact()["writes_folded"] == len(ops)  # and the compaction then completes

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from softknn.chunk_index import ChunkIndex, build_index, choose_index
+from softknn.retrieval.chunk_index import ChunkIndex, build_index, choose_index
 from tests.conftest import shared_data
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from softknn.attention import (
+from softknn.model.attention import (
     MemoryBatch,
     entropy,
     fused_attention,

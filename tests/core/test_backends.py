@@ -1,11 +1,11 @@
-"""The seams of softknn.backends: the implementations the engine runs on satisfy their Protocols,
-and the bundle-only retrieval (softknn.search.Retriever) is what the Engine serves."""
+"""The seams of softknn.model.backends: the implementations the engine runs on satisfy their Protocols,
+and the bundle-only retrieval (softknn.retrieval.search.Retriever) is what the Engine serves."""
 
 import numpy as np
 
-from softknn.backends import ChunkSearch, MemoryStore, ModelForward, ShardBackend
-from softknn.engine import Engine, InferParams, Retrieval
-from softknn.search import Retriever
+from softknn.infer.engine import Engine, InferParams, Retrieval
+from softknn.model.backends import ChunkSearch, MemoryStore, ModelForward, ShardBackend
+from softknn.retrieval.search import Retriever
 
 QUERIES = ["Can I bring my dog on the Coral Line ferry to Brindlewick?", "lost umbrella"]
 
@@ -18,8 +18,8 @@ def test_the_model_index_and_memory_satisfy_their_protocols(engine, encoder, sam
 
 
 def test_the_shard_backends_satisfy_their_protocol():
-    from softknn.service.ray_serving import RayShards
-    from softknn.shards import LocalShards
+    from softknn.storage.ray_shards import RayShards
+    from softknn.storage.shards import LocalShards
 
     assert isinstance(LocalShards([]), ShardBackend)
     assert all(callable(getattr(RayShards, name)) for name in ("call", "call_some", "health", "close"))  # no actors started

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softknn.attention import knn_weights_row
-from softknn.calibration import (
+from softknn.infer.engine import InferParams
+from softknn.infer.evidence import label_scores
+from softknn.model.attention import knn_weights_row
+from softknn.retrieval.calibration import (
     calibrate_loo,
     calibrate_rules,
     choose_cell,
@@ -16,10 +18,8 @@ from softknn.calibration import (
     query_votes,
     refused,
 )
-from softknn.engine import InferParams
-from softknn.evidence import label_scores
-from softknn.lexical import LexicalIndex
-from softknn.retrieval import best, scores_reference
+from softknn.retrieval.lexical import LexicalIndex
+from softknn.retrieval.scoring import best, scores_reference
 
 WORDS = "ferry dog refund ticket cabin storm harbour bike luggage wheelchair timetable cafe".split()
 

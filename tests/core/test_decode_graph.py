@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.errors import InvalidInput
+from softknn.common.errors import InvalidInput
 from softknn.generate.batch import DecodeLoop, job_for
 from softknn.generate.graph import lossless_q4, resolve_weights
+from softknn.generate.model import Generation, Generator, Sampling
 from softknn.generate.quant import (
     dequantize_q4,
     is_lossless,
@@ -19,7 +20,6 @@ from softknn.generate.quant import (
     pack_q8_as_two_q4,
 )
 from softknn.generate.runtime import DecoderSession
-from softknn.generator import Generation, Generator, Sampling
 from tests.core.test_generator import PROMPTS, _memory, _tiny
 from tests.numerics import close
 

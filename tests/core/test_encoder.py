@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.encoder import weight_fingerprint
-from softknn.errors import InputTooLarge
+from softknn.common.errors import InputTooLarge
+from softknn.model.encoder import weight_fingerprint
 
 TEXTS = ["hello world", "a much longer sentence here, to make the first one pad", "Ferry to Saltbridge?"]
 

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.bundle import lexical_summary, load_bundle
-from softknn.engine import Engine, InferParams
-from softknn.evidence import _word_spans
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.reference import reference_embedding
+from softknn.infer.engine import Engine, InferParams
+from softknn.infer.evidence import _word_spans
+from softknn.infer.reference import reference_embedding
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import lexical_summary
 
 QUERY = "Can I bring my dog on the Coral Line ferry to Brindlewick?"
 
@@ -147,7 +148,7 @@ def test_hybrid_threshold_keeps_topk_plus_heavy_pool_chunks(engine):
 
 def test_influence_matches_removing_the_chunk_and_renormalising(engine, encoder, sample_bundle):
     """Closed-form influence vs. actually rerunning the layer without the chunk (weights renormalised)."""
-    from softknn.attention import fused_attention
+    from softknn.model.attention import fused_attention
 
     text, p = QUERY, InferParams(alpha=0.6, k=4, evidence=4)
     r = engine.infer([text], p)[0]
@@ -221,7 +222,7 @@ def test_length_grouped_passes_equal_one_pass_and_keep_the_input_order(engine):
 
 
 def test_a_too_long_input_in_a_grouped_batch_is_named_by_its_own_index(engine):
-    from softknn.errors import InputTooLarge
+    from softknn.common.errors import InputTooLarge
 
     texts = ["a", "bb", "ccc", "dddd", "ferry " * 400, "e"]  # five passes' worth at group_size=2
     with pytest.raises(InputTooLarge) as e:

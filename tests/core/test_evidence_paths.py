@@ -7,11 +7,12 @@ import shutil
 import numpy as np
 import pytest
 
-from softknn.bundle import load_bundle
-from softknn.engine import Engine, InferParams
-from softknn.evidence import ChunkWords, _readable, _word_spans, chunk_words
+from softknn.index_builder.documents import BuilderDocuments
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.index_builder.writes import KBStore
+from softknn.infer.engine import Engine, InferParams
+from softknn.infer.evidence import ChunkWords, _readable, _word_spans, chunk_words
+from softknn.storage.bundle import load_bundle
+from softknn.storage.writes import KBStore
 from tests.numerics import assert_tree_close
 
 TOL = 1e-5  # influence parts from the reference by a few 1e-6 (w/(1−w) < 1e3: CONDITION); every other float by ≤ 1e-8
@@ -78,7 +79,7 @@ def test_fast_evidence_equals_the_reference_across_mixing_alpha_and_kernels(engi
 def test_near_one_weight_defers_influence_to_the_reference_form(engine, monkeypatch):
     """τ so small that one chunk holds w ≈ 1: w/(1−w) would amplify round-off past 1e-5, so the
     fast path answers with the reference's form there (and matches it)."""
-    import softknn.evidence as ev
+    import softknn.infer.evidence as ev
 
     p = InferParams(retrieval="dense", temperature=0.001, k=4, evidence=4)
     calls = []
@@ -134,7 +135,7 @@ def test_after_a_write_the_new_version_answers_its_own_words(encoder, sample_bun
     """A write makes a new bundle and an Engine over it a new word cache: the rewritten chunk's
     spans come from its new text, and the fast path still equals the reference."""
     shutil.copytree(sample_bundle_path, tmp_path / "b")
-    store = KBStore(tmp_path / "b", encoder)
+    store = KBStore(tmp_path / "b", encoder, documents=BuilderDocuments())
     try:
         text = "Can I bring my dog on the Coral Line ferry to Brindlewick?"
         p = InferParams(k=8, evidence=8, spans=50)

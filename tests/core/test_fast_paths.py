@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.attention import KERNELS, knn_weights, knn_weights_row, truncation_bound, truncation_bound_row
-from softknn.chunk_index import ChunkIndex, build_index, choose_index
+from softknn.model.attention import KERNELS, knn_weights, knn_weights_row, truncation_bound, truncation_bound_row
+from softknn.retrieval.chunk_index import ChunkIndex, build_index, choose_index
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -78,7 +78,7 @@ def test_faiss_flat_search_breaks_ties_by_the_lower_id_even_at_the_boundary():
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
 def test_kv_gather_equals_the_per_chunk_reference(dtype):
-    from softknn.memory_stores import KVStore
+    from softknn.storage.memory_stores import KVStore
 
     rng = np.random.default_rng(11)
     count = rng.integers(1, 9, size=30)
@@ -100,7 +100,7 @@ def test_kv_gather_equals_the_per_chunk_reference(dtype):
 def test_prefiltered_flat_search_is_exact_certified_or_not(monkeypatch):
     """≥ PREFILTER_MIN_CHUNKS chunks: the 8-bit prefilter + exact rescoring gives the exact answer;
     with a useless bound (every row uncertified) the full-scan fallback gives it too."""
-    from softknn import chunk_index
+    from softknn.retrieval import chunk_index
 
     rng = np.random.default_rng(13)
     n = chunk_index.PREFILTER_MIN_CHUNKS + 500

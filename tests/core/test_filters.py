@@ -12,14 +12,22 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from softknn import chunk_index, search
-from softknn.bundle import load_bundle
-from softknn.chunk_index import ChunkIndex, IndexSpec, build_index
 from softknn.cli import sample_kb_path
-from softknn.engine import Engine, InferParams
-from softknn.errors import InvalidInput
-from softknn.filters import MAX_DEPTH, MAX_NODES, MAX_VALUES, ChunkTable, filter_json, mask_reference, parse_filter
+from softknn.common.errors import InvalidInput
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine, InferParams
+from softknn.retrieval import chunk_index, search
+from softknn.retrieval.chunk_index import ChunkIndex, IndexSpec, build_index
+from softknn.retrieval.filters import (
+    MAX_DEPTH,
+    MAX_NODES,
+    MAX_VALUES,
+    ChunkTable,
+    filter_json,
+    mask_reference,
+    parse_filter,
+)
+from softknn.storage.bundle import load_bundle
 from tests.numerics import assert_tree_close
 
 QUERIES = ["Can I bring my dog on the ferry?", "refund for a cancelled sailing", "wheelchair access at the pier",

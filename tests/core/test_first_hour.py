@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from softknn.cli import app
-from softknn.errors import KBFormatError
+from softknn.common.errors import KBFormatError
 from softknn.index_builder.reader import Fields, resolve_fields
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,7 +182,7 @@ try:
     app(sys.argv[1:] + ["sample-kb"], prog_name="softknn")  # the callback runs first, as before any command
 except SystemExit:
     pass
-from softknn.encoder import Encoder
+from softknn.model.encoder import Encoder
 Encoder()
 """
 

@@ -106,11 +106,11 @@ def test_a_generator_build_records_its_choice_and_serves_it(tmp_path, sample_kb,
     """The real path: the builder's generator pass, then calibration through the batching decode loop
     (a 2 × 2 grid to keep it short); the manifest names k, β, the grid and the rule; a request without
     k and prior gets them, one with its own keeps its own."""
-    from softknn.bundle import load_bundle, verify_bundle
-    from softknn.engine import Engine
-    from softknn.generation import GenEngine, GenParams
-    from softknn.generator import Generator
+    from softknn.generate.engine import GenEngine, GenParams
+    from softknn.generate.model import Generator
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
+    from softknn.infer.engine import Engine
+    from softknn.storage.bundle import load_bundle, verify_bundle
 
     monkeypatch.setattr(cal, "GEN_KS", (1, 2))
     monkeypatch.setattr(cal, "GEN_PRIORS", (0.0, 4.0))

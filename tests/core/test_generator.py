@@ -1,4 +1,4 @@
-"""The generator's memory attention against its references (softknn.gen_attention, softknn.generator).
+"""The generator's memory attention against its references (softknn.generate.attention, softknn.generate.model).
 
 (a) fixed with α = 1 generates exactly what the unmodified model generates; (b) joint with memory at
 every layer equals the unmodified model on [chunk_1 … chunk_k ; prompt] under a mask in which each
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.gen_attention import ReferenceHook, bind, place_memory, rotate_keys
-from softknn.generator import Generator, Sampling
+from softknn.generate.attention import ReferenceHook, bind, place_memory, rotate_keys
+from softknn.generate.model import Generator, Sampling
 from tests.numerics import close
 
 CHUNKS = [
@@ -157,7 +157,7 @@ def test_joint_equals_the_masked_concatenation_on_twenty_prompts(smol, k):
 # --- (c) fixed = the per-head loop ---------------------------------------------------------------------
 def _with_reference(g: Generator, prompt, mem, alpha: float, mixing: str = "fixed", prior: float = 0.0):
     """The fast hook's logits and the float64 loop's, for one forward over the prompt."""
-    from softknn.gen_attention import MemoryHook, prompt_positions
+    from softknn.generate.attention import MemoryHook, prompt_positions
 
     pos = prompt_positions(len(prompt), mem)[None]
     out = []
@@ -184,7 +184,7 @@ def test_joint_with_the_knn_prior_equals_the_per_head_loop_on_tiny_models(tiny, 
 
 
 def test_the_knn_prior_moves_the_mass_by_w_db_and_is_void_for_uniform_weights(smol):
-    from softknn.gen_attention import MemoryHook
+    from softknn.generate.attention import MemoryHook
 
     prefix, rest = smol.layout(messages=[{"role": "user", "content": PROMPTS[0]}])
     _, mem = _memory(smol, 4, "composite", prefix)  # w_db decreasing over the 4 chunks

@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softknn.bundle import load_bundle, verify_bundle
-from softknn.engine import Engine, InferParams
-from softknn.errors import InvalidInput
-from softknn.lexical import Analyzer, LexicalIndex, LexicalSpec, bm25_reference
-from softknn.reference import reference_embedding, similarity_reference
-from softknn.retrieval import norm_top, scores_reference, topk_fast, topk_reference
+from softknn.common.errors import InvalidInput
+from softknn.infer.engine import Engine, InferParams
+from softknn.infer.reference import reference_embedding, similarity_reference
+from softknn.retrieval.lexical import Analyzer, LexicalIndex, LexicalSpec, bm25_reference
+from softknn.retrieval.scoring import norm_top, scores_reference, topk_fast, topk_reference
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import verify_bundle
 
 QUERIES = ["Can I bring my dog on the Coral Line ferry to Brindlewick?", "refund for a cancelled sailing",
            "wheelchair access at Saltbridge Pier", "lost property", "How long should I boil an egg?",
@@ -120,7 +121,7 @@ def test_engine_fast_path_equals_exact_brute_force(engine, mode, k):
 def test_exact_hybrid_over_the_whole_kb_equals_the_brute_force_reference(engine, encoder, sample_bundle, mode,
                                                                         lam, mixing):
     """k = N with exact: the engine's hybrid scores, weights and fused embedding against
-    softknn.reference (float64 dense scores, BM25 from its formula, the loop attention)."""
+    softknn.infer.reference (float64 dense scores, BM25 from its formula, the loop attention)."""
     n, q = len(sample_bundle), QUERIES[0]
     res = engine.infer([q], InferParams(alpha=0.7, mixing=mixing, k=n, temperature=0.1, exact=True, evidence=n,
                                         retrieval=mode, lexical_weight=lam))[0]

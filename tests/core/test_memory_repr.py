@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.bundle import load_bundle, read_manifest, verify_bundle, version_id
-from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.memory_stores import MEMORY_KINDS, HiddenStore, RecomputeStore
+from softknn.infer.engine import Engine, InferParams
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest, verify_bundle, version_id
+from softknn.storage.memory_stores import MEMORY_KINDS, HiddenStore, RecomputeStore
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
@@ -202,7 +203,7 @@ def test_hidden_memory_needs_the_layers_key_value_linear(encoder, bundles, tmp_p
     """A model whose memory layer has no key/value Linear cannot project stored states: the default
     build refuses before encoding, and a hidden bundle is refused when the engine attaches it (not
     at its first query)."""
-    from softknn.errors import UnsupportedModel
+    from softknn.common.errors import UnsupportedModel
 
     layer = encoder.check_layer(-1)
     attn = encoder.attention_modules[layer]

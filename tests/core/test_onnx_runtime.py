@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from softknn.engine import Engine, InferParams, check_numerics
-from softknn.errors import BundleError, ModelRuntimeError
-from softknn.onnx_forward import TOLERANCE
+from softknn.common.errors import BundleError, ModelRuntimeError
+from softknn.infer.engine import Engine, InferParams, check_numerics
+from softknn.model.onnx_forward import TOLERANCE
 from tests.conftest import shared_data
 from tests.numerics import assert_tree_close
 
@@ -27,7 +27,7 @@ def onnx_cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def onnx_encoder(onnx_cache):
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     return Encoder(runtime="onnx", onnx_cache=onnx_cache, threads=1)
 
@@ -76,7 +76,7 @@ def test_plain_forward_equals_torch_on_banking77_texts(encoder, onnx_encoder):
 def test_every_packing_gives_the_same_outputs(encoder, onnx_encoder, width):
     """One row per input (width 0 on equal lengths), several inputs per row, all in one row: the same
     numbers as torch, at a non-default layer too, and padded positions zero."""
-    from softknn.onnx_forward import Packing
+    from softknn.model.onnx_forward import Packing
 
     texts = ["a", "Why was my top-up declined twice today?", "card", "I want to change my PIN at an ATM in Spain.",
              "Zürich → Köln: 12,50 € 🚆", "ok thanks", "How long does a transfer from the UK take?"]
@@ -102,7 +102,7 @@ def test_exact_answers_equal_torch_answers(engine, onnx_encoder, sample_bundle):
 
 
 def test_a_tampered_export_is_refused(onnx_encoder, tmp_path):
-    from softknn.encoder import Encoder
+    from softknn.model.encoder import Encoder
 
     shutil.copy2(onnx_encoder.onnx.path, tmp_path / onnx_encoder.onnx.path.name)
     shutil.copy2(onnx_encoder.onnx.sidecar, tmp_path / onnx_encoder.onnx.sidecar.name)
@@ -126,7 +126,7 @@ def test_the_export_runs_once_per_cache_and_its_record_lands_first(encoder, tmp_
     import os
     import threading
 
-    from softknn import onnx_forward
+    from softknn.model import onnx_forward
 
     exports, appeared = [], []
     real_export, real_replace = onnx_forward.OnnxForward._export_fp32, os.replace
@@ -168,8 +168,8 @@ def test_an_export_that_disagrees_with_torch_is_refused(onnx_encoder, tmp_path):
     """A graph whose record checks out but whose numbers do not (a wrong export): refused at open."""
     import onnx
 
-    from softknn.encoder import Encoder
-    from softknn.onnx_forward import _sha256
+    from softknn.model.encoder import Encoder
+    from softknn.model.onnx_forward import _sha256
 
     model = onnx.load(str(onnx_encoder.onnx.path))
     init = next(t for t in model.graph.initializer if t.data_type == onnx.TensorProto.FLOAT and len(t.dims) == 1
@@ -190,8 +190,8 @@ def test_a_packed_export_that_leaks_across_sequences_is_refused(onnx_encoder, tm
     export without the block-diagonal mask), and wrong position ids in the packed rows."""
     import torch
 
-    from softknn import onnx_forward
-    from softknn.encoder import Encoder
+    from softknn.model import onnx_forward
+    from softknn.model.encoder import Encoder
 
     with monkeypatch.context() as m:  # every token sees its whole packed row
         m.setattr(onnx_forward._Layers, "mask", staticmethod(lambda seg: (seg[:, None, :, None] >= -1)
@@ -243,7 +243,7 @@ def test_the_builder_records_its_runtime_and_onnx_memory_equals_torch_memory(onn
 def test_int8_needs_the_onnx_runtime():
     from pydantic import ValidationError
 
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     # runtime named: SOFTKNN_MODEL__RUNTIME=onnx in the environment (the suite run under onnx) would fill it in
     with pytest.raises(ValidationError, match="model.precision=int8 needs model.runtime=onnx"):
@@ -255,7 +255,7 @@ def test_auto_builds_with_torch_and_an_explicit_onnx_builds_with_onnx():
     """softknn build under the default runtime (auto) runs torch: the same bundle bytes wherever it is
     built, and the runtime the Ray encode workers run."""
     from softknn.cli import _build_runtime
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     assert _build_runtime(Settings(model={"runtime": "auto"})).model.runtime == "torch"
     assert _build_runtime(Settings(model={"runtime": "onnx"})).model.runtime == "onnx"

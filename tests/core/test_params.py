@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-from softknn.engine import InferParams
-from softknn.errors import InvalidInput
-from softknn.settings import InferDefaults, Settings
+from softknn.common.errors import InvalidInput
+from softknn.infer.engine import InferParams
+from softknn.params import InferDefaults, Settings
 
 
 def test_the_settings_defaults_are_the_params_defaults():

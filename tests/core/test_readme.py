@@ -68,8 +68,8 @@ def _last_digit(number: str) -> float:
 
 
 def test_readme_curl_sample_is_what_the_service_answers(engine):
-    from softknn.bundle import version_id
-    from softknn.engine import InferParams
+    from softknn.infer.engine import InferParams
+    from softknn.storage.layout import version_id
 
     readme = (ROOT / "README.md").read_text()
     request = json.loads(re.search(r"-d '(\{.*?\})'", readme).group(1))
@@ -94,8 +94,8 @@ def test_readme_curl_sample_is_what_the_service_answers(engine):
 def test_readme_python_client_sample_is_what_the_client_prints(engine):
     """The sample's printed line is what the service answers with its defaults (the client prints
     `prediction` and each evidence item's `doc_id` and `weight`, rounded to 3 places)."""
-    from softknn.engine import InferParams
-    from softknn.settings import Settings
+    from softknn.infer.engine import InferParams
+    from softknn.params import Settings
 
     readme = (ROOT / "README.md").read_text()
     call = re.search(r'InferRequest\(inputs=\["(.*?)"\], evidence=(\d+)\)', readme[readme.index("## Python client") :])

@@ -1,11 +1,11 @@
-"""softknn.rerank: BM25 of any text with the KB's statistics equals the index's own BM25 for every KB
+"""softknn.retrieval.rerank: BM25 of any text with the KB's statistics equals the index's own BM25 for every KB
 chunk's text, and the rerank score is the retrieval's normalisation (clipped, or raw)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from softknn.rerank import LexicalStats, bm25_texts, normalise, scores
+from softknn.retrieval.rerank import LexicalStats, bm25_texts, normalise, scores
 from tests.numerics import close
 
 QUERIES = ["Can I bring my dog on the ferry?", "refund for a cancelled sailing in the storm",

@@ -10,12 +10,13 @@ import typing
 import orjson
 import pytest
 
-from softknn import results
-from softknn.bundle import MANIFEST, load_bundle, read_manifest, version_id
-from softknn.engine import InferParams
-from softknn.errors import BundleError
-from softknn.manifest import Manifest
+from softknn.common.errors import BundleError
+from softknn.infer import results
+from softknn.infer.engine import InferParams
 from softknn.service import schemas
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import MANIFEST, read_manifest, version_id
+from softknn.storage.manifest import Manifest
 
 # each result dataclass and the response model that documents it for OpenAPI
 PAIRS = [(results.InferResult, schemas.InferResult), (results.EvidenceItem, schemas.EvidenceItem),

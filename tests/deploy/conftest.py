@@ -14,7 +14,7 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from softknn.service.testing import LiveServer, wait_ready
+from tests.harness import LiveServer, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 try:
@@ -39,8 +39,8 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def inproc_app(encoder, sample_bundle_path):
     """A TestClient (an httpx.Client) over create_app on the sample bundle, lifespan running, ready."""
+    from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.settings import Settings
 
     settings = Settings(bundle=sample_bundle_path, model={"threads": 1})
     with TestClient(create_app(settings, encoder=encoder)) as tc:
@@ -58,7 +58,7 @@ def inproc_client(inproc_app):
 
 @contextlib.contextmanager
 def serve(bundle: Path, log_path: Path):
-    """`python -m softknn.service.cli --bundle B --port P` (the project venv's, softknn.service.testing.LiveServer,
+    """`python -m softknn.service.cli --bundle B --port P` (the project venv's, tests.harness.LiveServer,
     no auth) on 127.0.0.1; yields its base URL once ready."""
     with LiveServer.start(bundle, log_path, auth=False, ready_timeout=180.0) as srv:
         yield srv.url

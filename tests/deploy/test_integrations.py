@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from softknn.service.testing import API_KEY, LiveServer
+from tests.harness import API_KEY, LiveServer
 from tests.numerics import close
 
 langchain_core = pytest.importorskip("langchain_core")

@@ -111,7 +111,7 @@ def test_verify_names_failures_by_status_and_error_type():
 def test_a_load_test_against_a_service_that_is_not_ready_exits_2_before_any_call(tmp_path, capsys):
     """loadtest.run checks /readyz once and refuses to load a service that does not answer it (the
     caller waits for readiness: compose's service_healthy, load_smoke.sh's harness wait)."""
-    from softknn.service.testing import bound_socket
+    from tests.harness import bound_socket
 
     with bound_socket() as sock:  # bound, never listening: refused
         host = f"http://127.0.0.1:{sock.getsockname()[1]}"

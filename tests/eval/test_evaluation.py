@@ -12,8 +12,6 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from softknn.bundle import load_bundle, verify_bundle, write_calibration
-from softknn.engine import Engine, InferParams
 from softknn.evaluation.cli import calibrate_command, eval_command
 from softknn.evaluation.holdout import holdout_split
 from softknn.evaluation.metrics import (
@@ -30,6 +28,9 @@ from softknn.evaluation.metrics import (
 )
 from softknn.evaluation.run import Strategy, _fused, read_queries, rules_from_calibration
 from softknn.index_builder.reader import Document, Fields
+from softknn.infer.engine import Engine, InferParams
+from softknn.storage.bundle import load_bundle, write_calibration
+from softknn.storage.layout import verify_bundle
 
 SAMPLE = Path(__file__).resolve().parents[2] / "softknn" / "sample_kb"
 

@@ -22,9 +22,9 @@ import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.params import Settings
 from softknn.service.app import create_app
-from softknn.service.testing import threaded_server
-from softknn.settings import Settings
+from tests.harness import threaded_server
 from tests.numerics import close
 
 REPO = Path(__file__).resolve().parents[2]

@@ -3,9 +3,9 @@
 Two kinds of live server, both real uvicorn over real sockets on 127.0.0.1:
   * `threaded_server(settings)`: uvicorn in a thread of this process, sharing the session's model
     (fast: no model load); for the unmarked tests.
-  * `softknn.service.testing.LiveServer.start(...)`: `python -m softknn.service.cli` as its own process (RSS,
+  * `tests.harness.LiveServer.start(...)`: `python -m softknn.service.cli` as its own process (RSS,
     signals, crashes are its own); for the slow tests and the bench scripts.
-Both come from the one harness, softknn/service/testing.py.
+Both come from the one harness, tests/harness.py.
 Figures (JSON) go to artifacts/reliability/; docs/reliability.md quotes them.
 """
 
@@ -21,10 +21,10 @@ import pytest
 import torch
 
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.params import Settings
 from softknn.service.app import create_app
-from softknn.service.testing import ADMIN_TOKEN, API_KEY
-from softknn.service.testing import threaded_server as serve_in_thread
-from softknn.settings import Settings
+from tests.harness import ADMIN_TOKEN, API_KEY
+from tests.harness import threaded_server as serve_in_thread
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "reliability"

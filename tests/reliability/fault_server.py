@@ -31,10 +31,10 @@ def install_fault(app) -> None:
 def main() -> None:
     import uvicorn
 
+    from softknn.params import Settings
     from softknn.service.app import create_app
     from softknn.service.logs import configure_logging
     from softknn.service.server import uvicorn_config
-    from softknn.settings import Settings
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", type=Path)

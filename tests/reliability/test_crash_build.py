@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from softknn.bundle import save_array, verify_bundle
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 from softknn.index_builder import pipeline
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.storage.layout import save_array, verify_bundle
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261130

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from softknn.service.testing import ADMIN_TOKEN, REPO, LiveServer
+from tests.harness import ADMIN_TOKEN, REPO, LiveServer
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 ENV = {"SOFTKNN_WRITES__COMPACT_AFTER": "4"}

@@ -33,11 +33,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from softknn.bundle import load_bundle
-from softknn.engine import Engine
+from softknn.infer.engine import Engine
+from softknn.params import Settings
 from softknn.service.schemas import infer_request_model
-from softknn.service.testing import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
-from softknn.settings import Settings
+from softknn.storage.bundle import load_bundle
+from tests.harness import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
 from tests.reliability.conftest import QUERIES, bearer
 from tests.reliability.fault_server import FAULT_MARKER
 

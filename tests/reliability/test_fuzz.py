@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from softknn.service.testing import ADMIN_TOKEN, LiveServer
+from tests.harness import ADMIN_TOKEN, LiveServer
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """Hostile inputs get the right 4xx, fast, over real HTTP; well-formed clients barely notice.
 
-The catalogue (softknn/service/testing.py HOSTILE): 10 MB bodies declared and streamed, 10,000 inputs, 1 MB
+The catalogue (tests/harness.py HOSTILE): 10 MB bodies declared and streamed, 10,000 inputs, 1 MB
 strings, deep nesting, invalid UTF-8, NUL bytes, lone surrogates, k / alpha / temperature at and
 past their bounds, NaN and ±inf, a 5,000-digit integer; plus slow-loris bodies. The unmarked tests
 run it against a real uvicorn server in a thread (shared model); the slow one runs `python -m bench attack`
@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from softknn.service.testing import HOSTILE, JSON, Hostile, Limits, send_hostile, slow_body
+from tests.harness import HOSTILE, JSON, Hostile, Limits, send_hostile, slow_body
 from tests.reliability.conftest import REPO, settings_for
 
 LIMITS = Limits()  # the server below runs the default limits

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from softknn.service.app import create_app
-from softknn.service.testing import API_KEY, threaded_server
+from tests.harness import API_KEY, threaded_server
 from tests.reliability.conftest import bearer, settings_for
 
 BODY = b'{"inputs": ["a slow uploader, 40 bytes"]}'  # 41 bytes: ~8 s at a byte every 0.2 s

@@ -29,7 +29,7 @@ import time
 import httpx
 import pytest
 
-from softknn.service.testing import API_KEY, LiveServer, latency_summary
+from tests.harness import API_KEY, LiveServer, latency_summary
 from tests.reliability.conftest import bearer
 
 pytestmark = pytest.mark.slow

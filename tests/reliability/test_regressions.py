@@ -20,7 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from softknn.service.app import create_app
-from softknn.service.testing import ADMIN_TOKEN
+from tests.harness import ADMIN_TOKEN
 from tests.reliability.conftest import bearer, settings_for
 
 

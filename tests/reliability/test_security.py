@@ -24,10 +24,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 import softknn.service.auth
-from softknn.bundle import DATA_FILES, MANIFEST, load_bundle, sha256_file, verify_bundle, version_id
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
 from softknn.service.app import create_app
-from softknn.service.testing import ADMIN_TOKEN, API_KEY
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import DATA_FILES, MANIFEST, sha256_file, verify_bundle, version_id
+from tests.harness import ADMIN_TOKEN, API_KEY
 from tests.reliability.conftest import bearer, settings_for
 
 

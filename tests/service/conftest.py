@@ -3,7 +3,7 @@ session-scoped where they are costly. The model and the sample bundle come from 
 
 In-process apps share the session's model (create_app(settings, encoder=...)); every app and
 server runs one torch thread (the 2-core box is shared). Real server processes come from the one
-harness, softknn/service/testing.py."""
+harness, tests/harness.py."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from softknn.bundle import version_id
 from softknn.cli import sample_kb_path
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.results import InferResult
+from softknn.infer.results import InferResult
+from softknn.params import Settings
 from softknn.service.app import create_app
-from softknn.service.testing import LiveServer, wait_ready
-from softknn.settings import Settings
+from softknn.storage.layout import version_id
+from tests.harness import LiveServer, wait_ready
 from tests.numerics import close
 
 REPO = Path(__file__).resolve().parents[2]
@@ -128,7 +128,7 @@ def inproc(running_app, make_settings):
 
 @contextlib.contextmanager
 def uvicorn_process(bundle: Path, log_path: Path, env: dict[str, str]):
-    """`python -m softknn.service.cli --bundle B --port P` as a real process (softknn.service.testing.LiveServer, no
+    """`python -m softknn.service.cli --bundle B --port P` as a real process (tests.harness.LiveServer, no
     auth unless `env` sets it); yields (client, statuses seen while it got ready)."""
     with LiveServer.start(bundle, log_path, env={"SOFTKNN_LIMITS__MAX_K": str(MAX_K), **env}, auth=False,
                           ready_timeout=180.0) as srv:

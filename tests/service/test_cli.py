@@ -53,7 +53,7 @@ def test_threads_default_to_one_per_worker_in_the_service_and_the_cores_elsewher
     import faiss
     import torch
 
-    from softknn.settings import Settings, apply_threads
+    from softknn.params import Settings, apply_threads
 
     before, before_faiss = torch.get_num_threads(), faiss.omp_get_max_threads()
     try:
@@ -72,7 +72,7 @@ def test_serve_exits_with_the_reason_on_stderr_when_its_bundle_fails_verificatio
     import subprocess
     import sys
 
-    from softknn.service.testing import REPO, free_port
+    from tests.harness import REPO, free_port
 
     corrupt = refused_bundles["corrupt"]
     r = subprocess.run([sys.executable, "-m", "softknn.service.cli", "--bundle", str(corrupt), "--port", str(free_port())],

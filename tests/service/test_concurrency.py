@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from softknn.engine import InferParams
+from softknn.infer.engine import InferParams
 from softknn.service.batching import DEADLINE_MESSAGE
 
 LONG = ("The relief vessel takes over the Amber Line whenever the flagship is in dry dock, and her timetable "

@@ -9,7 +9,7 @@ import urllib.parse
 
 import numpy as np
 
-from softknn.engine import InferParams
+from softknn.infer.engine import InferParams
 from softknn.service.logs import JsonFormatter
 from softknn.service.schemas import EntryResponse, IndexResponse, InferResponse
 
@@ -170,7 +170,7 @@ def test_request_ids_are_echoed_sanitised_and_logged_as_json(inproc, caplog):
 # --- retrieval: hybrid by default, dense as before, old bundles dense-only -------------------------
 def test_exact_dense_request_equals_the_brute_force_reference(api, encoder, engine):
     """What the independent check of the core contract sends: retrieval "dense" with exact."""
-    from softknn.reference import reference_embedding
+    from softknn.infer.reference import reference_embedding
 
     text = "Can I bring my dog on the Coral Line ferry to Brindlewick?"
     n = len(engine.bundle)
@@ -187,7 +187,7 @@ def test_exact_dense_request_equals_the_brute_force_reference(api, encoder, engi
 
 
 def test_exact_hybrid_request_equals_the_brute_force_reference(api, encoder, engine):
-    from softknn.reference import reference_embedding
+    from softknn.infer.reference import reference_embedding
 
     text = "refund for a cancelled sailing in a storm"
     n = len(engine.bundle)

@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
-from softknn.index_builder.writes import version_seq
+from softknn.params import Settings
 from softknn.service.app import create_app
-from softknn.service.testing import ADMIN_TOKEN, API_KEY, threaded_server
-from softknn.settings import Settings
+from softknn.storage.writes import version_seq
 from tests.builder.test_writes import fresh_build, kb_records
+from tests.harness import ADMIN_TOKEN, API_KEY, threaded_server
 from tests.numerics import assert_tree_close
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from softknn.engine import InferParams
-from softknn.filters import MAX_DEPTH, ChunkTable, parse_filter
+from softknn.infer.engine import InferParams
+from softknn.retrieval.filters import MAX_DEPTH, ChunkTable, parse_filter
 from softknn.service.schemas import InferResponse
 
 FILTER = {"and": [{"field": "label", "in": ["pets_and_animals", "luggage_and_cargo"]},

@@ -13,14 +13,14 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from softknn.bundle import load_bundle
 from softknn.cli import sample_kb_path
-from softknn.engine import Engine
-from softknn.generation import GenEngine, GenParams
-from softknn.generator import Generator, Sampling
+from softknn.generate.engine import GenEngine, GenParams
+from softknn.generate.model import Generator, Sampling
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.infer.engine import Engine
 from softknn.service.app import create_app
-from softknn.service.testing import threaded_server, wait_ready
+from softknn.storage.bundle import load_bundle
+from tests.harness import threaded_server, wait_ready
 from tests.service.conftest import settings_for
 
 QUESTION = "How much is an adult single on the Amber Line?"
@@ -104,7 +104,7 @@ def test_exact_joint_is_the_masked_concatenation(client, ge, generator):
 
 
 def test_a_filter_limits_what_generation_draws_on(client, ge):
-    from softknn.filters import parse_filter
+    from softknn.retrieval.filters import parse_filter
 
     flt = {"field": "label", "eq": "schedules_and_delays"}
     got = generate(client, messages=MESSAGES, k=2, filter=flt)

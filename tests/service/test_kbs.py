@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer import BadParameter
 
+from softknn.params import Settings
 from softknn.service.cli import split_bundles
-from softknn.settings import Settings
 
 ADMIN_TOKEN, API_KEY = "adm-kbs-0123456789", "api-kbs-0123456789"
 SAMPLE_READ, SMALL_WRITE = "sample-read-key-0123", "small-write-key-0123"
@@ -255,9 +255,9 @@ def test_every_key_is_compared_in_constant_time_and_none_is_logged(two_kbs, monk
 def test_the_model_is_loaded_once_for_every_kb(encoder, make_settings, bundle_b, monkeypatch):
     from fastapi.testclient import TestClient
 
-    import softknn.service.lifecycle as lifecycle
+    import softknn.service.runtime.core as runtime_core
     from softknn.service.app import create_app
-    from softknn.service.testing import wait_ready
+    from tests.harness import wait_ready
 
     loads = []
 
@@ -265,7 +265,7 @@ def test_the_model_is_loaded_once_for_every_kb(encoder, make_settings, bundle_b,
         loads.append(args)
         return encoder
 
-    monkeypatch.setattr(lifecycle, "Encoder", load)
+    monkeypatch.setattr(runtime_core, "open_encoder", load)
     settings = make_settings(bundle_b, bundles={"a": bundle_b, "b": bundle_b})
     with TestClient(create_app(settings)) as client:  # no encoder given: the app loads its own
         wait_ready(client, 600)  # was 60: it failed once at load 12 (output not kept); opening three KBs is the slow part

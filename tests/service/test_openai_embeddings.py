@@ -10,7 +10,7 @@ import base64
 import numpy as np
 import pytest
 
-from softknn.service.testing import API_KEY, LiveServer
+from tests.harness import API_KEY, LiveServer
 from tests.numerics import close
 
 openai = pytest.importorskip("openai")

@@ -12,7 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from softknn.bundle import load_bundle
+from softknn.storage.bundle import load_bundle
 
 DEADLINE_S = 60.0  # for an event that takes well under a second unloaded
 

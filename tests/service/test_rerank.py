@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from softknn.engine import InferParams
-from softknn.retrieval import scores_reference
+from softknn.infer.engine import InferParams
+from softknn.retrieval.scoring import scores_reference
 from tests.numerics import close
 
 QUERY = "Can I bring my dog on the ferry, and does it need a ticket?"

@@ -9,9 +9,9 @@ import shutil
 import pytest
 from typer.testing import CliRunner
 
-from softknn.bundle import read_manifest, sha256_file, verify_bundle
 from softknn.cli import app
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.storage.layout import read_manifest, sha256_file, verify_bundle
 
 
 def test_cli_verify_and_info(sharded_bundle_path, tmp_path):
@@ -64,8 +64,8 @@ def test_each_shard_s_memory_comes_straight_from_the_batches_as_the_split_of_one
     from softknn.index_builder import pipeline
     from softknn.index_builder.pipeline import read_chunks
     from softknn.index_builder.sharding import write_shards
-    from softknn.lexical import LexicalIndex, LexicalSpec
-    from softknn.memory_stores import memory_files
+    from softknn.retrieval.lexical import LexicalIndex, LexicalSpec
+    from softknn.storage.memory_stores import memory_files
 
     kb = tmp_path / "kb" / "kb.jsonl"
     kb.parent.mkdir()

@@ -1,4 +1,4 @@
-"""The sharded bundle's memory-mapped chunks (softknn.mapped_chunks) against the eager list they replace."""
+"""The sharded bundle's memory-mapped chunks (softknn.storage.chunks) against the eager list they replace."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
-from softknn.bundle import load_bundle, read_manifest
-from softknn.errors import BundleError
-from softknn.mapped_chunks import ChunkTexts, MappedChunks, eager_chunks
+from softknn.common.errors import BundleError
+from softknn.storage.bundle import load_bundle
+from softknn.storage.chunks import ChunkTexts, MappedChunks, eager_chunks
+from softknn.storage.layout import read_manifest
 
 
 def _files(path):
@@ -49,7 +50,7 @@ def test_the_sharded_bundle_holds_mapped_chunks(sharded_bundle_path, encoder):
 
 
 def test_colliding_hashes_are_told_apart(tmp_path, monkeypatch):
-    import softknn.mapped_chunks as mc
+    import softknn.storage.chunks as mc
 
     f = tmp_path / "chunks.jsonl"
     rows = [{"chunk_id": f"c{i}", "text": f"t{i}"} for i in range(6)] + [{"chunk_id": "c2", "text": "dup"}]

@@ -1,4 +1,4 @@
-"""Bundles served from object storage (softknn.remote_bundle), against moto's S3 server on this machine
+"""Bundles served from object storage (softknn.storage.remote), against moto's S3 server on this machine
 (a real HTTP S3 endpoint; s3fs reads it through AWS_ENDPOINT_URL, as it would MinIO or AWS):
 `softknn push` uploads, a serving process fetches only what it opens into its node-local cache, a
 shard fetches its own directory, a corrupt or half-uploaded object is refused and never cached, and
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from softknn.bundle import MANIFEST, load_bundle, read_manifest
-from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError
+from softknn.common.errors import BundleError
+from softknn.infer.engine import Engine, InferParams
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import MANIFEST, read_manifest
 from tests.shards.test_sharded import QUERIES
 
 moto_server = pytest.importorskip("moto.server")
@@ -82,7 +83,7 @@ def _cached_files(d) -> set[str]:
 
 
 def test_an_unsharded_bundle_pushed_fetched_and_served_equals_the_local_one(s3, encoder, sample_bundle_path):
-    from softknn.remote_bundle import SOURCE, localize
+    from softknn.storage.remote import SOURCE, localize
 
     _push(sample_bundle_path, "s3://kbs/sample")
     m = read_manifest(sample_bundle_path)
@@ -100,7 +101,7 @@ def test_an_unsharded_bundle_pushed_fetched_and_served_equals_the_local_one(s3, 
 
 
 def test_a_corrupt_or_truncated_object_is_refused_and_never_cached(s3, sample_bundle_path, tmp_path):
-    from softknn.remote_bundle import cache_root, localize
+    from softknn.storage.remote import cache_root, localize
 
     _push(sample_bundle_path, "s3://kbs/bad")
     d = cache_root() / read_manifest(sample_bundle_path)["version_id"]
@@ -125,13 +126,14 @@ def test_a_corrupt_or_truncated_object_is_refused_and_never_cached(s3, sample_bu
 
 
 def test_a_sharded_bundle_fetches_metadata_here_and_each_shard_its_own_files(s3, encoder, sharded_bundle_path):
-    from softknn.remote_bundle import SOURCE, cache_root, localize
-    from softknn.shards import replica_files, shard_own_files, shard_specs
+    from softknn.storage.layout import replica_files, shard_own_files
+    from softknn.storage.remote import SOURCE, cache_root, localize
+    from softknn.storage.shards import shard_specs
 
     _push(sharded_bundle_path, "s3://kbs/sharded")
     m = read_manifest(sharded_bundle_path)
     local = localize("s3://kbs/sharded")
-    from softknn.manifest import Manifest
+    from softknn.storage.manifest import Manifest
 
     typed = Manifest.of(m, "m")
     assert _cached_files(local) == {*replica_files(typed), MANIFEST, SOURCE}  # no shard's bulk files
@@ -146,9 +148,9 @@ def test_a_sharded_bundle_fetches_metadata_here_and_each_shard_its_own_files(s3,
 def test_the_service_serves_a_uri_and_refuses_writes_into_its_cache(s3, encoder, sample_bundle_path):
     from fastapi.testclient import TestClient
 
+    from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.service.testing import wait_ready
-    from softknn.settings import Settings
+    from tests.harness import wait_ready
 
     _push(sample_bundle_path, "s3://kbs/served")
     version = read_manifest(sample_bundle_path)["version_id"]
@@ -172,7 +174,7 @@ def test_the_service_serves_a_uri_and_refuses_writes_into_its_cache(s3, encoder,
 
 
 def test_fetch_prints_the_cached_copy_and_push_refuses_a_path(s3, sharded_bundle_path):
-    from softknn.remote_bundle import cache_root
+    from softknn.storage.remote import cache_root
 
     _push(sharded_bundle_path, "s3://kbs/cli")
     m = read_manifest(sharded_bundle_path)
@@ -192,9 +194,9 @@ def test_ray_shards_fetch_their_own_directories_and_answer_exactly(s3, ray_clust
     import httpx
     from ray import serve
 
-    from softknn.service.ray_serving import kill_named_shards, serve_ray
-    from softknn.service.testing import free_port, wait_ready
-    from softknn.settings import Settings
+    from softknn.params import Settings
+    from softknn.service.ray.launcher import kill_named_shards, serve_ray
+    from tests.harness import free_port, wait_ready
 
     _push(sharded_bundle_path, "s3://kbs/ray")
     version = read_manifest(sharded_bundle_path)["version_id"]
@@ -217,11 +219,11 @@ def test_a_push_over_the_served_uri_is_refused_by_a_shard_never_served(s3, encod
     """A new build pushed over the URI a deployment serves (instead of to a new prefix): a shard that
     (re)starts then finds another version under its URI and refuses it, as after a rebuild in place."""
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
-    from softknn.remote_bundle import cache_root
-    from softknn.shards import Shard, shard_specs
+    from softknn.storage.remote import cache_root
+    from softknn.storage.shards import Shard, shard_specs
 
     _push(sharded_bundle_path, "s3://kbs/inplace")
-    from softknn.manifest import Manifest
+    from softknn.storage.manifest import Manifest
 
     old = Manifest.of(read_manifest(sharded_bundle_path), "m")
     spec = shard_specs("s3://kbs/inplace", old)[0]
@@ -242,7 +244,7 @@ def test_the_cache_keeps_the_newest_versions_and_an_evicted_one_still_serves(s3,
     """SOFTKNN_CACHE_KEEP=1: opening a second version removes the first from the cache; a process
     that has the first open keeps answering from it (its files stay mapped); opening it again
     fetches it again."""
-    from softknn.remote_bundle import localize
+    from softknn.storage.remote import localize
 
     _push(sample_bundle_path, "s3://kbs/keep-a")
     _push(sharded_bundle_path, "s3://kbs/keep-b")
@@ -262,7 +264,7 @@ def test_build_out_a_uri_pushes_the_same_bundle_and_leaves_no_staging_folder(s3,
     """`softknn build KB --out s3://…`: built beside the node's cache, pushed, the folder removed; the
     store then holds the bundle a local build of the same KB writes (same version id, same answers),
     and a second build to the same URI is refused without --force before any model loads."""
-    from softknn.remote_bundle import cache_root, fetch, localize, read_remote_manifest
+    from softknn.storage.remote import cache_root, fetch, localize, read_remote_manifest
 
     version = read_manifest(sharded_bundle_path)["version_id"]
     r = CliRunner().invoke(_app(), ["build", str(sample_kb), "--out", "s3://kbs/built", "--shards", "2", "--no-progress"])

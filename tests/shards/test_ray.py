@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from softknn.bundle import load_bundle, read_manifest
-from softknn.engine import Engine, InferParams
+from softknn.infer.engine import Engine, InferParams
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest
 from tests.shards.test_sharded import QUERIES, assert_same
 
 ray = pytest.importorskip("ray")
@@ -25,7 +26,7 @@ ray = pytest.importorskip("ray")
 def ray_sharded(request, ray_cluster, sharded_bundle_path, encoder):
     """The shards as Ray actors, their memory rows read by this process from the shards' files (it
     runs on their machine) or sent by the actors."""
-    from softknn.service.ray_serving import RayShards
+    from softknn.storage.ray_shards import RayShards
 
     b = load_bundle(sharded_bundle_path, expected_fingerprint=encoder.info.fingerprint,
                     shard_backend=RayShards.factory(num_cpus=1, local_reads=request.param))
@@ -36,7 +37,7 @@ def ray_sharded(request, ray_cluster, sharded_bundle_path, encoder):
 def test_memory_rows_are_read_here_only_with_local_reads(ray_sharded, sharded_bundle_path, encoder):
     """With local reads no request asks a shard for memory rows, and the rows read here are the
     bytes the shard actors send."""
-    from softknn.service.ray_serving import RayShards
+    from softknn.storage.ray_shards import RayShards
 
     calls: list[str] = []
     be = ray_sharded.backend
@@ -72,8 +73,8 @@ def test_ray_answers_equal_one_index(retrieval, exact, ray_sharded, sample_bundl
 
 
 def test_ray_filtered_answers_equal_one_index(ray_sharded, sample_bundle, encoder, monkeypatch):
-    from softknn import search
-    from softknn.filters import parse_filter
+    from softknn.retrieval import search
+    from softknn.retrieval.filters import parse_filter
     from tests.shards.test_sharded import FILTER
 
     monkeypatch.setattr(search, "FILTER_SCAN_MAX", 0)  # the shard actors' search_among, not rows_dot alone
@@ -82,7 +83,7 @@ def test_ray_filtered_answers_equal_one_index(ray_sharded, sample_bundle, encode
 
 
 def _settings(bundle, port=8000):
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     return Settings(bundle=bundle, port=port, model={"threads": 1}, limits={"max_k": 512})
 
@@ -94,7 +95,7 @@ def test_shard_killed_under_load(ray_cluster, sharded_bundle_path, sample_bundle
     """Kill shard 1's actor while 3 clients send requests: every answer is the one-index answer or a
     503 shard_unavailable with Retry-After; every request is answered; the service recovers."""
     from softknn.service.app import create_app
-    from softknn.service.ray_serving import RayShards
+    from softknn.storage.ray_shards import RayShards
 
     want = Engine(encoder, sample_bundle).infer(REQUEST["inputs"], InferParams(exact=True, k=8))[0].to_dict()
     app = create_app(_settings(sharded_bundle_path), encoder=encoder,
@@ -157,8 +158,8 @@ def test_serve_deployment_same_api(ray_cluster, sharded_bundle_path, sample_bund
     from ray import serve
 
     from softknn.service.app import create_app
-    from softknn.service.ray_serving import kill_named_shards, serve_ray
-    from softknn.service.testing import free_port
+    from softknn.service.ray.launcher import kill_named_shards, serve_ray
+    from tests.harness import free_port
 
     port = free_port()
     settings = _settings(sharded_bundle_path, port)
@@ -194,9 +195,9 @@ def test_reload_swaps_every_shard_or_none(ray_cluster, sharded_bundle_path, tmp_
     keep serving; a good one replaces every shard actor at once."""
     import shutil
 
+    from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.service.ray_serving import RayShards
-    from softknn.settings import Settings
+    from softknn.storage.ray_shards import RayShards
 
     good, bad = tmp_path / "good", tmp_path / "bad"
     shutil.copytree(sharded_bundle_path, good)

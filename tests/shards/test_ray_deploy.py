@@ -4,7 +4,7 @@ reloads that reach every replica and free the old shard actors, and a reload tha
 shards failing with a clear error.
 
 One module-scoped local Ray cluster of 4 logical CPUs; each test starts its own Serve application
-(softknn.service.ray_serving.serve_ray, blocking=False) and shuts it down (serve.shutdown, then its named
+(softknn.service.ray.launcher.serve_ray, blocking=False) and shuts it down (serve.shutdown, then its named
 actors)."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import httpx
 import numpy as np
 import pytest
 
-from softknn.bundle import load_bundle, read_manifest
-from softknn.engine import Engine, InferParams
-from softknn.service.testing import ADMIN_TOKEN, LiveServer, free_port, wait_ready
+from softknn.infer.engine import Engine, InferParams
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest
+from tests.harness import ADMIN_TOKEN, LiveServer, free_port, wait_ready
 from tests.shards.test_sharded import QUERIES
 
 ray = pytest.importorskip("ray")
@@ -49,7 +50,7 @@ def kb3_bundle_path(kb3, encoder, tmp_path_factory):
 
 
 def _settings(bundle, port):
-    from softknn.settings import Settings
+    from softknn.params import Settings
 
     return Settings(bundle=bundle, port=port, model={"threads": 1}, limits={"max_k": 512},
                     auth={"admin_token": ADMIN_TOKEN})
@@ -70,7 +71,7 @@ class Deployment:
     """serve_ray(…, blocking=False) on this module's cluster, an httpx client to it, and its shutdown."""
 
     def __init__(self, bundle, **opts):
-        from softknn.service.ray_serving import serve_ray
+        from softknn.service.ray.launcher import serve_ray
 
         self.port = free_port()
         serve_ray(_settings(bundle, self.port), blocking=False, **opts)
@@ -80,7 +81,7 @@ class Deployment:
     def close(self) -> None:
         from ray import serve
 
-        from softknn.service.ray_serving import kill_named_shards
+        from softknn.service.ray.launcher import kill_named_shards
 
         self.client.close()
         serve.shutdown()
@@ -101,7 +102,7 @@ def deploy(ray_cluster):
 
 
 def _shard_names() -> list[str]:
-    from softknn.service.ray_serving import shard_actor_names
+    from softknn.storage.ray_shards import shard_actor_names
 
     return shard_actor_names()
 
@@ -289,7 +290,7 @@ def test_serve_ray_exits_when_the_cluster_does_not_reach_wait_nodes(sharded_bund
     import subprocess
     import sys
 
-    from softknn.service.testing import REPO
+    from tests.harness import REPO
 
     r = subprocess.run([sys.executable, "-m", "softknn.service.cli", "--bundle", str(sharded_bundle_path), "--ray",
                         "--wait-nodes", "2", "--wait-nodes-timeout", "2", "--port", str(free_port())],

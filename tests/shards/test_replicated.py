@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from softknn.bundle import load_bundle
-from softknn.engine import Engine, InferParams
-from softknn.errors import ShardUnavailable
+from softknn.common.errors import ShardUnavailable
+from softknn.infer.engine import Engine, InferParams
+from softknn.storage.bundle import load_bundle
 from tests.shards.test_sharded import QUERIES, assert_same
 
 ray = pytest.importorskip("ray")
@@ -43,7 +43,7 @@ def _node_of(handle) -> str:
 
 
 def _replicated(path, encoder):
-    from softknn.service.ray_serving import RayShards
+    from softknn.storage.ray_shards import RayShards
 
     return load_bundle(path, expected_fingerprint=encoder.info.fingerprint,
                        shard_backend=RayShards.factory(num_cpus=0.5, copies=2, timeout_s=60))
@@ -66,7 +66,7 @@ def test_copies_on_distinct_nodes_answer_as_one_index(two_node_cluster, sharded_
         assert backend.health() == [] and backend.degraded == []
     finally:
         b.close()
-    from softknn.service.ray_serving import shard_actor_names
+    from softknn.storage.ray_shards import shard_actor_names
 
     assert ray.util.placement_group_table() and all(
         g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from softknn.bundle import load_bundle, read_manifest, verify_bundle
-from softknn.engine import Engine, InferParams
-from softknn.errors import BundleError
-from softknn.results import InferResult
-from softknn.shards import ShardedBundle, shard_ranges
+from softknn.common.errors import BundleError
+from softknn.infer.engine import Engine, InferParams
+from softknn.infer.results import InferResult
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest, verify_bundle
+from softknn.storage.shards import ShardedBundle, shard_ranges
 from tests.numerics import close
 
 QUERIES = ["When does the first ferry leave on Sundays?", "Can I bring my bicycle on board?",
@@ -152,8 +153,8 @@ FILTER = {"or": [{"field": "label", "in": ["pets_and_animals", "lost_property"]}
 @pytest.mark.parametrize("retrieval", ["hybrid", "dense", "lexical"])
 @pytest.mark.parametrize("path", ["exact", "scan", "selector"])
 def test_filtered_answers_equal_one_index(retrieval, path, sharded, sample_bundle, encoder, monkeypatch):
-    from softknn import search
-    from softknn.filters import parse_filter
+    from softknn.retrieval import search
+    from softknn.retrieval.filters import parse_filter
 
     if path == "selector":  # every filtered search through each shard's FAISS ID selector, merged
         monkeypatch.setattr(search, "FILTER_SCAN_MAX", 0)
@@ -193,7 +194,7 @@ def test_verify_refuses_a_swapped_shard_manifest(sharded_bundle_path, tmp_path):
 
 
 def test_a_sharded_bundle_satisfies_the_seams(sharded):
-    from softknn.backends import ChunkSearch, MemoryStore, ShardBackend
+    from softknn.model.backends import ChunkSearch, MemoryStore, ShardBackend
 
     assert isinstance(sharded.index, ChunkSearch) and isinstance(sharded.kv, MemoryStore)
     assert isinstance(sharded.backend, ShardBackend)
@@ -203,9 +204,9 @@ def test_a_sharded_bundle_satisfies_the_seams(sharded):
 def test_a_shard_opens_only_the_version_it_was_created_for(sharded_bundle_path, tmp_path):
     """A shard opened for another version of its directory (the bundle rebuilt in place) refuses to
     open; `run` answers with the version the shard holds, and a caller expecting another refuses it."""
-    from softknn.errors import ShardMismatch
-    from softknn.service.ray_serving import RayShards
-    from softknn.shards import Shard
+    from softknn.common.errors import ShardMismatch
+    from softknn.storage.ray_shards import RayShards
+    from softknn.storage.shards import Shard
 
     sh = read_manifest(sharded_bundle_path)["shards"][1]
     d = sharded_bundle_path / sh["dir"]
@@ -231,7 +232,7 @@ def test_a_read_only_query_is_scored_without_a_torch_warning(sharded_bundle_path
     import sys
     from pathlib import Path
 
-    code = ("import warnings, sys, numpy as np; warnings.simplefilter('error'); from softknn.shards import Shard; "
+    code = ("import warnings, sys, numpy as np; warnings.simplefilter('error'); from softknn.storage.shards import Shard; "
             "s = Shard(sys.argv[1], 0); xq = np.ones((2, s.bundle.index.xb.shape[1]), dtype=np.float32); "
             "xq.flags.writeable = False; print(s.similarities(xq).shape)")
     r = subprocess.run([sys.executable, "-c", code, str(sharded_bundle_path / "shard-0000")], capture_output=True,
@@ -246,7 +247,7 @@ def test_a_shard_s_memory_is_mapped_here_only_from_the_very_files_it_mapped(shar
     (None: the rows are then read through the shard)."""
     import os
 
-    from softknn.shards import Shard, host_id, map_local
+    from softknn.storage.shards import Shard, host_id, map_local
 
     d = tmp_path / "b"
     shutil.copytree(sharded_bundle_path, d)

@@ -14,13 +14,14 @@ import torch
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from softknn.bundle import load_bundle, read_manifest
-from softknn.engine import Engine, InferParams
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.memory_stores import MEMORY_FILES
-from softknn.service.testing import wait_ready
-from softknn.settings import Settings
-from softknn.shards import ShardedBundle
+from softknn.infer.engine import Engine, InferParams
+from softknn.params import Settings
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest
+from softknn.storage.memory_stores import MEMORY_FILES
+from softknn.storage.shards import ShardedBundle
+from tests.harness import wait_ready
 from tests.numerics import assert_tree_close
 from tests.shards.test_sharded import QUERIES, assert_same
 
@@ -151,7 +152,7 @@ def test_cli_sharded_hidden_int8_serves_the_unsharded_answers(sample_int8, encod
 @pytest.mark.slow
 def test_ray_sharded_hidden_int8_serves_the_unsharded_answers(sample_int8, encoder):
     ray = pytest.importorskip("ray")
-    from softknn.service.ray_serving import RayShards
+    from softknn.storage.ray_shards import RayShards
 
     one, two = sample_int8
     want, _ = _http(one, encoder, SAMPLE_BODY)
@@ -170,7 +171,7 @@ class _ShardsElsewhere:
     call logged: what a replica on the shards' machine sees, without Ray."""
 
     def __init__(self, specs, local_reads: bool):
-        from softknn.shards import LocalShards, Shard
+        from softknn.storage.shards import LocalShards, Shard
 
         self.inner = LocalShards([Shard(d, lo, v) for d, lo, v in specs])
         self.local_reads, self.calls = local_reads, []

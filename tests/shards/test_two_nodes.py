@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 
-from softknn.engine import Engine, InferParams
-from softknn.service.testing import free_port, wait_ready
+from softknn.infer.engine import Engine, InferParams
+from tests.harness import free_port, wait_ready
 from tests.ray_nodes import ray_env, start_node, stop_node, wait_for_cpus
 from tests.shards.test_sharded import QUERIES
 

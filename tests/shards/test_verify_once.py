@@ -12,24 +12,25 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-import softknn.bundle as bundle_mod
-from softknn.bundle import load_bundle, read_manifest
-from softknn.errors import BundleError
-from softknn.manifest import Manifest
-from softknn.shards import LocalShards, Shard, replica_files, shard_own_files, shard_specs
+import softknn.storage.layout as layout_mod
+from softknn.common.errors import BundleError
+from softknn.storage.bundle import load_bundle
+from softknn.storage.layout import read_manifest, replica_files, shard_own_files
+from softknn.storage.manifest import Manifest
+from softknn.storage.shards import LocalShards, Shard, shard_specs
 
 
 @pytest.fixture
 def checksummed(monkeypatch) -> Counter:
     """Every file sha256_file reads, with how often."""
     seen: Counter = Counter()
-    real = bundle_mod.sha256_file
+    real = layout_mod.sha256_file
 
     def spy(path, *a, **kw):
         seen[Path(path)] += 1
         return real(path, *a, **kw)
 
-    monkeypatch.setattr(bundle_mod, "sha256_file", spy)
+    monkeypatch.setattr(layout_mod, "sha256_file", spy)  # what verify_files reads each file with
     return seen
 
 
@@ -69,8 +70,8 @@ def test_the_serving_process_checksums_only_what_it_opens(sharded_bundle_path, c
 
 def test_a_corrupt_shard_file_is_refused_by_its_shard_not_read_by_the_replica(sharded_bundle_path, tmp_path,
                                                                               checksummed, encoder):
+    from softknn.params import Settings
     from softknn.service.app import create_app
-    from softknn.settings import Settings
 
     copy = tmp_path / "b"
     shutil.copytree(sharded_bundle_path, copy)

@@ -7,10 +7,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from softknn.remote_bundle import is_remote
 from softknn.service.auth import AdminDep
 from softknn.service.deps import KBsDep, RequestIdDep
 from softknn.service.schemas import ErrorResponse, ReloadRequest, ReloadResponse, served
+from softknn.storage.remote import is_remote
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 # 400 malformed JSON and 413 body over the limit reach this route like any other with a body (found by

@@ -1,4 +1,4 @@
-"""PUT/DELETE/GET /v1/documents/{doc_id}: KB writes (softknn.index_builder.writes; docs/design.md "KB writes").
+"""PUT/DELETE/GET /v1/documents/{doc_id}: KB writes (softknn.storage.writes; docs/design.md "KB writes").
 
 A write answers once it is durable (its write-ahead log record fsynced) and the new version serves;
 `bundle_version` names that version. The KB is the `kb` query parameter (empty: the default KB,

@@ -4,18 +4,16 @@ server-sent events. The body model carries this app's limits, so the router is b
 # No `from __future__ import annotations`: FastAPI must see the body model class itself (deps.body_model).
 
 from collections.abc import AsyncGenerator
-from typing import Any, TypeVar
+from typing import Any
 
-import orjson
 from fastapi import APIRouter
-from fastapi.responses import StreamingResponse
 
-from softknn.errors import SoftKNNError
-from softknn.generation import GenAnswer
+from softknn.common.errors import SoftKNNError
+from softknn.generate.engine import GenAnswer
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBsDep, RequestIdDep, body_model
-from softknn.service.errors import ServiceError, error_body, status_of
-from softknn.service.routes.infer import FastJSONResponse
+from softknn.service.errors import ServiceError, status_of
+from softknn.service.responses import DONE, EventStream, FastJSONResponse, error_event, first_item, sse
 from softknn.service.schemas import (
     ErrorResponse,
     GenerateRequestBase,
@@ -24,51 +22,6 @@ from softknn.service.schemas import (
 )
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422, 429, 503)}
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the events
-
-
-def sse(obj) -> bytes:
-    return b"data: " + (obj if isinstance(obj, bytes) else orjson.dumps(obj)) + b"\n\n"
-
-
-DONE = b"data: [DONE]\n\n"
-T = TypeVar("T")
-
-
-def error_event(e: BaseException) -> bytes:
-    """An error after the stream began (status 200 already sent): one event in the error shape."""
-    if isinstance(e, SoftKNNError | ServiceError):
-        return sse(error_body(e.kind, e.message, e.field))
-    return sse(error_body("internal_error", "internal error; see the server log for this request id"))
-
-
-class EventStream(StreamingResponse):
-    """text/event-stream whose iterator is always closed when the response ends, a client gone
-    included (closing it cancels the generation at its next token and frees its slot)."""
-
-    media_type = "text/event-stream"
-
-    def __init__(self, content: AsyncGenerator[bytes, None], **kw):
-        super().__init__(content, headers=SSE_HEADERS, **kw)
-        self.events = content  # the body iterator itself (an async iterable is used as it is)
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.events.aclose()
-
-
-async def first_item(stream: AsyncGenerator[T, None]) -> T:
-    """The stream's first item, so a refusal before the first token (queue full, bad messages)
-    leaves as an ordinary error response, not as an event."""
-    try:
-        return await anext(stream)
-    except BaseException:
-        await stream.aclose()
-        raise
-
-
 def build_router(GenerateRequest: type[GenerateRequestBase]) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["generation"])
 

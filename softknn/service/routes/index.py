@@ -7,7 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from softknn.errors import InvalidInput
+from softknn.common.errors import InvalidInput
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBQuery, KBsDep, RequestIdDep
 from softknn.service.errors import NotFound

@@ -6,25 +6,14 @@
 
 from typing import Any
 
-import orjson
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBsDep, RequestIdDep, SettingsDep, body_model
+from softknn.service.responses import FastJSONResponse
 from softknn.service.schemas import ErrorResponse, InferRequestBase, InferResponse, served
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 429, 503)}
-
-
-class FastJSONResponse(JSONResponse):
-    """JSON rendered by orjson, on the event loop that every request shares: an order of magnitude
-    faster than the stdlib's json on real answers (`python -m bench json_encode`; docs/benchmarks.md).
-    Same values: both write floats in their shortest round-trip form, and the benchmark checks the
-    decoded answers are equal."""
-
-    def render(self, content) -> bytes:
-        return orjson.dumps(content)
 
 
 def build_router(InferRequest: type[InferRequestBase]) -> APIRouter:
@@ -39,7 +28,7 @@ def build_router(InferRequest: type[InferRequestBase]) -> APIRouter:
         params = body.to_params(settings.defaults.hybrid_pool, settings.defaults.candidates)
         engine, results = await runtime.infer(body.inputs, params, truncate=body.truncate, cut=body.cut,
                                               request_id=request_id)
-        # The engine's typed results (softknn.results), rendered by orjson as they are: documented by
+        # The engine's typed results (softknn.infer.results), rendered by orjson as they are: documented by
         # InferResponse and checked against it by the contract tests; validating hundreds of
         # thousands of floats per response on the event loop buys nothing.
         return FastJSONResponse({**served(request_id, engine), "results": results})

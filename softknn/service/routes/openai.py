@@ -15,13 +15,12 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter
 
-from softknn.errors import InvalidInput, SoftKNNError
-from softknn.generation import GenAnswer
+from softknn.common.errors import InvalidInput, SoftKNNError
+from softknn.generate.engine import GenAnswer
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBQuery, KBsDep, RequestIdDep, SettingsDep, body_model
 from softknn.service.errors import ModelNotFound, ServiceError
-from softknn.service.routes.generate import DONE, EventStream, error_event, first_item, sse
-from softknn.service.routes.infer import FastJSONResponse
+from softknn.service.responses import DONE, EventStream, FastJSONResponse, error_event, first_item, sse
 from softknn.service.schemas import (
     ChatCompletion,
     ChatRequestBase,

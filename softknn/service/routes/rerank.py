@@ -1,7 +1,7 @@
 """POST /v1/rerank: text-embeddings-inference's rerank schema, scored with the retrieval's similarity.
 
 Each text's score is what the retrieval would rank it by were it a chunk of the KB: the hybrid of
-the dense cosine and BM25 with the KB's lexical statistics and λ (softknn.rerank; docs/design.md,
+the dense cosine and BM25 with the KB's lexical statistics and λ (softknn.retrieval.rerank; docs/design.md,
 "Rerank"). The body model carries this app's limits, so the router is built per app."""
 
 # No `from __future__ import annotations`: FastAPI must see the body model class itself (deps.body_model).
@@ -12,7 +12,7 @@ from fastapi import APIRouter
 
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBsDep, RequestIdDep, SettingsDep, body_model
-from softknn.service.routes.infer import FastJSONResponse
+from softknn.service.responses import FastJSONResponse
 from softknn.service.schemas import ErrorResponse, Rank, RerankRequestBase
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 413, 422, 429, 503)}

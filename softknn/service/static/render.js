@@ -1,4 +1,4 @@
-// From one POST /v1/infer result (softknn/engine.py Engine.result) to DOM. No fetching here except
+// From one POST /v1/infer result (softknn/infer/engine.py Engine.result) to DOM. No fetching here except
 // the lazy provenance lookup, which the caller passes in (`loadEntry`). Every number shown carries
 // its raw value in data-value, so the browser tests compare against the API exactly.
 

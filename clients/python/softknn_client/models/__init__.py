@@ -3,6 +3,7 @@
 from .bundle_summary import BundleSummary
 from .bundle_summary_calibration import BundleSummaryCalibration
 from .bundle_summary_counts import BundleSummaryCounts
+from .bundle_summary_generator_type_0 import BundleSummaryGeneratorType0
 from .bundle_summary_index import BundleSummaryIndex
 from .bundle_summary_lexical import BundleSummaryLexical
 from .bundle_summary_memory import BundleSummaryMemory
@@ -52,6 +53,7 @@ from .filter_match import FilterMatch
 from .filter_not import FilterNot
 from .filter_or import FilterOr
 from .gen_diagnostics import GenDiagnostics
+from .gen_diagnostics_defaults_type_0 import GenDiagnosticsDefaultsType0
 from .gen_diagnostics_mixing_type_0 import GenDiagnosticsMixingType0
 from .gen_evidence_item import GenEvidenceItem
 from .gen_span import GenSpan
@@ -100,6 +102,7 @@ __all__ = (
     "BundleSummary",
     "BundleSummaryCalibration",
     "BundleSummaryCounts",
+    "BundleSummaryGeneratorType0",
     "BundleSummaryIndex",
     "BundleSummaryLexical",
     "BundleSummaryMemory",
@@ -149,6 +152,7 @@ __all__ = (
     "FilterNot",
     "FilterOr",
     "GenDiagnostics",
+    "GenDiagnosticsDefaultsType0",
     "GenDiagnosticsMixingType0",
     "GenerateRequest",
     "GenerateRequestContext",

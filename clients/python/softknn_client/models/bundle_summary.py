@@ -5,9 +5,12 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 
+from ..types import UNSET, Unset
+
 if TYPE_CHECKING:
     from ..models.bundle_summary_calibration import BundleSummaryCalibration
     from ..models.bundle_summary_counts import BundleSummaryCounts
+    from ..models.bundle_summary_generator_type_0 import BundleSummaryGeneratorType0
     from ..models.bundle_summary_index import BundleSummaryIndex
     from ..models.bundle_summary_lexical import BundleSummaryLexical
     from ..models.bundle_summary_memory import BundleSummaryMemory
@@ -35,6 +38,9 @@ class BundleSummary:
         model (BundleSummaryModel):
         path (str):
         version_id (str):
+        generator (BundleSummaryGeneratorType0 | None | Unset): the generator memory (null: none): model, layers,
+            representation, bytes_per_token, and `calibration`, the k and β its build chose from the KB's own pseudo-
+            questions
     """
 
     bytes_: int
@@ -50,8 +56,11 @@ class BundleSummary:
     model: BundleSummaryModel
     path: str
     version_id: str
+    generator: BundleSummaryGeneratorType0 | None | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.bundle_summary_generator_type_0 import BundleSummaryGeneratorType0  # noqa: PLC0415
+
         bytes_ = self.bytes_
 
         calibration = self.calibration.to_dict()
@@ -79,6 +88,14 @@ class BundleSummary:
 
         version_id = self.version_id
 
+        generator: dict[str, Any] | None | Unset
+        if isinstance(self.generator, Unset):
+            generator = UNSET
+        elif isinstance(self.generator, BundleSummaryGeneratorType0):
+            generator = self.generator.to_dict()
+        else:
+            generator = self.generator
+
         field_dict: dict[str, Any] = {}
 
         field_dict.update(
@@ -98,6 +115,8 @@ class BundleSummary:
                 "version_id": version_id,
             }
         )
+        if generator is not UNSET:
+            field_dict["generator"] = generator
 
         return field_dict
 
@@ -105,6 +124,7 @@ class BundleSummary:
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         from ..models.bundle_summary_calibration import BundleSummaryCalibration  # noqa: PLC0415
         from ..models.bundle_summary_counts import BundleSummaryCounts  # noqa: PLC0415
+        from ..models.bundle_summary_generator_type_0 import BundleSummaryGeneratorType0  # noqa: PLC0415
         from ..models.bundle_summary_index import BundleSummaryIndex  # noqa: PLC0415
         from ..models.bundle_summary_lexical import BundleSummaryLexical  # noqa: PLC0415
         from ..models.bundle_summary_memory import BundleSummaryMemory  # noqa: PLC0415
@@ -142,6 +162,23 @@ class BundleSummary:
 
         version_id = d.pop("version_id")
 
+        def _parse_generator(data: object) -> BundleSummaryGeneratorType0 | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                generator_type_0 = BundleSummaryGeneratorType0.from_dict(data)
+
+                return generator_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(BundleSummaryGeneratorType0 | None | Unset, data)
+
+        generator = _parse_generator(d.pop("generator", UNSET))
+
         bundle_summary = cls(
             bytes_=bytes_,
             calibration=calibration,
@@ -156,6 +193,7 @@ class BundleSummary:
             model=model,
             path=path,
             version_id=version_id,
+            generator=generator,
         )
 
         return bundle_summary

@@ -44,7 +44,8 @@ class ChatCompletionRequest:
         filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
             this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
             [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
-        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
+        k (int | None | Unset): KB chunks retrieved and placed in the generator's attention; null = the bundle's own
+            (chosen at build time from its pseudo-questions: GET /v1/index generator.calibration), else 4
         kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
             `default` (a name this key may not use answers 404 as one that does not exist)
         knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
@@ -57,8 +58,8 @@ class ChatCompletionRequest:
         n (int | Unset): choices per request: 1 only Default: 1.
         positions (ChatCompletionRequestPositions | Unset): rotary placement of the chunks: side by side (composite) or
             one after another Default: 'composite'.
-        prior (float | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax times
-            (k·w_db(c))^β; 0 = the plain joint softmax Default: 4.0.
+        prior (float | None | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax
+            times (k·w_db(c))^β; 0 = the plain joint softmax; null = the bundle's own (as k), else 4
         retrieval (ChatCompletionRequestRetrievalType0 | None | Unset): similarity of the k-NN, as /v1/infer's; null =
             the bundle's default
         seed (int | None | Unset): seed of the sampler (temperature > 0): the same seed, the same answer
@@ -80,7 +81,7 @@ class ChatCompletionRequest:
     evidence: int | Unset = 5
     exact: bool | Unset = False
     filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
-    k: int | Unset = 4
+    k: int | None | Unset = UNSET
     kb: None | str | Unset = UNSET
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
@@ -90,7 +91,7 @@ class ChatCompletionRequest:
     model: None | str | Unset = UNSET
     n: int | Unset = 1
     positions: ChatCompletionRequestPositions | Unset = "composite"
-    prior: float | Unset = 4.0
+    prior: float | None | Unset = UNSET
     retrieval: ChatCompletionRequestRetrievalType0 | None | Unset = UNSET
     seed: int | None | Unset = UNSET
     spans: int | Unset = 3
@@ -138,7 +139,11 @@ class ChatCompletionRequest:
         else:
             filter_ = self.filter_
 
-        k = self.k
+        k: int | None | Unset
+        if isinstance(self.k, Unset):
+            k = UNSET
+        else:
+            k = self.k
 
         kb: None | str | Unset
         if isinstance(self.kb, Unset):
@@ -186,7 +191,11 @@ class ChatCompletionRequest:
         if not isinstance(self.positions, Unset):
             positions = self.positions
 
-        prior = self.prior
+        prior: float | None | Unset
+        if isinstance(self.prior, Unset):
+            prior = UNSET
+        else:
+            prior = self.prior
 
         retrieval: None | str | Unset
         if isinstance(self.retrieval, Unset):
@@ -368,7 +377,14 @@ class ChatCompletionRequest:
 
         filter_ = _parse_filter_(d.pop("filter", UNSET))
 
-        k = d.pop("k", UNSET)
+        def _parse_k(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        k = _parse_k(d.pop("k", UNSET))
 
         def _parse_kb(data: object) -> None | str | Unset:
             if data is None:
@@ -440,7 +456,14 @@ class ChatCompletionRequest:
         else:
             positions = check_chat_completion_request_positions(_positions)
 
-        prior = d.pop("prior", UNSET)
+        def _parse_prior(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        prior = _parse_prior(d.pop("prior", UNSET))
 
         def _parse_retrieval(data: object) -> ChatCompletionRequestRetrievalType0 | None | Unset:
             if data is None:

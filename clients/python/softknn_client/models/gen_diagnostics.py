@@ -5,7 +5,9 @@ from typing import Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 
+from ..models.gen_diagnostics_defaults_type_0 import GenDiagnosticsDefaultsType0, check_gen_diagnostics_defaults_type_0
 from ..models.gen_diagnostics_mixing_type_0 import GenDiagnosticsMixingType0, check_gen_diagnostics_mixing_type_0
+from ..types import UNSET, Unset
 
 T = TypeVar("T", bound="GenDiagnostics")
 
@@ -21,7 +23,7 @@ class GenDiagnostics:
         k (int):
         memory_layers (int):
         memory_share (float): mean over generated tokens of the memory's attention mass
-        memory_source (str): stored fp32/fp16/int8, recomputed, prompt or none
+        memory_source (str): stored fp32/fp16/int8/q4/q2, recomputed, prompt or none
         memory_tokens (int):
         mixing (GenDiagnosticsMixingType0 | None): null: no memory (use_kb false, prompt context)
         positions (str):
@@ -29,6 +31,11 @@ class GenDiagnostics:
         retrieved (int):
         w_db_effective_k (float):
         w_db_entropy (float):
+        defaults (GenDiagnosticsDefaultsType0 | None | Unset): where k and β came from when the request left them unset:
+            the bundle's calibration or the fixed defaults
+        prior (float | None | Unset): β of the k-NN prior (joint mixing; null otherwise)
+        runtime (None | str | Unset): what decoded: `graph q4` (the decode graph and its weights) or `torch` (the memory
+            hook: fixed α, exact)
     """
 
     alpha: float | None
@@ -46,6 +53,9 @@ class GenDiagnostics:
     retrieved: int
     w_db_effective_k: float
     w_db_entropy: float
+    defaults: GenDiagnosticsDefaultsType0 | None | Unset = UNSET
+    prior: float | None | Unset = UNSET
+    runtime: None | str | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         alpha: float | None
@@ -85,6 +95,26 @@ class GenDiagnostics:
 
         w_db_entropy = self.w_db_entropy
 
+        defaults: None | str | Unset
+        if isinstance(self.defaults, Unset):
+            defaults = UNSET
+        elif isinstance(self.defaults, str):
+            defaults = self.defaults
+        else:
+            defaults = self.defaults
+
+        prior: float | None | Unset
+        if isinstance(self.prior, Unset):
+            prior = UNSET
+        else:
+            prior = self.prior
+
+        runtime: None | str | Unset
+        if isinstance(self.runtime, Unset):
+            runtime = UNSET
+        else:
+            runtime = self.runtime
+
         field_dict: dict[str, Any] = {}
 
         field_dict.update(
@@ -106,6 +136,12 @@ class GenDiagnostics:
                 "w_db_entropy": w_db_entropy,
             }
         )
+        if defaults is not UNSET:
+            field_dict["defaults"] = defaults
+        if prior is not UNSET:
+            field_dict["prior"] = prior
+        if runtime is not UNSET:
+            field_dict["runtime"] = runtime
 
         return field_dict
 
@@ -171,6 +207,41 @@ class GenDiagnostics:
 
         w_db_entropy = d.pop("w_db_entropy")
 
+        def _parse_defaults(data: object) -> GenDiagnosticsDefaultsType0 | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, str):
+                    raise TypeError()
+                defaults_type_0 = check_gen_diagnostics_defaults_type_0(data)
+
+                return defaults_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(GenDiagnosticsDefaultsType0 | None | Unset, data)
+
+        defaults = _parse_defaults(d.pop("defaults", UNSET))
+
+        def _parse_prior(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        prior = _parse_prior(d.pop("prior", UNSET))
+
+        def _parse_runtime(data: object) -> None | str | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(None | str | Unset, data)
+
+        runtime = _parse_runtime(d.pop("runtime", UNSET))
+
         gen_diagnostics = cls(
             alpha=alpha,
             attention_effective_k=attention_effective_k,
@@ -187,6 +258,9 @@ class GenDiagnostics:
             retrieved=retrieved,
             w_db_effective_k=w_db_effective_k,
             w_db_entropy=w_db_entropy,
+            defaults=defaults,
+            prior=prior,
+            runtime=runtime,
         )
 
         return gen_diagnostics

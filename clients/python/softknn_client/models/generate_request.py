@@ -39,7 +39,8 @@ class GenerateRequest:
         filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
             this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
             [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
-        k (int | Unset): KB chunks retrieved and placed in the generator's attention Default: 4.
+        k (int | None | Unset): KB chunks retrieved and placed in the generator's attention; null = the bundle's own
+            (chosen at build time from its pseudo-questions: GET /v1/index generator.calibration), else 4
         kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
             `default` (a name this key may not use answers 404 as one that does not exist)
         knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
@@ -51,8 +52,8 @@ class GenerateRequest:
             α·attn_own + (1−α)·attn_kb Default: 'joint'.
         positions (GenerateRequestPositions | Unset): rotary placement of the chunks: side by side (composite) or one
             after another Default: 'composite'.
-        prior (float | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax times
-            (k·w_db(c))^β; 0 = the plain joint softmax Default: 4.0.
+        prior (float | None | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax
+            times (k·w_db(c))^β; 0 = the plain joint softmax; null = the bundle's own (as k), else 4
         prompt (None | str | Unset): a question: one user turn through the generator's chat template, as `messages` with
             one user message would be (raw: text the model continues, tokenised as it is, the KB before it)
         raw (bool | Unset): true: `prompt` is raw text to continue (no chat template) Default: False.
@@ -74,7 +75,7 @@ class GenerateRequest:
     evidence: int | Unset = 5
     exact: bool | Unset = False
     filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
-    k: int | Unset = 4
+    k: int | None | Unset = UNSET
     kb: None | str | Unset = UNSET
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
@@ -82,7 +83,7 @@ class GenerateRequest:
     messages: list[ChatMessage] | None | Unset = UNSET
     mixing: GenerateRequestMixing | Unset = "joint"
     positions: GenerateRequestPositions | Unset = "composite"
-    prior: float | Unset = 4.0
+    prior: float | None | Unset = UNSET
     prompt: None | str | Unset = UNSET
     raw: bool | Unset = False
     retrieval: GenerateRequestRetrievalType0 | None | Unset = UNSET
@@ -124,7 +125,11 @@ class GenerateRequest:
         else:
             filter_ = self.filter_
 
-        k = self.k
+        k: int | None | Unset
+        if isinstance(self.k, Unset):
+            k = UNSET
+        else:
+            k = self.k
 
         kb: None | str | Unset
         if isinstance(self.kb, Unset):
@@ -166,7 +171,11 @@ class GenerateRequest:
         if not isinstance(self.positions, Unset):
             positions = self.positions
 
-        prior = self.prior
+        prior: float | None | Unset
+        if isinstance(self.prior, Unset):
+            prior = UNSET
+        else:
+            prior = self.prior
 
         prompt: None | str | Unset
         if isinstance(self.prompt, Unset):
@@ -326,7 +335,14 @@ class GenerateRequest:
 
         filter_ = _parse_filter_(d.pop("filter", UNSET))
 
-        k = d.pop("k", UNSET)
+        def _parse_k(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        k = _parse_k(d.pop("k", UNSET))
 
         def _parse_kb(data: object) -> None | str | Unset:
             if data is None:
@@ -393,7 +409,14 @@ class GenerateRequest:
         else:
             positions = check_generate_request_positions(_positions)
 
-        prior = d.pop("prior", UNSET)
+        def _parse_prior(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        prior = _parse_prior(d.pop("prior", UNSET))
 
         def _parse_prompt(data: object) -> None | str | Unset:
             if data is None:

@@ -1,0 +1,388 @@
+"""Generation with the KB in attention: retrieve R (the sentence encoder, FAISS + BM25, w_db) →
+place R's generator keys/values → decode with the memory hook → evidence per answer.
+
+`GenEngine` holds an Engine (the bundle's retrieval) and a Generator whose fingerprint the bundle's
+generator memory was built with. `stream` yields each token as it is chosen, then the answer.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from softknn.common.errors import BundleError, InvalidInput
+from softknn.generate.attention import MIXING, POSITIONS, GenMemory, place_memory
+from softknn.generate.batch import decode_loop, job_for
+from softknn.generate.memory import ChunkKV, GeneratorStore
+from softknn.generate.model import Generation, Generator, Sampling, Step
+from softknn.infer.engine import Engine, InferParams
+from softknn.retrieval.filters import FilterNode
+
+FIXED_K = 4  # k and β of a bundle without a generator calibration: chosen together on the sample-KB
+FIXED_PRIOR = 4.0  # QA validation split (docs/benchmarks.md, "Generation")
+
+
+@dataclass(frozen=True)
+class GenParams:
+    """One generation's parameters: sampling, retrieval (as /v1/infer's), and how the memory is mixed."""
+
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    k: int | None = None  # None: the bundle's calibrated k (softknn.generate.calibration), else FIXED_K
+    retrieval: str | None = None  # hybrid | dense | lexical; None: the bundle's default
+    lexical_weight: float | None = None
+    knn_temperature: float | None = None  # τ of w_db
+    exact: bool = False  # exact search, and R's K/V recomputed in float32 after this prompt's own prefix
+    mixing: str = "joint"
+    alpha: float = 0.7  # fixed mixing only
+    prior: float | None = None  # joint only: β of the w_db prior (softknn.generate.attention); None: the bundle's, else FIXED_PRIOR
+    positions: str = "composite"
+    use_kb: bool = True  # False: the plain model (the explorer's side-by-side answer)
+    context: str = "memory"  # memory: the KB in attention; prompt: the same chunks' text in the prompt (baseline)
+    evidence: int = 5
+    spans: int = 3
+    filter: FilterNode | None = None  # the chunks R may come from (softknn.retrieval.filters)
+
+    def validate(self) -> GenParams:
+        if self.mixing not in MIXING:
+            raise InvalidInput(f"mixing must be one of {MIXING}", field="mixing")
+        if self.positions not in POSITIONS:
+            raise InvalidInput(f"positions must be one of {POSITIONS}", field="positions")
+        if self.context not in ("memory", "prompt"):
+            raise InvalidInput("context must be memory or prompt", field="context")
+        if self.prior is not None and not 0.0 <= self.prior <= 16.0:
+            raise InvalidInput("prior must be in [0, 16]", field="prior")
+        if self.k is not None and self.k < 1:
+            raise InvalidInput("k must be at least 1", field="k")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise InvalidInput("alpha must be in [0, 1]", field="alpha")
+        if self.max_tokens < 1:
+            raise InvalidInput("max_tokens must be at least 1", field="max_tokens")
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise InvalidInput("temperature must be ≥ 0 and top_p in (0, 1]", field="temperature")
+        return self
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedGenParams(GenParams):
+    """GenParams as a bundle serves them (GenEngine.resolve): k and prior set."""
+
+    k: int
+    prior: float
+
+
+@dataclass(frozen=True)
+class GenEvidence:
+    rank: int
+    chunk_id: str
+    doc_id: str
+    text: str
+    start: int
+    end: int
+    label: str | None
+    similarity: float  # s_c, what R was ranked and weighted by
+    dense_similarity: float
+    bm25: float | None
+    weight: float  # w_db(c)
+    mass_share: float  # mean over generated tokens of the memory mass g_c the answer put on c
+    spans: list[dict[str, Any]]  # the chunk's words that drew the most mass: text, char span in the doc, weight
+    tokens: list[int]  # the generated tokens (indexes into `tokens` of the answer) that drew on c the most
+
+
+@dataclass(frozen=True)
+class GenToken:
+    index: int
+    text: str
+    memory_share: float  # Σ_c g_c for the query that produced this token (0 without memory)
+    top_chunk: str | None  # the chunk it drew on the most
+
+
+@dataclass(frozen=True)
+class GenAnswer:
+    text: str
+    finish_reason: str
+    usage: dict[str, int]
+    evidence: list[GenEvidence]
+    diagnostics: dict[str, Any]
+    tokens: list[GenToken]
+    bundle_version: str
+    generator: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Prepared:
+    prefix: list[int]
+    rest: list[int]
+    memory: GenMemory | None
+    rows: list[int] = field(default_factory=list)
+    retr: Any = None
+    memory_source: str = "none"
+    kept: list[np.ndarray | None] = field(default_factory=list)  # each slot's stored tokens (None: all)
+
+
+RUNTIMES = ("graph", "torch")
+
+
+class GenEngine:
+    """Generation over one bundle. `runtime` "graph" decodes joint mixing and the plain model in the
+    decode graph with continuous batching (softknn.generate.batch; `weights` its format, `threads` its
+    ONNX Runtime threads, `max_batch` the most sequences a step decodes); fixed α mixing, `exact`
+    requests and runtime "torch" run the model in torch with the memory hook (the reference)."""
+
+    def __init__(self, engine: Engine, generator: Generator, *, runtime: str = "graph", weights: str = "auto",
+                 threads: int = 1, max_batch: int = 16, torch_concurrent: int = 2):
+        rec = engine.bundle.manifest.generator
+        if rec is None:
+            raise BundleError(f"{engine.bundle.path}: built without a generator (softknn build --generator MODEL)",
+                              field="bundle")
+        if rec.fingerprint != generator.info.fingerprint:
+            raise BundleError(f"{engine.bundle.path}: generator memory built with other weights than "
+                              f"{generator.info.name}", field="bundle")
+        self.engine = engine
+        self.generator = generator
+        self.store = GeneratorStore(engine.bundle.path, rec.model_dump(), len(engine.bundle))
+        self.layers = list(rec.layers)
+        self._local = threading.local()
+        if runtime not in RUNTIMES:
+            raise ValueError(f"generation runtime must be one of {RUNTIMES}, not {runtime!r}")
+        self.runtime, self.weights, self.threads, self.max_batch = runtime, weights, threads, max_batch
+        self._torch_slots = threading.BoundedSemaphore(torch_concurrent)  # generations in torch at once
+
+    def uses_graph(self, p: GenParams, memory: GenMemory | None) -> bool:
+        """Whether a request decodes in the decode graph (else in torch with the memory hook)."""
+        return self.runtime == "graph" and not p.exact and (memory is None or p.mixing == "joint")
+
+    def decode_loop(self):
+        """The decode graph's loop for this bundle's memory layers (built on first use)."""
+        return decode_loop(self.generator, self.layers, weights=self.weights, threads=self.threads,
+                           max_batch=self.max_batch)
+
+    # --- retrieval and memory -------------------------------------------------------------------
+    def retrieve(self, query: str, p: GenParams):
+        p = self.resolve(p)
+        ip = InferParams(k=p.k, retrieval=p.retrieval, lexical_weight=p.lexical_weight, temperature=p.knn_temperature,
+                         exact=p.exact, evidence=0, filter=p.filter)
+        ip = self.engine.resolve([ip])[0]
+        enc = self.engine.encoder
+        plain = enc.forward_plain(enc.tokenize([query], truncate=[True]))
+        return self.engine.retrieve(plain.embedding.float().cpu().numpy(), [ip], [query])
+
+    def chunk_kv(self, rows: list[int], prefix: list[int], exact: bool, positions: str
+                 ) -> tuple[list[ChunkKV], int | list[int], str]:
+        """R's K/V, ChunkKV each, and where each was encoded (its first token's position). `exact`:
+        recomputed in float32 after this prompt's prefix, each at its placed position; else from the
+        store's LRU, its files, or (a recompute memory) computed after the memory prefix the builder
+        uses, as the store would hold them."""
+        if exact:
+            ids = [self.store.token_ids(r) for r in rows]
+            starts = None
+            if positions == "reordered":
+                starts = list(len(prefix) + np.concatenate([[0], np.cumsum([len(x) for x in ids])[:-1]]).astype(int))
+            kv = self.generator.chunk_kv(ids, self.layers, prefix=prefix, starts=starts)
+            return [ChunkKV(torch.from_numpy(x)) for x in kv], [int(s) for s in starts] if starts else len(prefix), \
+                "recomputed"
+        chunks = self.store.chunks(rows, self._recompute)
+        source = "recomputed" if self.store.kind == "recompute" else f"stored {self.store.kind}"
+        return chunks, self.store.prefix_len, source
+
+    def _recompute(self, rows: list[int]) -> list[ChunkKV]:
+        prefix = list(self.store.record.get("prefix") or [])
+        kv = self.generator.chunk_kv([self.store.token_ids(r) for r in rows], self.layers, prefix=prefix)
+        return [ChunkKV(torch.from_numpy(x)) for x in kv]
+
+    def defaults(self) -> tuple[int, float, str]:
+        """(k, β, where they come from): the bundle's calibration record, else the fixed defaults."""
+        cal = self.store.record.get("calibration") or {}
+        if "k" in cal and "prior" in cal:
+            return int(cal["k"]), float(cal["prior"]), "calibrated"
+        return FIXED_K, FIXED_PRIOR, "fixed"
+
+    def resolve(self, p: GenParams) -> ResolvedGenParams:
+        """p validated, with k and prior filled in from `defaults` where the request left them unset."""
+        if isinstance(p, ResolvedGenParams):
+            return p
+        k, prior, _ = self.defaults()
+        p = p.validate()
+        values = {f.name: getattr(p, f.name) for f in fields(p)}
+        return ResolvedGenParams(**{**values, "k": k if p.k is None else p.k, "prior": prior if p.prior is None else p.prior})
+
+    def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None) -> _Prepared:
+        p = self.resolve(p)
+        gen = self.generator
+        query = prompt if prompt is not None else _last_user(messages)
+        if not p.use_kb:
+            prefix, rest = gen.layout(prompt, messages)
+            return _Prepared(prefix, rest, None)
+        retr = self.retrieve(query, p)
+        rows, w = retr.rows[0], retr.weights[0]
+        chunks = self.engine.bundle.chunks
+        if p.context == "prompt" or not rows:
+            prefix, rest = gen.layout(prompt, messages, context=[chunks[r]["text"] for r in rows] if rows else None)
+            return _Prepared(prefix, rest, None, rows, retr, "prompt" if rows else "none")
+        prefix, rest = gen.layout(prompt, messages)
+        # exact: fp32 K/V encoded after this very prefix, so the masked-concatenation contract holds
+        recompute = p.exact and (self.store.kind != "fp32" or self.store.keep < 1 or p.positions == "reordered"
+                                 or list(prefix) != list(self.store.record.get("prefix") or []))
+        kvs, encoded_after, source = self.chunk_kv(rows, prefix, recompute, p.positions)
+        memory = place_memory([c.kv for c in kvs], self.layers, torch.tensor(w), p.positions, gen.inv_freq,
+                              encoded_after=encoded_after, prefix_len=len(prefix))
+        return _Prepared(prefix, rest, memory, rows, retr, source, [c.kept for c in kvs])
+
+    # --- decoding ---------------------------------------------------------------------------------
+    def stream(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, *,
+               cancelled: Callable[[], bool] = lambda: False, keep_logits: bool = False) -> Iterator[Step | GenAnswer]:
+        """Yields a Step per generated token, then the GenAnswer."""
+        p = self.resolve(p)
+        prep = self.prepare(p, prompt, messages)
+        sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
+                            seed=p.seed)
+        result: Generation | None = None
+        if self.uses_graph(p, prep.memory):
+            job = job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior, keep_logits=keep_logits,
+                          cancelled=cancelled)
+            items: Iterator[Step | Generation] = self.decode_loop().submit(job)
+        else:
+            items = self._in_torch(prep, p, sampling, keep_logits, cancelled)
+        for item in items:
+            if isinstance(item, Generation):
+                result = item
+            else:
+                yield item
+        assert result is not None
+        self._local.generation = result  # per thread: concurrent generations share the engine
+        yield self._answer(result, prep, p)
+
+    def _in_torch(self, prep: _Prepared, p: ResolvedGenParams, sampling: Sampling, keep_logits: bool,
+                  cancelled: Callable[[], bool]) -> Iterator[Step | Generation]:
+        with self._torch_slots:
+            yield from self.generator.generate(prep.prefix + prep.rest, prep.memory, sampling=sampling, mixing=p.mixing,
+                                               alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled,
+                                               prior=p.prior)
+
+    @property
+    def last_generation(self) -> Generation:
+        """This thread's last Generation (token ids, and logits where kept): for tests and benchmarks."""
+        return self._local.generation
+
+    def score(self, p: GenParams, continuation: str, prompt: str | None = None, messages: list[dict] | None = None) -> float:
+        """Mean NLL per token of `continuation` (tokenised as it is) as the answer, R as `stream` gets it."""
+        p = self.resolve(p)
+        prep = self.prepare(p, prompt, messages)
+        cont = self.generator._ids(continuation)
+        return self.generator.score(prep.prefix + prep.rest, cont, prep.memory, mixing=p.mixing, alpha=p.alpha,
+                                    prior=p.prior)
+
+    def answer(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, **kw) -> GenAnswer:
+        *_, last = self.stream(p, prompt, messages, **kw)
+        assert isinstance(last, GenAnswer)
+        return last
+
+    # --- evidence ---------------------------------------------------------------------------------
+    def _answer(self, g: Generation, prep: _Prepared, p: ResolvedGenParams) -> GenAnswer:
+        gen = self.generator
+        pieces = [gen.tokenizer.decode([t], skip_special_tokens=True) for t in g.token_ids]
+        n = len(g.token_ids)
+        trace = g.trace
+        chunks = self.engine.bundle.chunks
+        rows = prep.rows
+        evidence: list[GenEvidence] = []
+        tokens: list[GenToken] = []
+        mass = torch.stack(trace.mass[:n]) if trace is not None and n and trace.mass else None  # (n, S)
+        share = torch.stack(trace.share[:n]) if mass is not None and trace is not None else None  # mass implies trace
+        # the chunk each token drew on most: by its mass (joint), or by its scores' own share (fixed, where
+        # the mass is (1−α)·w_db for every token)
+        pick = mass if p.mixing == "joint" else share
+        for t in range(n):
+            top = None if pick is None else chunks[rows[int(pick[t].argmax())]]["chunk_id"]
+            tokens.append(GenToken(t, pieces[t], 0.0 if mass is None else float(mass[t].sum()), top))
+        retr = prep.retr
+        if retr is not None and rows:
+            per_chunk = mass.mean(0) if mass is not None else torch.zeros(len(rows))
+            order = sorted(range(len(rows)), key=lambda s: (-float(per_chunk[s]), -retr.weights[0][s]))
+            for rank, s in enumerate(order[: p.evidence], 1):
+                c = chunks[rows[s]]
+                kept = prep.kept[s] if prep.kept else None
+                spans = self._spans(c, trace, s, p.spans, kept) if trace is not None and n else []
+                drew = [] if share is None else [int(i) for i in share[:, s].argsort(descending=True)[:3]]
+                bm25 = retr.bm25[0]
+                evidence.append(GenEvidence(rank, c["chunk_id"], c["doc_id"], c["text"], c["start"], c["end"], c.get("label"),
+                                            float(retr.scores[0][s]), float(retr.dense[0][s]),
+                                            None if bm25 is None else float(bm25[s]), float(retr.weights[0][s]),
+                                            float(per_chunk[s]), spans, drew))
+        w = np.asarray(retr.weights[0]) if retr is not None and rows else np.zeros(0)
+        h_w = float(-(w[w > 0] * np.log(w[w > 0])).sum()) if w.size else 0.0
+        h_att = float(np.mean(trace.attention_entropy[:n])) if trace is not None and n and trace.attention_entropy else 0.0
+        diag = {
+            "memory_share": 0.0 if mass is None else float(mass.sum(-1).mean()),
+            "retrieved": len(rows), "k": p.k, "mixing": p.mixing if prep.memory is not None else None,
+            "alpha": p.alpha if p.mixing == "fixed" else None, "positions": p.positions,
+            "prior": p.prior if p.mixing == "joint" else None,
+            "defaults": self.defaults()[2],
+            "retrieval": retr.searched[0] and _mode(self.engine, p) if retr is not None else None,
+            "memory_layers": len(self.layers) if prep.memory is not None else 0,
+            "memory_tokens": sum(prep.memory.lengths) if prep.memory is not None else 0,
+            "memory_source": prep.memory_source,
+            "runtime": f"graph {self.generator.weights(self.weights)}" if self.uses_graph(p, prep.memory) else "torch",
+            "w_db_entropy": h_w, "w_db_effective_k": math.exp(h_w),
+            "attention_effective_k": math.exp(h_att),
+            "exact": p.exact,
+            "filtered": retr.filtered[0] if retr is not None else None,
+        }
+        usage = {"prompt_tokens": g.prompt_tokens, "completion_tokens": n, "total_tokens": g.prompt_tokens + n}
+        return GenAnswer(g.text, g.finish_reason, usage, evidence, diag, tokens, self.engine.bundle.version,
+                         self.generator.info.name)
+
+    def _spans(self, c: dict, trace, s: int, top: int, kept: np.ndarray | None) -> list[dict[str, Any]]:
+        """The chunk's tokens with the most mass, as char spans in the chunk's document (`kept`: the
+        chunk token each memory slot position holds, where the store kept only some)."""
+        tm = trace.token_mass[s]  # (Lm,)
+        offsets = self.generator.chunk_offsets(c["text"])
+        where = np.arange(len(offsets)) if kept is None else np.asarray(kept)
+        nt = min(len(where), int(tm.shape[0]))
+        if nt == 0:
+            return []
+        total = float(tm[:nt].sum()) or 1.0
+        out: list[dict[str, Any]] = []
+        seen: set[str] = set()
+        for i in tm[:nt].argsort(descending=True).tolist():
+            if where[i] >= len(offsets):
+                continue
+            a, b = offsets[where[i]]
+            word = c["text"][a:b].strip()
+            if not any(ch.isalnum() for ch in word) or word.lower() in _FUNCTION_WORDS or word.lower() in seen:
+                continue  # punctuation, function words and repeats draw mass but tell a reader nothing
+            seen.add(word.lower())
+            out.append({"text": word, "start": c["start"] + a, "end": c["start"] + b,
+                        "weight": float(tm[i]) / total})
+            if len(out) == top:
+                break
+        return out
+
+
+_FUNCTION_WORDS = frozenset("the a an and or of to in on at for from by with is are be it this that as".split())
+
+
+def _last_user(messages: list[dict] | None) -> str:
+    for m in reversed(messages or []):
+        if m.get("role") == "user":
+            return str(m.get("content") or "")
+    raise InvalidInput("messages need a user message", field="messages")
+
+
+def _mode(engine: Engine, p: GenParams) -> str:
+    return engine.resolve([InferParams(retrieval=p.retrieval)])[0].retrieval or "dense"
+
+
+__all__ = ["GenAnswer", "GenEngine", "GenEvidence", "GenParams", "GenToken", "replace"]

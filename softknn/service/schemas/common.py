@@ -1,0 +1,77 @@
+"""What every route group's models share: strict request config, the text and integer types, the
+error shape, and `Served` (which model and bundle answered)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+from softknn.retrieval.filters import MAX_DEPTH, MAX_NODES, MAX_VALUES
+
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+# τ outside [1e-6, 1e6] is refused as a mistake, not a setting: scores s lie in [−1, 1], so below it
+# w_db is already one-hot and above it already uniform.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
+MAX_SPANS = 256  # a chunk has at most max_seq_length tokens, so at most that many word spans
+FILTER_DOC = ("R is drawn from the chunks that pass this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, "
+              "chunk_id, label or metadata.NAME, combined with {and: [...]}, {or: [...]}, {not: ...}; "
+              f"≤ {MAX_DEPTH} levels, ≤ {MAX_NODES} objects, ≤ {MAX_VALUES} `in` values; null = every chunk")
+
+
+def check_text(s: str) -> str:
+    if not s.strip():
+        raise PydanticCustomError("empty_text", "text must contain at least one non-whitespace character")
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PydanticCustomError("invalid_text", "text is not valid Unicode (lone surrogate escape)") from None
+    return s
+
+
+# The pattern documents check_text's rule in the OpenAPI schema: \S, at least one non-whitespace
+# character (JSON Schema patterns search, unanchored). Validation stays in check_text, with its message.
+# Found by tests/reliability/test_fuzz.py: a blank text was schema-valid but refused.
+Text = Annotated[str, AfterValidator(check_text), Field(json_schema_extra={"pattern": r"\S"})]
+
+
+def integral(v: Any) -> Any:
+    """4.0 → 4: JSON Schema's "integer" is any number with a zero fractional part (2020-12 core §4.2.1), and
+    JSON writers such as Python's emit 4.0 for a float that holds 4. 4.5, NaN, ±inf stay floats and
+    are refused by strict int validation. Found by tests/reliability/test_fuzz.py ({"evidence": 1.0})."""
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+Int = Annotated[int, BeforeValidator(integral)]
+KB_DOC = ("the KB to use, by name; empty = the only KB this key may use, else the one named `default` "
+          "(a name this key may not use answers 404 as one that does not exist)")
+
+
+class Out(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Served(Out):
+    request_id: str
+    model: str = Field(description="serving model name")
+    model_fingerprint: str = Field(description="sha256 over the model's weights")
+    bundle_version: str = Field(description="version_id of the bundle that answered")
+
+
+class ErrorDetail(BaseModel):
+    type: str = Field(description="snake_case kind, e.g. validation_error, queue_full, bundle_error")
+    message: str
+    field: str | None = Field(description="offending input, e.g. 'inputs[2]' or 'k'")
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+def served(request_id: str, engine) -> dict:
+    info = engine.encoder.info
+    return {"request_id": request_id, "model": info.name, "model_fingerprint": info.fingerprint,
+            "bundle_version": engine.bundle.version}
