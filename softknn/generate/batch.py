@@ -44,7 +44,7 @@ NEG_INF = float("-inf")
 
 @dataclass
 class PackedMemory:
-    """R's K/V laid out as cache columns: keys[ℓ] (nkv, hs, M), values[ℓ] (nkv, M, hs) for each memory
+    """R's K/V laid out as cache columns: keys[ℓ] (nkv, M, hs), values[ℓ] (nkv, hs, M) for each memory
     layer, `bias` (M,) the prior on each column, `chunk` (M,) the slot of each column's chunk."""
 
     keys: dict[int, np.ndarray]
@@ -65,9 +65,8 @@ def pack_memory(memory: GenMemory, prior: float) -> PackedMemory:
     mask = memory.token_mask  # (S, Lm)
     keys, values = {}, {}
     for layer, lm in memory.layers.items():
-        k = lm.key[:, mask]  # (nkv, M, hs)
-        keys[layer] = np.ascontiguousarray(k.transpose(1, 2).numpy(), dtype=np.float32)  # (nkv, hs, M)
-        values[layer] = np.ascontiguousarray(lm.value[:, mask].numpy(), dtype=np.float32)  # (nkv, M, hs)
+        keys[layer] = np.ascontiguousarray(lm.key[:, mask].numpy(), dtype=np.float32)  # (nkv, M, hs)
+        values[layer] = np.ascontiguousarray(lm.value[:, mask].transpose(1, 2).numpy(), dtype=np.float32)  # (nkv, hs, M)
     chunk = torch.arange(mask.shape[0])[:, None].expand_as(mask)[mask].numpy()  # (M,)
     if prior:
         log_prior = (prior * torch.log(memory.weight.double().clamp(min=1e-30) * memory.slots)).float().numpy()
@@ -104,7 +103,7 @@ class _Seq:
 
 
 class KVCache:
-    """Preallocated cache rows: keys[ℓ] (B, nkv, hs, C), values[ℓ] (B, nkv, C, hs) and the additive
+    """Preallocated cache rows: keys[ℓ] (B, nkv, C, hs), values[ℓ] (B, nkv, hs, C) and the additive
     mask rows bias (B, C) (memory layers) and bias_plain (B, C) (layers without memory). Running
     sequences hold rows 0..n−1; C and B grow in blocks (copying), never shrink while in use."""
 
@@ -121,14 +120,14 @@ class KVCache:
         if rows <= self.B and columns <= self.C:
             return
         B, C = max(rows, self.B), max(self.C, COLUMN_BLOCK * math.ceil(columns / COLUMN_BLOCK))
-        keys = [np.zeros((B, self.nkv, self.hs, C), dtype=np.float32) for _ in range(self.L)]
-        values = [np.zeros((B, self.nkv, C, self.hs), dtype=np.float32) for _ in range(self.L)]
+        keys = [np.zeros((B, self.nkv, C, self.hs), dtype=np.float32) for _ in range(self.L)]
+        values = [np.zeros((B, self.nkv, self.hs, C), dtype=np.float32) for _ in range(self.L)]
         bias = np.full((B, C), NEG_INF, dtype=np.float32)
         bias_plain = np.full((B, C), NEG_INF, dtype=np.float32)
         if used:
             for li in range(self.L):
-                keys[li][:used, :, :, : self.C] = self.keys[li][:used]
-                values[li][:used, :, : self.C] = self.values[li][:used]
+                keys[li][:used, :, : self.C] = self.keys[li][:used]
+                values[li][:used, :, :, : self.C] = self.values[li][:used]
             bias[:used, : self.C] = self.bias[:used]
             bias_plain[:used, : self.C] = self.bias_plain[:used]
         self.keys, self.values, self.bias, self.bias_plain, self.B, self.C = keys, values, bias, bias_plain, B, C
@@ -145,19 +144,23 @@ class KVCache:
         for li in range(self.L):
             k, v = out[f"key_{li}"], out[f"value_{li}"]
             if T == 1:
-                self.keys[li][rows, :, :, cols] = k[:, :, 0, :]  # (B, nkv, hs)
-                self.values[li][rows, :, cols] = v[:, :, 0, :]
+                self.keys[li][rows, :, cols] = k[:, :, 0, :]  # (B, nkv, hs)
+                self.values[li][rows, :, :, cols] = v[:, :, 0, :]
             else:
                 for j, (r, c) in enumerate(zip(rows, cols)):
-                    self.keys[li][r, :, :, c : c + T] = k[j].transpose(0, 2, 1)
-                    self.values[li][r, :, c : c + T] = v[j]
+                    self.keys[li][r, :, c : c + T] = k[j]
+                    self.values[li][r, :, :, c : c + T] = v[j].transpose(0, 2, 1)
 
 
 class DecodeLoop:
     """The generation thread of one GenEngine: requests join at their prefill and leave when done."""
 
-    def __init__(self, session: DecoderSession, eos_ids: set[int], tokenizer, *, max_batch: int = 16):
-        self.session = session
+    def __init__(self, session: DecoderSession, eos_ids: set[int], tokenizer, *, max_batch: int = 16,
+                 wide: DecoderSession | None = None):
+        self.session = session  # one sequence, one token: q4's 4-bit kernels win here
+        # prefills (T > 1) and batched steps (B > 1): the float32 GEMM, whose cost grows least with the
+        # rows (bench/gen_serving.py measured MatMulNBits' float path at B = 4 as 3× its B = 1)
+        self.wide = wide if wide is not None else session
         self.shape = session.shape
         self.eos_ids, self.tokenizer = eos_ids, tokenizer
         self.max_batch = max_batch
@@ -323,8 +326,8 @@ class DecodeLoop:
         c.bias[slot], c.bias_plain[slot] = NEG_INF, NEG_INF
         if mem is not None:
             for li in self.mem_layers:
-                c.keys[li][slot, :, :, :M] = mem.keys[li]
-                c.values[li][slot, :, :M] = mem.values[li]
+                c.keys[li][slot, :, :M] = mem.keys[li]
+                c.values[li][slot, :, :, :M] = mem.values[li]
             c.bias[slot, :M] = mem.bias
         # rows: the cache (memory) columns, then the T new ones, causal; prefix rows face no memory
         C = c.C
@@ -335,7 +338,7 @@ class DecodeLoop:
         plain = bias.copy()
         plain[0, 0, :, :M] = NEG_INF
         g = self.shape.groups
-        out = self.session.run(np.array([job.prompt_ids], dtype=np.int64), np.array([job.positions], dtype=np.int64),
+        out = self.wide.run(np.array([job.prompt_ids], dtype=np.int64), np.array([job.positions], dtype=np.int64),
                                np.tile(bias, (1, 1, g, 1)), np.tile(plain, (1, 1, g, 1)),
                                [k[slot : slot + 1] for k in c.keys], [v[slot : slot + 1] for v in c.values])
         c.write(np.array([slot]), np.array([M]), out, T)
@@ -368,7 +371,8 @@ class DecodeLoop:
         g = self.shape.groups
         key = (n, C, id(c.keys[0]))
         if self._bound is None or self._bound[0] != key:  # the batch or the cache changed: bind again
-            self._bound = (key, self.session.bind([k[:n] for k in c.keys], [v[:n] for v in c.values], n, 1))
+            session = self.session if n == 1 else self.wide
+            self._bound = (key, session.bind([k[:n] for k in c.keys], [v[:n] for v in c.values], n, 1))
         try:
             out = self._bound[1].run(np.array([[s.last] for s in seqs], dtype=np.int64),
                                      np.array([[s.next_pos] for s in seqs], dtype=np.int64),
@@ -425,6 +429,9 @@ def decode_loop(generator: Generator, layers: list[int], *, weights: str = "auto
         loop = generator.decode_loops.get(key)
         if loop is None:
             session = DecoderSession(generator.model, w, list(key[1]), threads=threads)
+            # q4's prefills and batched steps run the same numbers in float32 (MatMulNBits' float path
+            # costs more per row there than the float32 GEMM)
+            wide = DecoderSession(generator.model, "fp32", list(key[1]), threads=threads) if w == "q4" else None
             loop = generator.decode_loops[key] = DecodeLoop(session, generator.eos_ids, generator.tokenizer,
-                                                            max_batch=max_batch)
+                                                            max_batch=max_batch, wide=wide)
         return cast("DecodeLoop", loop)

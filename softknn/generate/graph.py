@@ -2,7 +2,7 @@
 
 One graph serves prefill (T tokens of one sequence) and batched decoding (one token of each of B
 sequences). The KV cache lives outside the graph, preallocated by the caller (softknn.generate.batch):
-each layer's past keys, transposed, (B, nkv, hs, C) and values (B, nkv, C, hs) for C cache columns,
+each layer's past keys (B, nkv, C, hs) and values, transposed, (B, nkv, hs, C) for C cache columns,
 which hold the retrieved chunks' stored keys/values first and then the sequence's own tokens.
 
 Per layer ℓ, with q, k, v the new tokens' (RoPE on q and k at `position_ids`, d = head dim):
@@ -186,13 +186,13 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
     emb = sd["model.embed_tokens.weight"]
     x = b.op("Gather", [b.const(emb, "embed"), "input_ids"], "x", axis=0)  # (B, T, H)
     attn_sum, rows5 = None, None
-    c_len = b.op("Slice", [b.op("Shape", ["past_key_0"], "shape"), b.ints([3]), b.ints([4]), b.ints([0])], "C")
+    c_len = b.op("Slice", [b.op("Shape", ["past_key_0"], "shape"), b.ints([2]), b.ints([3]), b.ints([0])], "C")
     zero, big, axis_last = b.ints([0]), b.ints([2**62]), b.ints([-1])
     for li in range(sh.layers):
         p = f"model.layers.{li}."
         pk, pv = f"past_key_{li}", f"past_value_{li}"
-        inputs += [helper.make_tensor_value_info(pk, TensorProto.FLOAT, ["B", nkv, hs, "C"]),
-                   helper.make_tensor_value_info(pv, TensorProto.FLOAT, ["B", nkv, "C", hs])]
+        inputs += [helper.make_tensor_value_info(pk, TensorProto.FLOAT, ["B", nkv, "C", hs]),
+                   helper.make_tensor_value_info(pv, TensorProto.FLOAT, ["B", nkv, hs, "C"])]
         h = b.op("SimplifiedLayerNormalization", [x, b.const(sd[p + "input_layernorm.weight"], "ln1")], "h",
                  axis=-1, epsilon=sh.eps, stash_type=1)
         # the attention's 1/√d folded into W_q (RoPE is linear: rot(s·q) = s·rot(q)); exact for d = 64
@@ -213,14 +213,19 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
         q = b.op("Reshape", [q, r_group], "q")  # (B, nkv, g·T, hs), scaled
         k_new = b.op("Transpose", [b.op("Reshape", [k, r_kv], "k")], f"key_{li}", perm=[0, 2, 1, 3])  # (B, nkv, T, hs)
         v_new = b.op("Transpose", [b.op("Reshape", [v, r_kv], "v")], f"value_{li}", perm=[0, 2, 1, 3])
-        s_past = b.op("MatMul", [q, pk], "s_past")  # (B, nkv, g·T, C)
+        # the cache is the big operand on the left (K (C, hs) @ qᵀ, Vᵀ (hs, C) @ pᵀ): the GEMM packs only
+        # the small right-hand side, never the cache
+        s_past = b.op("Transpose", [b.op("MatMul", [pk, b.op("Transpose", [q], "qT", perm=[0, 1, 3, 2])], "s_past")],
+                      "s_past", perm=[0, 1, 3, 2])  # (B, nkv, g·T, C)
         s_new = b.op("MatMul", [q, b.op("Transpose", [k_new], "kT", perm=[0, 1, 3, 2])], "s_new")  # (B, nkv, g·T, T)
         s = b.op("Concat", [s_past, s_new], "s", axis=-1)
         s = b.op("Add", [s, "bias" if li in mem else "bias_plain"], "s")
         pr = b.op("Softmax", [s], "p", axis=-1)  # (B, nkv, g·T, C + T)
         p_past = b.op("Slice", [pr, zero, c_len, axis_last], "p_past")  # C = every past cache's last dim
         p_new = b.op("Slice", [pr, c_len, big, axis_last], "p_new")
-        o = b.op("Add", [b.op("MatMul", [p_past, pv], "o"), b.op("MatMul", [p_new, v_new], "o")], "o")  # (B, nkv, gT, hs)
+        o_past = b.op("Transpose", [b.op("MatMul", [pv, b.op("Transpose", [p_past], "pT", perm=[0, 1, 3, 2])], "o")],
+                      "o", perm=[0, 1, 3, 2])  # (B, nkv, g·T, hs)
+        o = b.op("Add", [o_past, b.op("MatMul", [p_new, v_new], "o")], "o")  # (B, nkv, gT, hs)
         o = b.op("Reshape", [b.op("Transpose", [b.op("Reshape", [o, r_ungroup], "o")], "o", perm=[0, 2, 1, 3]),
                              r_hidden], "o")  # (B, T, H)
         x = b.op("Add", [x, lin(o, sd[p + "self_attn.o_proj.weight"], f"o{li}")], "x")

@@ -43,6 +43,7 @@ class DecoderSession:
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.enable_mem_pattern = False  # shapes change every step: no plan to reuse
         so.log_severity_level = 3  # the lenient shape merges of the dynamic dims are expected
         try:
             self.session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
@@ -53,11 +54,15 @@ class DecoderSession:
         self.has_plain_bias = "bias_plain" in self.input_names
         self.load_s = time.perf_counter() - t0
         self._lock = threading.Lock()  # one run at a time: the caller's cache buffers are shared
+        # a prefill's intermediates (scores of T rows over C + T columns) are the largest a run makes: after
+        # one, the arena gives back what it grew, so a long prompt does not keep its peak for good
+        self.shrink = ort.RunOptions()
+        self.shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, bias: np.ndarray, bias_plain: np.ndarray | None,
             keys: list[np.ndarray], values: list[np.ndarray]) -> dict[str, np.ndarray]:
         """input_ids, position_ids (B, T) int64; bias[_plain] (B, 1, g·T, C + T) float32; keys[ℓ]
-        (B, nkv, hs, C), values[ℓ] (B, nkv, C, hs) float32, C-contiguous. Returns the outputs by name:
+        (B, nkv, C, hs), values[ℓ] (B, nkv, hs, C) float32, C-contiguous. Returns the outputs by name:
         logits (B, V), key_ℓ / value_ℓ (B, nkv, T, hs), attn (B, C + T) where the graph has memory."""
         B, T = input_ids.shape
         return self.bind(keys, values, B, T).run(input_ids, position_ids, bias, bias_plain)
@@ -85,7 +90,7 @@ class Bound:
                 ov = ort.OrtValue.ortvalue_from_numpy(arr)
                 self._keep.append(ov)
                 self.binding.bind_ortvalue_input(name, ov)
-        sh, C = ds.shape, keys[0].shape[-1]
+        sh, C = ds.shape, keys[0].shape[2]
         shapes: dict[str, tuple[int, ...]] = {"logits": (B, sh.vocab), "attn": (B, C + T)}
         for li in range(sh.layers):
             shapes[f"key_{li}"] = shapes[f"value_{li}"] = (B, sh.kv_heads, T, sh.head_dim)
@@ -105,5 +110,5 @@ class Bound:
         for name, ov in small.items():
             self.binding.bind_ortvalue_input(name, ov)
         with self.ds._lock:
-            self.ds.session.run_with_iobinding(self.binding)
+            self.ds.session.run_with_iobinding(self.binding, self.ds.shrink if self.T > 1 else None)
         return self.outputs

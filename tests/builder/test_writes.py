@@ -184,7 +184,7 @@ def test_writes_on_a_kv_bundle_answer_as_a_fresh_kv_build(encoder, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # 36 writes, 6 fresh builds, 4 × 5 answers each: one seed ran 7 min at load 12 here, the next past the suite's 600 s
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", [1])  # one long sequence: seeds 2 and 3 repeated the same proof
 def test_long_random_write_sequences_answer_as_fresh_builds(bundle_copy, encoder, sample_kb, tmp_path, seed):
     records = kb_records(sample_kb)
     store = KBStore(bundle_copy, encoder, documents=BuilderDocuments())

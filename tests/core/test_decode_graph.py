@@ -79,15 +79,26 @@ def smol() -> Generator:
     return Generator.load()
 
 
+@pytest.fixture(scope="module")
+def sessions(smol) -> dict[str, DecoderSession]:
+    return {w: DecoderSession(smol.model, w, list(range(smol.info.num_layers))) for w in ("fp32", "q4")}
+
+
 @pytest.fixture(scope="module", params=["fp32", "q4"])
-def loop(request, smol) -> DecodeLoop:
-    loop = DecodeLoop(DecoderSession(smol.model, request.param, list(range(smol.info.num_layers))), smol.eos_ids,
-                      smol.tokenizer, max_batch=8)
+def loop(request, smol, sessions) -> DecodeLoop:
+    """Every step of one weight format (prefills included)."""
+    loop = DecodeLoop(sessions[request.param], smol.eos_ids, smol.tokenizer, max_batch=8)
     yield loop
     loop.close()
 
 
-@pytest.mark.parametrize("k", [1, 4, 8])
+def _served(smol, sessions, **kw) -> DecodeLoop:
+    """The loop as decode_loop serves a GGUF model: q4 for one sequence's steps, float32 for prefills
+    and batched steps."""
+    return DecodeLoop(sessions["q4"], smol.eos_ids, smol.tokenizer, wide=sessions["fp32"], **kw)
+
+
+@pytest.mark.parametrize("k", [1, 8])
 def test_joint_in_the_kv_cache_equals_the_masked_concatenation_on_smollm2(loop, smol, k):
     """Raw prompts (each chunk sees only itself) and chat prompts (the chunks encoded after the
     conversation's head, whose rows face no memory), both placements: the same greedy tokens and
@@ -152,9 +163,8 @@ def _requests(smol) -> list:
     return out
 
 
-def test_batched_decoding_gives_each_request_the_tokens_of_its_solo_greedy_run(smol):
-    loop = DecodeLoop(DecoderSession(smol.model, "q4", list(range(smol.info.num_layers))), smol.eos_ids,
-                      smol.tokenizer, max_batch=8)
+def test_batched_decoding_gives_each_request_the_tokens_of_its_solo_greedy_run(smol, sessions):
+    loop = _served(smol, sessions, max_batch=8)
     try:
         reqs = _requests(smol)
         solo = [_gen(loop.submit(job_for(p, m, s, prior=b, keep_logits=True))) for p, m, s, b in reqs]
@@ -173,9 +183,8 @@ def test_batched_decoding_gives_each_request_the_tokens_of_its_solo_greedy_run(s
         loop.close()
 
 
-def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(smol):
-    loop = DecodeLoop(DecoderSession(smol.model, "q4", list(range(smol.info.num_layers))), smol.eos_ids,
-                      smol.tokenizer)
+def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(smol, sessions):
+    loop = _served(smol, sessions)
     try:
         reqs = _requests(smol)
         checks = iter(range(1000))  # the loop asks at the prefill and before each step: cancelled at the 4th ask
@@ -199,9 +208,8 @@ def test_a_prompt_past_the_models_positions_is_refused_before_it_runs(smol, loop
         loop.submit(job_for([], None, Sampling()))
 
 
-def test_a_step_that_fails_fails_its_requests_and_the_loop_serves_the_next(smol, monkeypatch):
-    loop = DecodeLoop(DecoderSession(smol.model, "q4", list(range(smol.info.num_layers))), smol.eos_ids,
-                      smol.tokenizer)
+def test_a_step_that_fails_fails_its_requests_and_the_loop_serves_the_next(smol, sessions, monkeypatch):
+    loop = _served(smol, sessions)
     try:
         reqs = _requests(smol)
         real = loop._step

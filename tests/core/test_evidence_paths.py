@@ -59,7 +59,8 @@ def both_paths(engine: Engine, texts: list[str], params: InferParams, monkeypatc
 
 
 @pytest.mark.parametrize("retrieval", ["hybrid", "dense", "lexical"])
-@pytest.mark.parametrize("k,evidence,spans", [(8, 5, 5), (1, 1, 1), (32, 32, 20), (4, 2, 0), (8, 0, 5), (1000, 3, 1000)])
+@pytest.mark.parametrize("k,evidence,spans", [(8, 5, 5), (1, 1, 1), (32, 32, 20), (4, 2, 0), (8, 0, 5),
+                                              pytest.param(1000, 3, 1000, marks=pytest.mark.slow)])
 def test_fast_evidence_equals_the_reference(engine, sample_bundle, retrieval, k, evidence, spans, monkeypatch):
     p = InferParams(retrieval=retrieval, k=k, evidence=evidence, spans=spans)
     n = both_paths(engine, queries(sample_bundle), p, monkeypatch)

