@@ -2,8 +2,8 @@
 with the chunk cache cold and warm.
 
 - `build`: every passage of ../shared/data/obliqa_dev/documents (13,732; 5.3M characters) as a JSONL KB, built by
-  the CLI as a user would (`softknn build KB -o OUT --generator smollm2-135m-instruct --generator-memory q2
-  --generator-keep 0.5`, the compact memory chosen by `python -m bench gen_quality memory`), timed; records the
+  the CLI as a user would (`softknn build KB -o OUT --generator smollm2-135m-instruct --generator-memory q4`: the smallest memory
+  `python -m bench gen_quality memory` found within 2 points of fp16's answers), timed; records the
   wall seconds, peak RSS, bundle bytes (all, and the generator memory's), the manifest's bytes per token and the
   generation defaults the build calibrated.
 - `serve`: the built bundle in a GenEngine (the service's decode loop, one thread): questions from
@@ -11,7 +11,7 @@ with the chunk cache cold and warm.
   memory-mapped store and dequantised), the second with R's chunks in the in-RAM LRU; time to first token and
   the answers.
 
-    python -m bench obliqa_generator build [--memory q2] [--keep 0.5] [--limit 0]
+    python -m bench obliqa_generator build [--memory q4] [--keep 1] [--limit 0]
     python -m bench obliqa_generator serve [--questions 20]
 
 → bench/results/obliqa_generator_<part>.json (+ .png for serve).
@@ -122,7 +122,7 @@ def _plot(rows: list[dict]) -> None:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.boxplot([[r["cold"]["ttft_s"] for r in rows], [r["warm"]["ttft_s"] for r in rows]], labels=["cold", "warm"])
-    ax.set(ylabel="time to first token (s)", title="ObliQA full corpus, q2 memory: chunk cache cold vs warm")
+    ax.set(ylabel="time to first token (s)", title="ObliQA full corpus, q4 memory: chunk cache cold vs warm")
     fig.tight_layout()
     fig.savefig(RESULTS / "obliqa_generator_serve.png", dpi=110)
     plt.close(fig)
@@ -131,8 +131,8 @@ def _plot(rows: list[dict]) -> None:
 def add_cli_args(ap: argparse.ArgumentParser) -> None:
     sub = ap.add_subparsers(dest="part", required=True)
     b = sub.add_parser("build", help="build the whole corpus with stored generator memory (timed)")
-    b.add_argument("--memory", default="q2")
-    b.add_argument("--keep", type=float, default=0.5)
+    b.add_argument("--memory", default="q4")
+    b.add_argument("--keep", type=float, default=1.0)
     b.add_argument("--limit", type=int, default=0)
     s = sub.add_parser("serve", help="time to first token with the chunk cache cold and warm")
     s.add_argument("--questions", type=int, default=20)
