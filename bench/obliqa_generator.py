@@ -77,6 +77,7 @@ def build(args) -> dict:
 def serve(args) -> dict:
     from dataclasses import replace
 
+    from bench.gen_quality import _correct
     from bench.generation import gen_engine, models, msgs, setup_threads
     from softknn.generate.engine import GenParams
     from softknn.storage.bundle import load_bundle
@@ -103,10 +104,12 @@ def serve(args) -> dict:
                 text += ev.get("text", "")
             row[tag] = {"ttft_s": round(first or float("nan"), 4), "total_s": round(time.perf_counter() - t0, 3),
                         "answer": text.strip()}
+        row["correct"] = _correct(row["warm"]["answer"], q)
         rows.append(row)
         print(row, flush=True)
     summ = {tag: {"ttft_p50_s": round(statistics.median(r[tag]["ttft_s"] for r in rows), 4),
                   "ttft_mean_s": round(statistics.mean(r[tag]["ttft_s"] for r in rows), 4)} for tag in ("cold", "warm")}
+    summ["accuracy"] = round(sum(r["correct"] for r in rows) / max(len(rows), 1), 4)
     payload = {"command": getattr(args, "command", ""), "bundle": str(OUT), "questions": len(rows),
                "params": "calibrated defaults, greedy, 24 tokens, one thread", "summary": summ, "per_question": rows}
     res = write("obliqa_generator_serve", payload)

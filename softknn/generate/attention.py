@@ -300,7 +300,8 @@ def rotate_keys(key: torch.Tensor, offset: int, inv_freq: torch.Tensor) -> torch
 
 
 def place_memory(chunks: list[torch.Tensor], layers: list[int], weight: torch.Tensor, positions: str,
-                 inv_freq: torch.Tensor | None, *, encoded_after: int | list[int] = 0, prefix_len: int = 0) -> GenMemory:
+                 inv_freq: torch.Tensor | None, *, encoded_after: int | list[int] = 0, prefix_len: int = 0,
+                 extents: list[int] | None = None) -> GenMemory:
     """GenMemory from R's chunk K/V, each (n_c, n_layers, 2, nkv, hs), encoded after a prefix of
     `encoded_after` tokens (positions encoded_after..encoded_after+n_c−1, Generator.chunk_kv), for a
     prompt whose first `prefix_len` tokens precede the KB (P = prefix_len).
@@ -311,10 +312,15 @@ def place_memory(chunks: list[torch.Tensor], layers: list[int], weight: torch.Te
     between where they were encoded and where they are placed: exact where a chunk sees nothing but
     itself (RoPE is relative); a chunk that saw a prefix keeps its distance to it as encoded, so
     reordered placement after a prefix is exact only for chunks encoded at their placed positions
-    (`encoded_after` per chunk, Generator.chunk_kv's `starts`)."""
+    (`encoded_after` per chunk, Generator.chunk_kv's `starts`).
+
+    `extents`: the positions each chunk spans (default its stored length). A chunk stored with token
+    selection (ChunkKV.extent) keeps its tokens' own positions, so it spans its whole length: the
+    prompt starts after the last position any chunk could hold, never among the kept keys."""
     if positions not in POSITIONS:
         raise ValueError(f"positions must be one of {POSITIONS}, not {positions!r}")
     lengths = [int(c.shape[0]) for c in chunks]
+    spans = lengths if extents is None else [max(int(e), n) for e, n in zip(extents, lengths, strict=True)]
     S, Lm = len(chunks), max(lengths)
     nkv, hs = chunks[0].shape[-2], chunks[0].shape[-1]
     mask = torch.zeros(S, Lm, dtype=torch.bool)
@@ -333,8 +339,8 @@ def place_memory(chunks: list[torch.Tensor], layers: list[int], weight: torch.Te
             k = rotate_keys(k, shift, inv_freq)
         keys[:, :, c, :n] = k
         values[:, :, c, :n] = kv[:, :, 1].permute(1, 2, 0, 3)
-        offset += n
-    start = prefix_len + (offset if positions == "reordered" else Lm)
+        offset += spans[c]
+    start = prefix_len + (offset if positions == "reordered" else max(spans))
     return GenMemory({layer: LayerMemory(keys[j], values[j]) for j, layer in enumerate(layers)}, mask,
                      weight.float(), lengths, start, prefix_len)
 

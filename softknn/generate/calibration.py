@@ -196,7 +196,8 @@ def answers_with_memory(generator, layers: list[int], store, recompute, batch: l
             prefix, rest = generator.layout(messages=[{"role": "user", "content": q.question}])
             chunks = store.chunks(rows, recompute)
             mem = place_memory([c.kv for c in chunks], layers, torch.tensor(np.asarray(w)), "composite",
-                               generator.inv_freq, encoded_after=store.prefix_len, prefix_len=len(prefix))
+                               generator.inv_freq, encoded_after=store.prefix_len, prefix_len=len(prefix),
+                               extents=[c.extent for c in chunks])
             its.append(loop.submit(job_for(prefix + rest, mem, sampling, prior=beta)))
         for it in its:
             *_, last = it

@@ -237,7 +237,7 @@ class GenEngine:
                                  or list(prefix) != list(self.store.record.get("prefix") or []))
         kvs, encoded_after, source = self.chunk_kv(rows, prefix, recompute, p.positions)
         memory = place_memory([c.kv for c in kvs], self.layers, torch.tensor(w), p.positions, gen.inv_freq,
-                              encoded_after=encoded_after, prefix_len=len(prefix))
+                              encoded_after=encoded_after, prefix_len=len(prefix), extents=[c.extent for c in kvs])
         return _Prepared(prefix, rest, memory, rows, retr, source, [c.kept for c in kvs])
 
     # --- decoding ---------------------------------------------------------------------------------

@@ -144,10 +144,17 @@ def bytes_per_token(kind: str, layers: int, nkv: int, hs: int, tokens_per_chunk:
 @dataclass
 class ChunkKV:
     """One chunk's memory as R is placed from: kv (m, L, 2, nkv, hs) float32 of its m stored tokens,
-    `kept` (m,) their indices in the chunk (None: all of them, in order)."""
+    `kept` (m,) their indices in the chunk (None: all of them, in order), `tokens` the chunk's whole
+    length (None: m) — the positions it occupies when placed, kept tokens or not."""
 
     kv: torch.Tensor
     kept: np.ndarray | None = None
+    tokens: int | None = None
+
+    @property
+    def extent(self) -> int:
+        """Positions the chunk spans: its whole token count (a selected chunk keeps its gaps)."""
+        return int(self.kv.shape[0]) if self.tokens is None else self.tokens
 
     @property
     def nbytes(self) -> int:
@@ -195,7 +202,8 @@ class GeneratorStore:
                          None if self.k_range is None else self.k_range[row],
                          None if self.v_range is None else self.v_range[a:b])
         kept = None if self.kept is None else np.asarray(self.kept[a:b], dtype=np.int64)
-        return ChunkKV(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), kept)
+        n = int(self.offsets[row + 1] - self.offsets[row])
+        return ChunkKV(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), kept, n)
 
     def chunk(self, row: int) -> torch.Tensor:
         """Chunk `row`'s stored K/V, (m, L, 2, nkv, hs) float32 (dequantised)."""

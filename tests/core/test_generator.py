@@ -261,3 +261,22 @@ def test_score_is_the_mean_nll_of_the_continuation(smol):
     lp = torch.log_softmax(logits.double(), -1)
     want = -np.mean([float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(cont)])
     assert smol.score(prompt, cont) == pytest.approx(want, abs=1e-4)
+
+
+def test_a_selected_chunk_spans_its_whole_length_so_the_prompt_starts_after_it():
+    """Token selection keeps each kept token's own position: a chunk of 10 tokens stored as 4 still
+    spans 10 positions, so the prompt starts at P + 10 (composite) and the next chunk of a
+    reordered placement at P + 10, never among the kept keys (the bug: P + 4, the query in the past
+    of keys it attends to)."""
+    L, nkv, hs, P = 2, 1, 4, 3
+    a, b = torch.randn(4, L, 2, nkv, hs), torch.randn(6, L, 2, nkv, hs)
+    inv = 1.0 / (10000 ** (torch.arange(0, hs, 2).float() / hs))
+    w = torch.tensor([0.5, 0.5])
+    comp = place_memory([a, b], [0, 1], w, "composite", inv, encoded_after=P, prefix_len=P, extents=[10, 6])
+    assert comp.prompt_start == P + 10
+    assert place_memory([a, b], [0, 1], w, "composite", inv, encoded_after=P, prefix_len=P).prompt_start == P + 6
+    re = place_memory([a, b], [0, 1], w, "reordered", inv, encoded_after=P, prefix_len=P, extents=[10, 6])
+    assert re.prompt_start == P + 16
+    # the second chunk moved by the first's whole span: its keys rotated by 10 positions, not 4
+    want = rotate_keys(b[:, :, 0].permute(1, 2, 0, 3), 10, inv)
+    assert torch.allclose(re.layers[0].key[:, 1, :6], want[0], atol=1e-6)
