@@ -1,4 +1,4 @@
-"""Print the README's settings table from softknn.params.Settings (tests check the README matches).
+"""Print the settings table of docs/usage.md from softknn.params.Settings (tests check docs/usage.md matches).
 
     python scripts/settings_table.py
 """

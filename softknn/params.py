@@ -1,7 +1,7 @@
 """The one Settings object: built once at each entry point (CLI, service) and passed down.
 
 Every field is also an environment variable: prefix `SOFTKNN_`, nested sections joined by `__`
-(e.g. `SOFTKNN_DEFAULTS__ALPHA=0.5`, `SOFTKNN_AUTH__API_KEY=...`). The README has the table.
+(e.g. `SOFTKNN_DEFAULTS__ALPHA=0.5`, `SOFTKNN_AUTH__API_KEY=...`). docs/usage.md has the table.
 """
 
 from __future__ import annotations

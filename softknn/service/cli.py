@@ -69,7 +69,7 @@ def serve(
 ) -> None:
     """Serve a bundle over HTTP: POST /v1/infer, GET /v1/index, /healthz, /readyz, /metrics, /docs.
 
-    Every other setting is a SOFTKNN_* environment variable (see the README's table), e.g.
+    Every other setting is a SOFTKNN_* environment variable (see the table in docs/usage.md), e.g.
     SOFTKNN_AUTH__API_KEY, SOFTKNN_MODEL__THREADS, SOFTKNN_BATCHING__QUEUE_SIZE.
     """
     # Before torch (and its OpenMP) loads: OpenMP threads waiting at a barrier sleep instead of

@@ -218,3 +218,25 @@ def test_a_client_gone_mid_stream_frees_its_slot_and_overload_is_429(live):
     r = live.post("/v1/generate", json={"prompt": "hello", "max_tokens": 2})
     assert r.status_code == 200, r.text
     assert time.monotonic() - t0 < 20
+
+
+def test_readme_generate_sample_is_what_the_service_answers(client):
+    """The README's generate sample: its build names the generator, its server another port than the
+    quick start's 8000, and its request (here over the small bundle) answers the fields its jq picks."""
+    import re
+
+    from tests.service.conftest import REPO
+
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("--generator smollm2-135m-instruct"):]
+    block = block[: block.index("```")]
+    serve = re.search(r"softknn serve --bundle bundles/sample-gen --port (\d+)", block)
+    assert serve is not None and serve.group(1) != "8000"
+    assert f"curl -s localhost:{serve.group(1)}/v1/generate" in block
+    body = json.loads(re.search(r"-d '(\{.*?\})'", block, re.S).group(1))
+    assert re.search(r"\| jq '(.*?)'", block, re.S).group(1) == "{text, evidence: [.evidence[] | .chunk_id]}"
+    r = client.post("/v1/generate", json=body)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["text"] and len(got["evidence"]) == body["evidence"]
+    assert all(e["chunk_id"] for e in got["evidence"])

@@ -129,10 +129,10 @@ def test_counted_and_batched_like_infer(live):
     assert live.metric("softknn_batch_size_sum") == texts_before + 3 * len(TEXTS)  # through the batcher
 
 
-def test_readme_sample_is_what_the_client_prints(api):
+def test_usage_doc_sample_is_what_the_client_prints(api):
     from tests.service.conftest import REPO
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "docs" / "usage.md").read_text(encoding="utf-8")
     text = "Can I bring my dog on the ferry?"
     r = api.embeddings.create(model=MODEL, input=[text])
     assert f"# {len(r.data[0].embedding)} {[round(x, 4) for x in r.data[0].embedding[:3]]} {r.usage.prompt_tokens}\n" \

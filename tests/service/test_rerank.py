@@ -104,13 +104,13 @@ def test_truncate_cuts_instead(inproc):
     assert len(got) == 2
 
 
-def test_readme_sample_is_what_the_service_answers(inproc):
+def test_usage_doc_sample_is_what_the_service_answers(inproc):
     import json
     import re
 
     from tests.service.conftest import REPO
 
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    readme = (REPO / "docs" / "usage.md").read_text(encoding="utf-8")
     block = readme[readme.index("$ curl -s localhost:8000/v1/rerank"):]
     body = json.loads(re.search(r"-d '(\{.*?\})'", block, re.S).group(1))
     shown = json.loads(block.splitlines()[3])
