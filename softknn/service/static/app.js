@@ -27,7 +27,7 @@ async function applySchema() {
   const props = await inferSchema();
   if (!props) return;
   for (const id of ["alpha", "k", "temperature", "lexical_weight"]) {
-    const p = props[id];
+    const p = props[id === "temperature" ? "knn_temperature" : id]; // the τ control sends knn_temperature
     if (!p) continue;
     if (p.default !== undefined) $(id).value = p.default === null ? "" : p.default; // null: "auto"
     if (p.maximum !== undefined) $(id).max = p.maximum;
