@@ -205,7 +205,9 @@ def sample(args) -> dict:
     enc, gen = models()
     kb = ROOT / "softknn" / "sample_kb" / "kb"
     t0 = time.perf_counter()
-    b, info = get_bundle(kb, CACHE / f"gen-sample-calibrated-{args.memory}", enc, gen, memory=args.memory)
+    # the same calibrated fp16 build as gen_serving's (bench/generation.py builds with calibration)
+    out = CACHE / ("gen-sample" if args.memory == "fp16" else f"gen-sample-{args.memory}")
+    b, info = get_bundle(kb, out, enc, gen, memory=args.memory)
     ge = gen_engine(enc, gen, b)
     cal = (b.manifest.generator.calibration or {}) if b.manifest.generator else {}
     k_cal, beta_cal, src = ge.defaults()
