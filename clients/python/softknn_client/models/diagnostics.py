@@ -33,7 +33,6 @@ class Diagnostics:
         retrieval (DiagnosticsRetrieval): the similarity R was ranked by
         retrieved (int): |R|, chunks the fused layer attended
         search (str): 'exact' or the ANN index kind that answered
-        temperature (float): deprecated: use knn_temperature (the same τ, echoed under its old name)
         threshold (float | None):
         truncated (bool): true when the input was cut to the token or character limit
         truncation_bound (float): upper bound on the kernel mass lost to top-k truncation
@@ -59,7 +58,6 @@ class Diagnostics:
     retrieval: DiagnosticsRetrieval
     retrieved: int
     search: str
-    temperature: float
     threshold: float | None
     truncated: bool
     truncation_bound: float
@@ -107,8 +105,6 @@ class Diagnostics:
 
         search = self.search
 
-        temperature = self.temperature
-
         threshold: float | None
         threshold = self.threshold
 
@@ -142,7 +138,6 @@ class Diagnostics:
                 "retrieval": retrieval,
                 "retrieved": retrieved,
                 "search": search,
-                "temperature": temperature,
                 "threshold": threshold,
                 "truncated": truncated,
                 "truncation_bound": truncation_bound,
@@ -213,8 +208,6 @@ class Diagnostics:
 
         search = d.pop("search")
 
-        temperature = d.pop("temperature")
-
         def _parse_threshold(data: object) -> float | None:
             if data is None:
                 return data
@@ -249,7 +242,6 @@ class Diagnostics:
             retrieval=retrieval,
             retrieved=retrieved,
             search=search,
-            temperature=temperature,
             threshold=threshold,
             truncated=truncated,
             truncation_bound=truncation_bound,
