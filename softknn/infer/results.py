@@ -68,7 +68,7 @@ class Diagnostics:
     k: int
     alpha: float | None  # None: joint mixing
     mixing: str
-    knn_temperature: float  # τ
+    temperature: float
     kernel: str
     threshold: float | None
     retrieval: str
