@@ -178,7 +178,7 @@ class Engine:
             k=p.k,
             alpha=p.alpha if p.mixing == "fixed" else None,
             mixing=p.mixing,
-            temperature=p.temperature,
+            knn_temperature=p.temperature,
             kernel=p.kernel,
             threshold=p.threshold,
             retrieval=p.retrieval,

@@ -68,7 +68,7 @@ class Diagnostics:
     k: int
     alpha: float | None  # None: joint mixing
     mixing: str
-    temperature: float
+    knn_temperature: float  # τ
     kernel: str
     threshold: float | None
     retrieval: str
