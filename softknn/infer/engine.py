@@ -179,6 +179,7 @@ class Engine:
             alpha=p.alpha if p.mixing == "fixed" else None,
             mixing=p.mixing,
             knn_temperature=p.temperature,
+            temperature=p.temperature,
             kernel=p.kernel,
             threshold=p.threshold,
             retrieval=p.retrieval,

@@ -69,6 +69,7 @@ class Diagnostics:
     alpha: float | None  # None: joint mixing
     mixing: str
     knn_temperature: float  # τ
+    temperature: float  # deprecated echo of knn_temperature (its name before one word had one meaning)
     kernel: str
     threshold: float | None
     retrieval: str

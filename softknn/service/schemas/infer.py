@@ -165,6 +165,8 @@ class Diagnostics(Out):
     alpha: float | None = Field(description="α used (null for joint mixing)")
     mixing: Literal["fixed", "joint"]
     knn_temperature: float = Field(description="τ used (the request's, else the bundle's or the retrieval's default)")
+    temperature: float = Field(description="deprecated: use knn_temperature (the same τ, echoed under its old name)",
+                               deprecated=True)
     kernel: str
     threshold: float | None
     retrieval: Literal["hybrid", "dense", "lexical"] = Field(description="the similarity R was ranked by")

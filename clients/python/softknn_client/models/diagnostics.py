@@ -33,6 +33,7 @@ class Diagnostics:
         retrieval (DiagnosticsRetrieval): the similarity R was ranked by
         retrieved (int): |R|, chunks the fused layer attended
         search (str): 'exact' or the ANN index kind that answered
+        temperature (float): deprecated: use knn_temperature (the same τ, echoed under its old name)
         threshold (float | None):
         truncated (bool): true when the input was cut to the token or character limit
         truncation_bound (float): upper bound on the kernel mass lost to top-k truncation
@@ -58,6 +59,7 @@ class Diagnostics:
     retrieval: DiagnosticsRetrieval
     retrieved: int
     search: str
+    temperature: float
     threshold: float | None
     truncated: bool
     truncation_bound: float
@@ -105,6 +107,8 @@ class Diagnostics:
 
         search = self.search
 
+        temperature = self.temperature
+
         threshold: float | None
         threshold = self.threshold
 
@@ -138,6 +142,7 @@ class Diagnostics:
                 "retrieval": retrieval,
                 "retrieved": retrieved,
                 "search": search,
+                "temperature": temperature,
                 "threshold": threshold,
                 "truncated": truncated,
                 "truncation_bound": truncation_bound,
@@ -208,6 +213,8 @@ class Diagnostics:
 
         search = d.pop("search")
 
+        temperature = d.pop("temperature")
+
         def _parse_threshold(data: object) -> float | None:
             if data is None:
                 return data
@@ -242,6 +249,7 @@ class Diagnostics:
             retrieval=retrieval,
             retrieved=retrieved,
             search=search,
+            temperature=temperature,
             threshold=threshold,
             truncated=truncated,
             truncation_bound=truncation_bound,
