@@ -14,7 +14,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, mode
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from softknn.common.kb_names import DEFAULT_KB, KB_NAME  # noqa: F401 (re-exported)
-from softknn.retrieval.scoring import CANDIDATES, LEXICAL_WEIGHT
+from softknn.retrieval.defaults import CANDIDATES, LEXICAL_WEIGHT
 from softknn.storage.remote import Location
 
 MAX_SPANS = 256  # a chunk has at most max_seq_length tokens, so at most that many word spans
