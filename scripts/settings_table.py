@@ -5,9 +5,15 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from pydantic import BaseModel
 
-from softknn.params import Settings
+# run as a script, this checkout's softknn (not an installed one elsewhere: a git worktree shares the venv)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from softknn.params import Settings  # noqa: E402
 
 
 def _rows(model: type[BaseModel], prefix: str) -> list[tuple[str, str, str]]:

@@ -15,6 +15,7 @@ from typer.core import TyperArgument, TyperCommand
 
 from softknn.common.console import fail, need_bundle, sample_kb_path, settings_from
 from softknn.common.errors import InputTooLarge, SoftKNNError
+from softknn.params import TAU_ALIAS_HELP, cli_tau, param_option
 
 
 class Command(TyperCommand):
@@ -440,16 +441,16 @@ def query(
     bundle: Annotated[Path, typer.Argument(help="bundle directory")],
     texts: Annotated[list[str], typer.Argument(help="input texts")],
     model: ModelOpt = None,
-    alpha: Annotated[float | None, typer.Option(help="fixed-mixing weight of the input's own attention")] = None,
-    mixing: Annotated[str | None, typer.Option(help="fixed | joint")] = None,
-    k: Annotated[int | None, typer.Option(help="chunks retrieved")] = None,
-    temperature: Annotated[float | None, typer.Option(help="k-NN temperature τ")] = None,
-    kernel: Annotated[str | None, typer.Option(help="softmax | epanechnikov | uniform")] = None,
-    exact: Annotated[bool, typer.Option(help="exact search (bypass the ANN index)")] = False,
-    threshold: Annotated[float | None, typer.Option(help="top-k + threshold: also keep pool chunks with w ≥ threshold")] = None,
-    retrieval: Annotated[str | None, typer.Option(help="hybrid | dense | lexical (default: hybrid where the "
-                                                          "bundle has a lexical index, else dense)")] = None,
-    lexical_weight: Annotated[float | None, typer.Option(help="λ of the hybrid similarity (1−λ)·dense + λ·BM25")] = None,
+    alpha: Annotated[float | None, param_option("alpha")] = None,
+    mixing: Annotated[str | None, param_option("mixing")] = None,
+    k: Annotated[int | None, param_option("k")] = None,
+    knn_temperature: Annotated[float | None, param_option("knn_temperature")] = None,
+    temperature: Annotated[float | None, param_option("knn_temperature", hidden=True, help=TAU_ALIAS_HELP)] = None,
+    kernel: Annotated[str | None, param_option("kernel")] = None,
+    exact: Annotated[bool, param_option("exact")] = False,
+    threshold: Annotated[float | None, param_option("threshold")] = None,
+    retrieval: Annotated[str | None, param_option("retrieval")] = None,
+    lexical_weight: Annotated[float | None, param_option("lexical_weight")] = None,
     evidence: Annotated[int | None, typer.Option(help="evidence items per input")] = None,
     tokens: Annotated[bool, typer.Option(help="also return per-token outputs")] = False,
     truncate: Annotated[bool, typer.Option(help="cut inputs longer than the model's limit")] = False,
@@ -467,8 +468,9 @@ def query(
 
     try:
         settings = _settings(model__name=model)
-        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--temperature: the default
-            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=temperature or None,
+        tau = cli_tau(knn_temperature, temperature)
+        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--knn-temperature: the default
+            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=tau or None,
             kernel=kernel or None, exact=exact, threshold=threshold, evidence=evidence, return_tokens=tokens,
             truncate=truncate, retrieval=retrieval or None, lexical_weight=lexical_weight,
             filter=None if filter_ is None else parse_filter(_json_arg(filter_, "--filter")))

@@ -6,15 +6,18 @@ Every field is also an environment variable: prefix `SOFTKNN_`, nested sections 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from softknn.common.kb_names import DEFAULT_KB, KB_NAME  # noqa: F401 (re-exported)
-from softknn.retrieval.scoring import CANDIDATES, LEXICAL_WEIGHT
+from softknn.retrieval.defaults import CANDIDATES, LEXICAL_WEIGHT
 from softknn.storage.remote import Location
+
+MAX_SPANS = 256  # a chunk has at most max_seq_length tokens, so at most that many word spans
 
 
 class ModelSettings(BaseModel):
@@ -42,24 +45,148 @@ class ModelSettings(BaseModel):
         return self
 
 
+# --- the retrieval and mixing parameters: one table ----------------------------------------------
+# Every declaration of these parameters is built from PARAMS: the settings section `defaults`
+# (InferDefaults), the request fields of /v1/infer, /v1/embeddings, /v1/rerank and the retrieval
+# fields of /v1/generate (param_field), and the CLI options of `query` and `eval` (param_option).
+# τ outside [MIN_TEMPERATURE, MAX_TEMPERATURE] is refused as a mistake, not a setting: scores s lie in
+# [−1, 1], so below it w_db is already one-hot and above it already uniform.
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
+TAU_DEPRECATED = "deprecated: use knn_temperature"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One retrieval/mixing parameter: its name, type, default, bounds, choices, texts and old names."""
+
+    name: str
+    type: Any
+    default: Any
+    description: str
+    help: str  # the CLI option's help
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple[str, ...] | None = None
+    aliases: tuple[str, ...] = ()  # deprecated names still accepted (request field, CLI option, env var)
+    setting: bool = True  # also a setting (InferDefaults, SOFTKNN_DEFAULTS__NAME); False: per request only
+
+    def bounds(self) -> dict[str, float]:
+        return {b: v for b in ("ge", "gt", "le", "lt") if (v := getattr(self, b)) is not None}
+
+
+def _p(name, type_, default, description, help, **kw) -> tuple[str, Param]:
+    return name, Param(name, type_, default, description, help, **kw)
+
+
+PARAMS: dict[str, Param] = dict([
+    _p("alpha", float, 0.7, "fixed mixing: weight of the input's own attention, out = α·attn_intra + "
+       "(1−α)·attn_db (seed 000 §4.3); ignored by joint mixing", "fixed-mixing weight of the input's own attention",
+       ge=0, le=1),
+    _p("mixing", Literal["fixed", "joint"], "fixed", "fixed: the α rule; joint: one softmax over input and "
+       "retrieved tokens (memory share is reported)", "fixed | joint", choices=("fixed", "joint")),
+    _p("k", int, 8, "KB chunks retrieved by the external k-NN", "chunks retrieved", ge=1),
+    _p("knn_temperature", float | None, None, "k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel "
+       "(h² = τ for the others); null = the retrieval's own default (docs/quality.md)", "k-NN bandwidth τ",
+       ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, aliases=("temperature",)),
+    _p("retrieval", Literal["hybrid", "dense", "lexical"] | None, None, "similarity s_c of the external k-NN: "
+       "dense e_q·e_c, lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top "
+       "candidates; null = hybrid where the bundle has a lexical index, else dense",
+       "hybrid | dense | lexical (default: hybrid where the bundle has a lexical index, else dense)",
+       choices=("hybrid", "dense", "lexical")),
+    _p("lexical_weight", float | None, None, "λ of the hybrid similarity (1−λ)·dense + λ·BM25; null = the λ the "
+       f"bundle's build chose (labelled KBs by leave-one-out, unlabelled by pseudo-queries), else {LEXICAL_WEIGHT}",
+       "λ of the hybrid similarity (1−λ)·dense + λ·BM25", ge=0, le=1),
+    _p("candidates", int, CANDIDATES, "hybrid/lexical: each retriever's top m, the candidates and the range of its "
+       "normalisation", "each retriever's top m (hybrid/lexical)", ge=1),
+    _p("kernel", Literal["softmax", "epanechnikov", "uniform"], "softmax", "k-NN kernel (seed 001), bandwidth h² = τ",
+       "softmax | epanechnikov | uniform", choices=("softmax", "epanechnikov", "uniform")),
+    _p("exact", bool, False, "exact (brute-force) search instead of the ANN index; with hybrid or lexical "
+       "retrieval, the similarity computed over every chunk", "exact search (bypass the ANN index)", setting=False),
+    _p("threshold", float | None, None, "top-k + threshold: also keep chunks of the hybrid_pool candidates whose "
+       "weight is ≥ threshold", "top-k + threshold: also keep pool chunks with w ≥ threshold", gt=0, lt=1,
+       setting=False),
+    _p("evidence", int, 5, "evidence items returned per input", "evidence items per input", ge=0),
+    _p("spans", int, 5, "highlighted word spans per evidence item", "highlighted word spans per evidence item",
+       ge=0, le=MAX_SPANS),
+    _p("hybrid_pool", int, 64, "candidates searched when a threshold is set", "candidates searched with a threshold",
+       ge=1),
+])
+
+_UNSET: Any = object()
+
+
+def param_field(name: str, default: Any = _UNSET, *, description: str | None = None, **more: Any) -> Any:
+    """The pydantic Field of parameter `name` from PARAMS: its default (or `default`), its bounds (a
+    bound in `more` replaces the table's, e.g. le=limits.max_k; None drops it), its description, and
+    any other Field arguments in `more`."""
+    p = PARAMS[name]
+    b: dict[str, Any] = {**p.bounds(), **more}  # Field's keyword arguments
+    return Field(p.default if default is _UNSET else default, description=description or p.description,
+                 **{k: v for k, v in b.items() if v is not None})
+
+
+def alias_field(name: str, alias: str) -> Any:
+    """The request field of a deprecated name of `name` (PARAMS[name].aliases): the same bounds, no
+    default, `deprecated: true` in the OpenAPI document."""
+    p = PARAMS[name]
+    assert alias in p.aliases, (name, alias)
+    return Field(None, description=f"{TAU_DEPRECATED if name == 'knn_temperature' else 'deprecated: use ' + name}",
+                 json_schema_extra={"deprecated": True}, **p.bounds())  # type: ignore[call-overload]
+
+
+def merge_alias(model: Any, name: str, alias: str, where: str = "") -> None:
+    """After validation (each name checked against its own bounds, so an error names the field sent):
+    the deprecated `alias` given → `name`; both given with different values → InvalidInput (422).
+    `where` prefixes the field in the error (e.g. 'softknn.')."""
+    from softknn.common.errors import InvalidInput
+
+    old = getattr(model, alias)
+    if old is None:
+        return
+    new = getattr(model, name)
+    if name in model.model_fields_set and new is not None and new != old:
+        raise InvalidInput(f"{where}{alias} is a deprecated name of {where}{name} and the two differ "
+                           f"({old!r} vs {new!r}): send {where}{name} only", field=f"{where}{alias}")
+    setattr(model, name, old)
+
+
+def param_option(name: str, *decls: str, hidden: bool = False, help: str | None = None) -> Any:
+    """The typer Option of parameter `name` from PARAMS (its help; `decls`: other flag names)."""
+    import typer
+
+    return typer.Option(*decls, help=help or PARAMS[name].help, hidden=hidden)
+
+
+def cli_tau(knn_temperature: float | None, temperature: float | None) -> float | None:
+    """--knn-temperature, or its hidden deprecated alias --temperature; both, differing: InvalidInput."""
+    from softknn.common.errors import InvalidInput
+
+    if temperature is not None and knn_temperature is not None and temperature != knn_temperature:
+        raise InvalidInput(f"--temperature is a deprecated name of --knn-temperature and the two differ "
+                           f"({temperature} vs {knn_temperature}): give --knn-temperature only", field="temperature")
+    return knn_temperature if knn_temperature is not None else temperature
+
+
+TAU_ALIAS_HELP = "deprecated: use --knn-temperature"
+
+
 class InferDefaults(BaseModel):
-    alpha: float = Field(0.7, ge=0, le=1, description="fixed mixing weight of the input's own attention (seed 000 §4.3)")
-    mixing: Literal["fixed", "joint"] = Field("fixed", description="fixed = α rule; joint = one softmax over input + memory tokens")
-    k: int = Field(8, ge=1, description="chunks retrieved from the KB")
-    temperature: float | None = Field(None, gt=0, description="k-NN bandwidth τ of w_db = softmax(s/τ); "
-                                      "empty = the retrieval's own default (docs/quality.md)")
-    retrieval: Literal["hybrid", "dense", "lexical"] | None = Field(
-        None, description="similarity of the external k-NN; empty = hybrid where the bundle has a lexical index, else dense")
-    lexical_weight: float | None = Field(None, ge=0, le=1, description="λ of the hybrid similarity (1−λ)·dense + λ·BM25, "
-                                         f"each min-max normalised over its top `candidates`; empty = the bundle's "
-                                         "λ chosen at build time (labelled KBs by leave-one-out, unlabelled by pseudo-queries), "
-                                         f"else {LEXICAL_WEIGHT}")
-    candidates: int = Field(CANDIDATES, ge=1, description="hybrid/lexical: each retriever's top m, the candidates and the "
-                            "range of its normalisation")
-    kernel: Literal["softmax", "epanechnikov", "uniform"] = Field("softmax", description="k-NN kernel (seed 001), bandwidth h² = τ")
-    evidence: int = Field(5, ge=0, description="evidence items returned per input")
-    spans: int = Field(5, ge=0, description="highlighted spans per evidence item")
-    hybrid_pool: int = Field(64, ge=1, description="candidates searched when a hybrid threshold is set")
+    """The settings section `defaults` (SOFTKNN_DEFAULTS__*): PARAMS' defaults, bounds and descriptions."""
+
+    alpha: float = param_field("alpha")
+    mixing: Literal["fixed", "joint"] = param_field("mixing")
+    k: int = param_field("k")
+    knn_temperature: float | None = param_field("knn_temperature", validation_alias=AliasChoices(
+        "knn_temperature", *PARAMS["knn_temperature"].aliases))  # SOFTKNN_DEFAULTS__TEMPERATURE still read
+    retrieval: Literal["hybrid", "dense", "lexical"] | None = param_field("retrieval")
+    lexical_weight: float | None = param_field("lexical_weight")
+    candidates: int = param_field("candidates")
+    kernel: Literal["softmax", "epanechnikov", "uniform"] = param_field("kernel")
+    evidence: int = param_field("evidence")
+    spans: int = param_field("spans")
+    hybrid_pool: int = param_field("hybrid_pool")
 
 
 class Limits(BaseModel):

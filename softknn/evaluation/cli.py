@@ -17,6 +17,7 @@ import typer
 
 from softknn.common.console import fail, settings_from
 from softknn.common.errors import SoftKNNError
+from softknn.params import TAU_ALIAS_HELP, cli_tau, param_option
 
 log = logging.getLogger(__name__)
 
@@ -65,20 +66,20 @@ def eval_command(
     limit: Annotated[int | None, Opt(help="evaluate a seeded random subset of this many queries")] = None,
     seed: Annotated[int, Opt(help="seed of --limit and of the calibration split")] = 0,
     model: Annotated[str | None, Opt("--model", help="sentence-transformers model path")] = None,
-    alpha: Annotated[float | None, Opt(help="fixed-mixing weight of the input's own attention")] = None,
-    mixing: Annotated[str | None, Opt(help="fixed | joint")] = None,
-    k: Annotated[int | None, Opt(help="chunks retrieved")] = None,
-    temperature: Annotated[float | None, Opt(help="k-NN temperature τ")] = None,
-    kernel: Annotated[str | None, Opt(help="softmax | epanechnikov | uniform")] = None,
-    retrieval: Annotated[str | None, Opt(help="hybrid | dense | lexical (default: hybrid where the bundle has a "
-                                                 "lexical index)")] = None,
-    lexical_weight: Annotated[float | None, Opt(help="λ of the hybrid similarity")] = None,
+    alpha: Annotated[float | None, param_option("alpha")] = None,
+    mixing: Annotated[str | None, param_option("mixing")] = None,
+    k: Annotated[int | None, param_option("k")] = None,
+    knn_temperature: Annotated[float | None, param_option("knn_temperature")] = None,
+    temperature: Annotated[float | None, param_option("knn_temperature", hidden=True, help=TAU_ALIAS_HELP)] = None,
+    kernel: Annotated[str | None, param_option("kernel")] = None,
+    retrieval: Annotated[str | None, param_option("retrieval")] = None,
+    lexical_weight: Annotated[float | None, param_option("lexical_weight")] = None,
     compare: Annotated[str, Opt(help="retrievals reported side by side in the same run (comma-separated; "
                                      "'' for none)")] = "dense,lexical,hybrid",
     rounds: Annotated[int, Opt(help="2: retrieve again with the fused embedding (labels + evidence from round 2)")] = 1,
     requery: Annotated[str, Opt(help="round-2 query: fused (e') or sum (e_q + e')")] = "fused",
     baseline_k: Annotated[int | None, Opt(help="weighted k-NN baseline k (default: --k)")] = None,
-    baseline_temperature: Annotated[float | None, Opt(help="weighted k-NN baseline τ (default: --temperature)")] = None,
+    baseline_temperature: Annotated[float | None, Opt(help="weighted k-NN baseline τ (default: --knn-temperature)")] = None,
     threshold: Annotated[float | None, Opt(help="abstain threshold to evaluate (default: the bundle's calibrated one)")] = None,
     calibrate_kb: Annotated[Path | None, Opt(help="first calibrate: the KB the bundle was built from (its labelled records are split)")] = None,
     calibrate_fraction: Annotated[float, Opt(help="share of each label held out for calibration")] = 0.1,
@@ -105,8 +106,9 @@ def eval_command(
 
     try:
         settings = settings_from(model__name=model)
-        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--temperature: the default
-            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=temperature or None,
+        tau = cli_tau(knn_temperature, temperature)
+        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--knn-temperature: the default
+            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=tau or None,
             kernel=kernel or None, retrieval=retrieval or None, lexical_weight=lexical_weight)
         wanted = [r.strip() for r in compare.split(",") if r.strip()]
         strategy = Strategy(rounds, requery).validate()

@@ -178,6 +178,7 @@ class Engine:
             k=p.k,
             alpha=p.alpha if p.mixing == "fixed" else None,
             mixing=p.mixing,
+            knn_temperature=p.temperature,
             temperature=p.temperature,
             kernel=p.kernel,
             threshold=p.threshold,

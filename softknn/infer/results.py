@@ -68,7 +68,8 @@ class Diagnostics:
     k: int
     alpha: float | None  # None: joint mixing
     mixing: str
-    temperature: float
+    knn_temperature: float  # τ
+    temperature: float  # deprecated echo of knn_temperature (its name before one word had one meaning)
     kernel: str
     threshold: float | None
     retrieval: str

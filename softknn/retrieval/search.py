@@ -41,6 +41,9 @@ MIXING = ("fixed", "joint")
 # this share of an HNSW or IVF index, whose graph or lists, searched for the passing ids only, lose
 # recall as the share falls; otherwise the index searches restricted to them (an ID selector).
 FILTER_SCAN_MAX = 20_000
+# A setting's name where it is not the InferParams attribute's (softknn.params.PARAMS: τ is knn_temperature
+# in the settings, the requests and the CLI; `temperature` here, the retrieval code's name)
+SETTING_ATTRS = {"knn_temperature": "temperature"}
 FILTER_INDEX_SHARE = 0.1
 
 
@@ -70,7 +73,8 @@ class InferParams:
         the `given` values that are not None on top, validated: how every command builds its
         parameters (the service's request model bakes the same defaults in, softknn/service/schemas/infer.py)."""
         known = {f.name for f in fields(cls)}
-        values = {name: v for name, v in defaults.model_dump().items() if name in known}
+        values = {SETTING_ATTRS.get(name, name): v for name, v in defaults.model_dump().items()}
+        values = {name: v for name, v in values.items() if name in known}
         values.update({name: v for name, v in given.items() if v is not None})
         return cls(**values).validate()
 

@@ -124,7 +124,7 @@ def test_an_unlabelled_build_records_its_choice_and_a_request_without_lexical_we
     engine = Engine(encoder, bundle)
     own, given = engine.infer(["Can my dog come on the ferry?"], InferParams())[0], \
         engine.infer(["Can my dog come on the ferry?"], InferParams(lexical_weight=0.6))[0]
-    assert (own.diagnostics.retrieval, own.diagnostics.lexical_weight, own.diagnostics.temperature) == ("hybrid", lam, 0.25)
+    assert (own.diagnostics.retrieval, own.diagnostics.lexical_weight, own.diagnostics.knn_temperature) == ("hybrid", lam, 0.25)
     assert given.diagnostics.lexical_weight == 0.6
     assert own.abstained is False
 

@@ -9,11 +9,12 @@ import pytest
 from softknn.common.errors import InvalidInput
 from softknn.infer.engine import InferParams
 from softknn.params import InferDefaults, Settings
+from softknn.retrieval.search import SETTING_ATTRS
 
 
 def test_the_settings_defaults_are_the_params_defaults():
-    shared = set(InferDefaults.model_fields) & {f.name for f in dataclasses.fields(InferParams)}
-    assert shared == set(InferDefaults.model_fields)  # every setting is a parameter
+    names = {SETTING_ATTRS.get(n, n) for n in InferDefaults.model_fields}
+    assert names <= {f.name for f in dataclasses.fields(InferParams)}  # every setting is a parameter
     assert InferParams.from_defaults(Settings().defaults) == InferParams()
 
 

@@ -304,7 +304,7 @@ def test_joint_mixing_heat_map_spans_the_head_range(page, api):
     screenshot(page, "explorer-1024-joint.png")
 
 
-@pytest.mark.parametrize(("control", "bad", "field"), [("#k", "0", "k"), ("#temperature", "-1", "temperature")])
+@pytest.mark.parametrize(("control", "bad", "field"), [("#k", "0", "k"), ("#temperature", "-1", "knn_temperature")])
 def test_an_invalid_value_shows_the_services_422_message(page, api, control, bad, field):
     page.uncheck("#compare")
     page.fill(control, bad)

@@ -132,11 +132,11 @@ def test_real_server_answers_503_while_loading_then_ready(server):
 
 
 def test_request_defaults_come_from_settings(running_app, make_settings):
-    settings = make_settings(defaults={"alpha": 0.5, "k": 3, "mixing": "fixed", "evidence": 2, "temperature": 0.1})
+    settings = make_settings(defaults={"alpha": 0.5, "k": 3, "mixing": "fixed", "evidence": 2, "knn_temperature": 0.1})
     with running_app(settings) as client:
         res = client.post("/v1/infer", json={"inputs": ["is the cafe open?"]}).json()["results"][0]
         d = res["diagnostics"]
-        assert (d["alpha"], d["k"], d["temperature"], len(res["evidence"])) == (0.5, 3, 0.1, 2)
+        assert (d["alpha"], d["k"], d["knn_temperature"], len(res["evidence"])) == (0.5, 3, 0.1, 2)
         schema = client.get("/openapi.json").json()["components"]["schemas"]["InferRequest"]["properties"]
         assert (schema["alpha"]["default"], schema["k"]["default"]) == (0.5, 3)
 
@@ -207,7 +207,7 @@ def test_default_retrieval_is_hybrid_and_the_index_says_what_it_serves(api, engi
     res = api.post("/v1/infer", json={"inputs": ["can my dog come on board?"], "evidence": 3}).json()["results"][0]
     cal = engine.bundle.manifest.calibration.retrieval_defaults["hybrid"]
     d = res["diagnostics"]
-    assert (d["retrieval"], d["lexical_weight"], d["temperature"]) == ("hybrid", cal["lexical_weight"],
+    assert (d["retrieval"], d["lexical_weight"], d["knn_temperature"]) == ("hybrid", cal["lexical_weight"],
                                                                       cal["temperature"])
     assert all(e["bm25"] is not None and isinstance(e["matched_terms"], list) for e in res["evidence"])
     lex = api.get("/v1/index").json()["index"]["lexical"]

@@ -136,4 +136,4 @@ def test_integers_are_accepted_where_numbers_are_expected(api):
     r = api.post("/v1/infer", json={"inputs": ["a dog on board?"], "alpha": 1, "temperature": 1, "evidence": 0})
     assert r.status_code == 200
     d = r.json()["results"][0]["diagnostics"]
-    assert (d["alpha"], d["temperature"]) == (1.0, 1.0)
+    assert (d["alpha"], d["knn_temperature"]) == (1.0, 1.0)

@@ -8,13 +8,10 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from softknn.params import MAX_SPANS, MAX_TEMPERATURE, MIN_TEMPERATURE  # noqa: F401 (re-exported)
 from softknn.retrieval.filters import MAX_DEPTH, MAX_NODES, MAX_VALUES
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-# τ outside [1e-6, 1e6] is refused as a mistake, not a setting: scores s lie in [−1, 1], so below it
-# w_db is already one-hot and above it already uniform.
-MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
-MAX_SPANS = 256  # a chunk has at most max_seq_length tokens, so at most that many word spans
 FILTER_DOC = ("R is drawn from the chunks that pass this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, "
               "chunk_id, label or metadata.NAME, combined with {and: [...]}, {or: [...]}, {not: ...}; "
               f"≤ {MAX_DEPTH} levels, ≤ {MAX_NODES} objects, ≤ {MAX_VALUES} `in` values; null = every chunk")

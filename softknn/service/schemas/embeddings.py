@@ -10,11 +10,11 @@ from pydantic_core import PydanticCustomError
 
 from softknn.common.errors import InputTooLarge, InvalidInput
 from softknn.infer.engine import InferParams
-from softknn.params import Settings
+from softknn.params import Settings, merge_alias
 from softknn.service.schemas.common import KB_DOC, STRICT, Int, Out, check_text
 from softknn.service.schemas.infer import infer_request_model
 
-AUGMENT_FIELDS = ("alpha", "mixing", "k", "temperature", "kernel", "exact", "threshold", "retrieval", "lexical_weight")
+AUGMENT_FIELDS = ("alpha", "mixing", "k", "knn_temperature", "temperature", "kernel", "exact", "threshold", "retrieval", "lexical_weight")
 
 
 class EmbeddingOptionsBase(BaseModel):
@@ -27,16 +27,22 @@ class EmbeddingOptionsBase(BaseModel):
     alpha: float
     mixing: Literal["fixed", "joint"]
     k: int
-    temperature: float | None
+    knn_temperature: float | None
+    temperature: float | None  # deprecated name of knn_temperature: moved there after validation
     kernel: Literal["softmax", "epanechnikov", "uniform"]
     exact: bool
     threshold: float | None
     retrieval: Literal["hybrid", "dense", "lexical"] | None
     lexical_weight: float | None
 
+    @model_validator(mode="after")
+    def _tau_alias(self):
+        merge_alias(self, "knn_temperature", "temperature", where="softknn.")
+        return self
+
     def to_params(self, hybrid_pool: int, candidates: int) -> InferParams:
         """The /v1/infer parameters of the augmented embedding (no evidence: only the embedding is returned)."""
-        return InferParams(alpha=self.alpha, mixing=self.mixing, k=self.k, temperature=self.temperature,
+        return InferParams(alpha=self.alpha, mixing=self.mixing, k=self.k, temperature=self.knn_temperature,
                            kernel=self.kernel, exact=self.exact, threshold=self.threshold, hybrid_pool=hybrid_pool,
                            evidence=0, spans=0, truncate=self.truncate, retrieval=self.retrieval,
                            lexical_weight=self.lexical_weight, candidates=candidates)

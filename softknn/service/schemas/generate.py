@@ -9,14 +9,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from pydantic_core import PydanticCustomError
 
 from softknn.generate.engine import GenParams
-from softknn.params import Settings
+from softknn.params import Settings, param_field
 from softknn.retrieval.filters import CheckedFilter
 from softknn.service.schemas.common import (
     FILTER_DOC,
     KB_DOC,
-    MAX_SPANS,
-    MAX_TEMPERATURE,
-    MIN_TEMPERATURE,
     STRICT,
     Int,
     Out,
@@ -116,19 +113,20 @@ def _gen_fields(settings: Settings) -> dict[str, Any]:
         "seed": (int | None, Field(d.seed, description="seed of the sampler (temperature > 0): the same seed, "
                                    "the same answer")),
         "stream": (bool, Field(False, description="server-sent events, one per token, instead of one JSON answer")),
-        "k": (Int | None, Field(d.k, ge=1, le=lim.max_k, description="KB chunks retrieved and placed in the "
+        "k": (Int | None, param_field("k", d.k, le=lim.max_k, description="KB chunks retrieved and placed in the "
                                 "generator's attention; null = the bundle's own (chosen at build time from its "
                                 "pseudo-questions: GET /v1/index generator.calibration), else 4")),
         "retrieval": (Literal["hybrid", "dense", "lexical"] | None, Field(
             d.retrieval, description="similarity of the k-NN, as /v1/infer's; null = the bundle's default")),
-        "lexical_weight": (float | None, Field(d.lexical_weight, ge=0, le=1, description="λ of the hybrid similarity")),
-        "knn_temperature": (float | None, Field(d.knn_temperature, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE,
-                                                description="k-NN bandwidth τ of w_db (/v1/infer's `temperature`)")),
+        "lexical_weight": (float | None, param_field("lexical_weight", d.lexical_weight,
+                                                     description="λ of the hybrid similarity")),
+        "knn_temperature": (float | None, param_field("knn_temperature", d.knn_temperature,
+                                                      description="k-NN bandwidth τ of w_db (/v1/infer's `knn_temperature`)")),
         "exact": (bool, Field(d.exact, description="exact search, and the chunks' keys/values recomputed in float32 "
                               "after this prompt's own prefix (the masked-concatenation contract)")),
         "mixing": (Literal["joint", "fixed"], Field(d.mixing, description="joint: one softmax over the prompt's and "
                                                     "the KB's tokens; fixed: out = α·attn_own + (1−α)·attn_kb")),
-        "alpha": (float, Field(d.alpha, ge=0, le=1, description="fixed mixing only: weight of the model's own context")),
+        "alpha": (float, param_field("alpha", d.alpha, description="fixed mixing only: weight of the model's own context")),
         "prior": (float | None, Field(d.prior, ge=0, le=16, description="joint mixing only: β of the k-NN prior, "
                                       "each chunk's share of the one softmax times (k·w_db(c))^β; 0 = the plain joint "
                                       "softmax; null = the bundle's own (as k), else 4")),
@@ -139,7 +137,7 @@ def _gen_fields(settings: Settings) -> dict[str, Any]:
                                                        "the same chunks' text in the prompt (the RAG baseline)")),
         "evidence": (Int, Field(min(d.evidence, lim.max_evidence), ge=0, le=lim.max_evidence,
                                 description="evidence items returned")),
-        "spans": (Int, Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")),
+        "spans": (Int, param_field("spans", d.spans)),
         "filter": (CheckedFilter | None, Field(None, description=FILTER_DOC)),
     }
 

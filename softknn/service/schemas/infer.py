@@ -9,14 +9,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr,
 
 from softknn.common.errors import InputTooLarge
 from softknn.infer.engine import InferParams
-from softknn.params import Settings
+from softknn.params import Settings, alias_field, merge_alias, param_field
 from softknn.retrieval.filters import CheckedFilter
 from softknn.service.schemas.common import (
     FILTER_DOC,
     KB_DOC,
-    MAX_SPANS,
-    MAX_TEMPERATURE,
-    MIN_TEMPERATURE,
     STRICT,
     Int,
     Out,
@@ -34,7 +31,8 @@ class InferRequestBase(BaseModel):
     alpha: float
     mixing: Literal["fixed", "joint"]
     k: int
-    temperature: float | None
+    knn_temperature: float | None
+    temperature: float | None  # deprecated name of knn_temperature: moved there after validation
     kernel: Literal["softmax", "epanechnikov", "uniform"]
     exact: bool
     threshold: float | None
@@ -48,6 +46,11 @@ class InferRequestBase(BaseModel):
     kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
     _cut: list[int] = PrivateAttr(default_factory=list)  # inputs cut to max_chars (truncate)
 
+    @model_validator(mode="after")
+    def _tau_alias(self):
+        merge_alias(self, "knn_temperature", "temperature")
+        return self
+
     @property
     def cut(self) -> list[int]:
         """Indices of the inputs this model cut to the character limit."""
@@ -55,7 +58,7 @@ class InferRequestBase(BaseModel):
 
     def to_params(self, hybrid_pool: int, candidates: int) -> list[InferParams]:
         """One InferParams per input (a request's inputs share its parameters)."""
-        p = InferParams(alpha=self.alpha, mixing=self.mixing, k=self.k, temperature=self.temperature,
+        p = InferParams(alpha=self.alpha, mixing=self.mixing, k=self.k, temperature=self.knn_temperature,
                         kernel=self.kernel, exact=self.exact, threshold=self.threshold, hybrid_pool=hybrid_pool,
                         evidence=self.evidence, spans=self.spans, return_tokens=self.return_tokens,
                         truncate=self.truncate, retrieval=self.retrieval, lexical_weight=self.lexical_weight,
@@ -81,28 +84,19 @@ def infer_request_model(settings: Settings) -> type[InferRequestBase]:
             min_length=1, json_schema_extra={"maxItems": lim.max_inputs},
             description=f"1..{lim.max_inputs} non-empty texts, each ≤ {lim.max_chars} characters "
                         "(longer ones need `truncate`) and ≤ the model's token limit (or `truncate`)")
-        alpha: float = Field(d.alpha, ge=0, le=1, description="fixed mixing: weight of the input's own attention, "
-                             "out = α·attn_intra + (1−α)·attn_db (seed 000 §4.3); ignored by joint mixing")
-        mixing: Literal["fixed", "joint"] = Field(d.mixing, description="fixed: the α rule; joint: one softmax "
-                                                  "over input and retrieved tokens (memory share is reported)")
-        k: Int = Field(d.k, ge=1, le=lim.max_k, description="KB chunks retrieved by the external k-NN")
-        temperature: float | None = Field(d.temperature, ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE,
-                                          description="k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel; "
-                                          "null = the retrieval's default")
-        kernel: Literal["softmax", "epanechnikov", "uniform"] = Field(d.kernel, description="k-NN kernel (seed 001)")
-        exact: bool = Field(False, description="exact (brute-force) search instead of the ANN index; with hybrid "
-                            "or lexical retrieval, the similarity computed over every chunk")
-        threshold: float | None = Field(None, gt=0, lt=1, description="top-k + threshold: also keep chunks of the "
-                                        f"{d.hybrid_pool}-candidate pool whose weight is ≥ threshold")
-        retrieval: Literal["hybrid", "dense", "lexical"] | None = Field(
-            d.retrieval, description="similarity s_c of the external k-NN: dense e_q·e_c, lexical BM25, or hybrid "
-            "(1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid where the bundle "
-            "has a lexical index, else dense")
-        lexical_weight: float | None = Field(d.lexical_weight, ge=0, le=1, description="λ of the hybrid similarity; "
-                                             "null = the λ the bundle's build chose (labelled or not) or the default")
-        evidence: Int = Field(min(d.evidence, lim.max_evidence), ge=0, le=lim.max_evidence,
-                              description="evidence items returned per input")
-        spans: Int = Field(d.spans, ge=0, le=MAX_SPANS, description="highlighted word spans per evidence item")
+        alpha: float = param_field("alpha", d.alpha)
+        mixing: Literal["fixed", "joint"] = param_field("mixing", d.mixing)
+        k: Int = param_field("k", d.k, le=lim.max_k)
+        knn_temperature: float | None = param_field("knn_temperature", d.knn_temperature)
+        temperature: float | None = alias_field("knn_temperature", "temperature")
+        kernel: Literal["softmax", "epanechnikov", "uniform"] = param_field("kernel", d.kernel)
+        exact: bool = param_field("exact")
+        threshold: float | None = param_field("threshold", description="top-k + threshold: also keep chunks of "
+                                              f"the {d.hybrid_pool}-candidate pool whose weight is ≥ threshold")
+        retrieval: Literal["hybrid", "dense", "lexical"] | None = param_field("retrieval", d.retrieval)
+        lexical_weight: float | None = param_field("lexical_weight", d.lexical_weight)
+        evidence: Int = param_field("evidence", min(d.evidence, lim.max_evidence), le=lim.max_evidence)
+        spans: Int = param_field("spans", d.spans)
         return_tokens: bool = Field(False, description="also return per-token outputs: tokens, token_embeddings, "
                                     "head_memory_share, and versus_plain (the change against the plain model)")
         truncate: bool = Field(False, description="cut inputs over the character or token limit instead of "
@@ -170,7 +164,9 @@ class Diagnostics(Out):
     k: int
     alpha: float | None = Field(description="α used (null for joint mixing)")
     mixing: Literal["fixed", "joint"]
-    temperature: float
+    knn_temperature: float = Field(description="τ used (the request's, else the bundle's or the retrieval's default)")
+    temperature: float = Field(description="deprecated: use knn_temperature (the same τ, echoed under its old name)",
+                               deprecated=True)
     kernel: str
     threshold: float | None
     retrieval: Literal["hybrid", "dense", "lexical"] = Field(description="the similarity R was ranked by")

@@ -9,7 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from softknn.common.errors import InputTooLarge
 from softknn.infer.engine import InferParams
-from softknn.params import Settings
+from softknn.params import Settings, param_field
 from softknn.service.schemas.common import KB_DOC, STRICT, Out, Text, integral
 
 
@@ -61,12 +61,14 @@ def rerank_request_model(settings: Settings) -> type[RerankRequestBase]:
                                                                 "the beginning")
         top_n: Annotated[int, Field(ge=1), BeforeValidator(integral)] | None = Field(
             None, description="return the n best only (all: null)")
-        retrieval: Literal["hybrid", "dense", "lexical"] | None = Field(
-            settings.defaults.retrieval, description="the similarity: hybrid, dense or lexical, as /v1/infer's; "
-            "null = hybrid where the bundle has a lexical index, else dense")
-        lexical_weight: float | None = Field(settings.defaults.lexical_weight, ge=0, le=1, description="λ of the "
-                                             "hybrid similarity; null = the λ the bundle's build chose or the default")
-        exact: bool = Field(False, description="the dense range over every chunk instead of the ANN index's top m")
+        retrieval: Literal["hybrid", "dense", "lexical"] | None = param_field(
+            "retrieval", settings.defaults.retrieval, description="the similarity: hybrid, dense or lexical, as "
+            "/v1/infer's; null = hybrid where the bundle has a lexical index, else dense")
+        lexical_weight: float | None = param_field("lexical_weight", settings.defaults.lexical_weight,
+                                                   description="λ of the hybrid similarity; null = the λ the "
+                                                   "bundle's build chose or the default")
+        exact: bool = param_field("exact", description="the dense range over every chunk instead of the ANN "
+                                  "index's top m")
 
         @model_validator(mode="after")
         def _chars(self) -> RerankRequest:

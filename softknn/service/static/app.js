@@ -16,7 +16,7 @@ function readNumber(id) {
 
 function params() {
   return {
-    alpha: readNumber("alpha"), mixing: $("mixing").value, k: readNumber("k"), temperature: readNumber("temperature"),
+    alpha: readNumber("alpha"), mixing: $("mixing").value, k: readNumber("k"), knn_temperature: readNumber("temperature"),
     retrieval: $("retrieval").value || undefined, // auto: the service picks hybrid where the bundle has BM25
     lexical_weight: readNumber("lexical_weight"),
   };
@@ -27,7 +27,7 @@ async function applySchema() {
   const props = await inferSchema();
   if (!props) return;
   for (const id of ["alpha", "k", "temperature", "lexical_weight"]) {
-    const p = props[id];
+    const p = props[id === "temperature" ? "knn_temperature" : id]; // the τ control sends knn_temperature
     if (!p) continue;
     if (p.default !== undefined) $(id).value = p.default === null ? "" : p.default; // null: "auto"
     if (p.maximum !== undefined) $(id).max = p.maximum;
@@ -55,7 +55,7 @@ function alphaHint() {
 
 // --- errors ----------------------------------------------------------------------------------
 const FIELD_CONTROL = {
-  alpha: "alpha", mixing: "mixing", k: "k", temperature: "temperature", retrieval: "retrieval", lexical_weight: "lexical_weight",
+  alpha: "alpha", mixing: "mixing", k: "k", knn_temperature: "temperature", temperature: "temperature", retrieval: "retrieval", lexical_weight: "lexical_weight",
 };
 
 function clearError() {

@@ -146,7 +146,7 @@ const DIAG = [
   ["alpha", "α", "null for joint mixing"],
   ["mixing", "mixing", ""],
   ["k", "k", ""],
-  ["temperature", "τ", "k-NN bandwidth"],
+  ["knn_temperature", "τ", "k-NN bandwidth"],
   ["retrieval", "retrieval", "the similarity the k-NN ranked by: hybrid, dense or lexical (BM25)"],
   ["lexical_weight", "λ", "BM25 weight of the hybrid similarity"],
   ["nearest_similarity", "nearest similarity", "largest e_q·e_c over the KB (the abstain gate's s₁)"],
@@ -306,10 +306,10 @@ export function pane(run, loadEntry) {
   const d = r.diagnostics;
   const p = run.params;
   const how = d.retrieval === "hybrid" ? `hybrid λ ${d.lexical_weight}` : d.retrieval;
-  const setting = (d.mixing === "joint" ? `joint · k ${d.k}` : `α ${d.alpha} · fixed · k ${d.k}`) + ` · τ ${d.temperature} · ${how}`;
+  const setting = (d.mixing === "joint" ? `joint · k ${d.k}` : `α ${d.alpha} · fixed · k ${d.k}`) + ` · τ ${d.knn_temperature} · ${how}`;
   const el = h("article", {
     class: "pane",
-    dataset: { variant: run.variant, alpha: p.alpha, mixing: p.mixing, k: p.k, temperature: d.temperature, retrieval: d.retrieval,
+    dataset: { variant: run.variant, alpha: p.alpha, mixing: p.mixing, k: p.k, temperature: d.knn_temperature, retrieval: d.retrieval,
       requestId: run.response.request_id },
   },
   h("header", { class: "pane-head" },

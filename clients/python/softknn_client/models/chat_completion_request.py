@@ -48,7 +48,7 @@ class ChatCompletionRequest:
             (chosen at build time from its pseudo-questions: GET /v1/index generator.calibration), else 4
         kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
             `default` (a name this key may not use answers 404 as one that does not exist)
-        knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `temperature`)
+        knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `knn_temperature`)
         lexical_weight (float | None | Unset): λ of the hybrid similarity
         max_completion_tokens (int | None | Unset): as max_tokens (wins)
         max_tokens (int | None | Unset): tokens generated at most (default 64)

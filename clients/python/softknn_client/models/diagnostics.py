@@ -23,6 +23,7 @@ class Diagnostics:
         filtered (int | None): chunks that pass the request's filter, the KB R was drawn from (null: no filter)
         k (int):
         kernel (str):
+        knn_temperature (float): τ used (the request's, else the bundle's or the retrieval's default)
         lexical_weight (float | None): λ used (hybrid only)
         memory_layer (int):
         memory_share (float): mean over heads and query tokens of the memory's gate mass
@@ -32,7 +33,7 @@ class Diagnostics:
         retrieval (DiagnosticsRetrieval): the similarity R was ranked by
         retrieved (int): |R|, chunks the fused layer attended
         search (str): 'exact' or the ANN index kind that answered
-        temperature (float):
+        temperature (float): deprecated: use knn_temperature (the same τ, echoed under its old name)
         threshold (float | None):
         truncated (bool): true when the input was cut to the token or character limit
         truncation_bound (float): upper bound on the kernel mass lost to top-k truncation
@@ -48,6 +49,7 @@ class Diagnostics:
     filtered: int | None
     k: int
     kernel: str
+    knn_temperature: float
     lexical_weight: float | None
     memory_layer: int
     memory_share: float
@@ -83,6 +85,8 @@ class Diagnostics:
         k = self.k
 
         kernel = self.kernel
+
+        knn_temperature = self.knn_temperature
 
         lexical_weight: float | None
         lexical_weight = self.lexical_weight
@@ -128,6 +132,7 @@ class Diagnostics:
                 "filtered": filtered,
                 "k": k,
                 "kernel": kernel,
+                "knn_temperature": knn_temperature,
                 "lexical_weight": lexical_weight,
                 "memory_layer": memory_layer,
                 "memory_share": memory_share,
@@ -183,6 +188,8 @@ class Diagnostics:
 
         kernel = d.pop("kernel")
 
+        knn_temperature = d.pop("knn_temperature")
+
         def _parse_lexical_weight(data: object) -> float | None:
             if data is None:
                 return data
@@ -232,6 +239,7 @@ class Diagnostics:
             filtered=filtered,
             k=k,
             kernel=kernel,
+            knn_temperature=knn_temperature,
             lexical_weight=lexical_weight,
             memory_layer=memory_layer,
             memory_share=memory_share,

@@ -30,16 +30,17 @@ class EmbeddingOptions:
             exact (bool | Unset): exact (brute-force) search instead of the ANN index; with hybrid or lexical retrieval, the
                 similarity computed over every chunk Default: False.
             k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
-            kernel (EmbeddingOptionsKernel | Unset): k-NN kernel (seed 001) Default: 'softmax'.
-            lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the λ the bundle's build chose
-                (labelled or not) or the default
+            kernel (EmbeddingOptionsKernel | Unset): k-NN kernel (seed 001), bandwidth h² = τ Default: 'softmax'.
+            knn_temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel (h² = τ for
+                the others); null = the retrieval's own default (docs/quality.md)
+            lexical_weight (float | None | Unset): λ of the hybrid similarity (1−λ)·dense + λ·BM25; null = the λ the
+                bundle's build chose (labelled KBs by leave-one-out, unlabelled by pseudo-queries), else 0.6
             mixing (EmbeddingOptionsMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
                 (memory share is reported) Default: 'fixed'.
             retrieval (EmbeddingOptionsRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,
                 lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid
                 where the bundle has a lexical index, else dense
-            temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel; null = the
-                retrieval's default
+            temperature (float | None | Unset): deprecated: use knn_temperature
             threshold (float | None | Unset): top-k + threshold: also keep chunks of the 64-candidate pool whose weight is ≥
                 threshold
             truncate (bool | Unset): cut inputs over the character or token limit instead of refusing them (413) Default:
@@ -51,6 +52,7 @@ class EmbeddingOptions:
     exact: bool | Unset = False
     k: int | Unset = 8
     kernel: EmbeddingOptionsKernel | Unset = "softmax"
+    knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     mixing: EmbeddingOptionsMixing | Unset = "fixed"
     retrieval: EmbeddingOptionsRetrievalType0 | None | Unset = UNSET
@@ -70,6 +72,12 @@ class EmbeddingOptions:
         kernel: str | Unset = UNSET
         if not isinstance(self.kernel, Unset):
             kernel = self.kernel
+
+        knn_temperature: float | None | Unset
+        if isinstance(self.knn_temperature, Unset):
+            knn_temperature = UNSET
+        else:
+            knn_temperature = self.knn_temperature
 
         lexical_weight: float | None | Unset
         if isinstance(self.lexical_weight, Unset):
@@ -116,6 +124,8 @@ class EmbeddingOptions:
             field_dict["k"] = k
         if kernel is not UNSET:
             field_dict["kernel"] = kernel
+        if knn_temperature is not UNSET:
+            field_dict["knn_temperature"] = knn_temperature
         if lexical_weight is not UNSET:
             field_dict["lexical_weight"] = lexical_weight
         if mixing is not UNSET:
@@ -148,6 +158,15 @@ class EmbeddingOptions:
             kernel = UNSET
         else:
             kernel = check_embedding_options_kernel(_kernel)
+
+        def _parse_knn_temperature(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        knn_temperature = _parse_knn_temperature(d.pop("knn_temperature", UNSET))
 
         def _parse_lexical_weight(data: object) -> float | None | Unset:
             if data is None:
@@ -208,6 +227,7 @@ class EmbeddingOptions:
             exact=exact,
             k=k,
             kernel=kernel,
+            knn_temperature=knn_temperature,
             lexical_weight=lexical_weight,
             mixing=mixing,
             retrieval=retrieval,

@@ -38,9 +38,11 @@ class InferRequest:
         k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
         kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
             `default` (a name this key may not use answers 404 as one that does not exist)
-        kernel (InferRequestKernel | Unset): k-NN kernel (seed 001) Default: 'softmax'.
-        lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the λ the bundle's build chose
-            (labelled or not) or the default
+        kernel (InferRequestKernel | Unset): k-NN kernel (seed 001), bandwidth h² = τ Default: 'softmax'.
+        knn_temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel (h² = τ for
+            the others); null = the retrieval's own default (docs/quality.md)
+        lexical_weight (float | None | Unset): λ of the hybrid similarity (1−λ)·dense + λ·BM25; null = the λ the
+            bundle's build chose (labelled KBs by leave-one-out, unlabelled by pseudo-queries), else 0.6
         mixing (InferRequestMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
             (memory share is reported) Default: 'fixed'.
         retrieval (InferRequestRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,
@@ -49,8 +51,7 @@ class InferRequest:
         return_tokens (bool | Unset): also return per-token outputs: tokens, token_embeddings, head_memory_share, and
             versus_plain (the change against the plain model) Default: False.
         spans (int | Unset): highlighted word spans per evidence item Default: 5.
-        temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel; null = the
-            retrieval's default
+        temperature (float | None | Unset): deprecated: use knn_temperature
         threshold (float | None | Unset): top-k + threshold: also keep chunks of the 64-candidate pool whose weight is ≥
             threshold
         truncate (bool | Unset): cut inputs over the character or token limit instead of refusing them (413) Default:
@@ -65,6 +66,7 @@ class InferRequest:
     k: int | Unset = 8
     kb: None | str | Unset = UNSET
     kernel: InferRequestKernel | Unset = "softmax"
+    knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     mixing: InferRequestMixing | Unset = "fixed"
     retrieval: InferRequestRetrievalType0 | None | Unset = UNSET
@@ -113,6 +115,12 @@ class InferRequest:
         kernel: str | Unset = UNSET
         if not isinstance(self.kernel, Unset):
             kernel = self.kernel
+
+        knn_temperature: float | None | Unset
+        if isinstance(self.knn_temperature, Unset):
+            knn_temperature = UNSET
+        else:
+            knn_temperature = self.knn_temperature
 
         lexical_weight: float | None | Unset
         if isinstance(self.lexical_weight, Unset):
@@ -171,6 +179,8 @@ class InferRequest:
             field_dict["kb"] = kb
         if kernel is not UNSET:
             field_dict["kernel"] = kernel
+        if knn_temperature is not UNSET:
+            field_dict["knn_temperature"] = knn_temperature
         if lexical_weight is not UNSET:
             field_dict["lexical_weight"] = lexical_weight
         if mixing is not UNSET:
@@ -265,6 +275,15 @@ class InferRequest:
         else:
             kernel = check_infer_request_kernel(_kernel)
 
+        def _parse_knn_temperature(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        knn_temperature = _parse_knn_temperature(d.pop("knn_temperature", UNSET))
+
         def _parse_lexical_weight(data: object) -> float | None | Unset:
             if data is None:
                 return data
@@ -331,6 +350,7 @@ class InferRequest:
             k=k,
             kb=kb,
             kernel=kernel,
+            knn_temperature=knn_temperature,
             lexical_weight=lexical_weight,
             mixing=mixing,
             retrieval=retrieval,
