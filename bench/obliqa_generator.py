@@ -80,6 +80,7 @@ def serve(args) -> dict:
     from bench.gen_quality import _correct
     from bench.generation import gen_engine, models, msgs, setup_threads
     from softknn.generate.engine import GenParams
+    from softknn.generate.model import Step
     from softknn.storage.bundle import load_bundle
 
     setup_threads()
@@ -99,9 +100,10 @@ def serve(args) -> dict:
             first = None
             text = ""
             for ev in ge.stream(replace(base), messages=msgs(q["question"])):
-                if first is None and ev.get("text"):
-                    first = time.perf_counter() - t0
-                text += ev.get("text", "")
+                if isinstance(ev, Step):
+                    if first is None:
+                        first = time.perf_counter() - t0
+                    text += ev.text
             row[tag] = {"ttft_s": round(first or float("nan"), 4), "total_s": round(time.perf_counter() - t0, 3),
                         "answer": text.strip()}
         row["correct"] = _correct(row["warm"]["answer"], q)
@@ -124,7 +126,7 @@ def _plot(rows: list[dict]) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.boxplot([[r["cold"]["ttft_s"] for r in rows], [r["warm"]["ttft_s"] for r in rows]], labels=["cold", "warm"])
+    ax.boxplot([[r["cold"]["ttft_s"] for r in rows], [r["warm"]["ttft_s"] for r in rows]], tick_labels=["cold", "warm"])
     ax.set(ylabel="time to first token (s)", title="ObliQA full corpus, q4 memory: chunk cache cold vs warm")
     fig.tight_layout()
     fig.savefig(RESULTS / "obliqa_generator_serve.png", dpi=110)

@@ -231,6 +231,12 @@ class GeneratorStore:
                     self._remember(r, c)
         return [out[r] for r in rows]
 
+    def clear(self) -> None:
+        """Drop the decoded chunks' LRU (the next request decodes from the store again: a cold cache)."""
+        with self._lock:
+            self._lru.clear()
+            self._lru_bytes = 0
+
     def _remember(self, row: int, c: ChunkKV) -> None:
         if c.nbytes > self.cache_bytes:
             return

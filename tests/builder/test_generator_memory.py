@@ -218,6 +218,9 @@ def test_the_lru_serves_hot_chunks_from_ram_within_its_bytes_and_recomputes_what
     assert (store.hits, store.misses) == (0, 3)
     again = store.chunks([3, 1], lambda rows: pytest.fail("no recompute"))
     assert (store.hits, store.misses) == (2, 3) and again[0] is first[2] and again[1] is first[0]
+    store.clear()  # a cold cache: decoded from the store again, equal to what was decoded before
+    cold = store.chunks([1], lambda rows: pytest.fail("no recompute"))
+    assert (store.hits, store.misses) == (2, 4) and cold[0] is not first[0] and torch.equal(cold[0].kv, first[0].kv)
     small = GeneratorStore(q2_bundle, g, 20, cache_bytes=first[1].nbytes + first[2].nbytes)
     small.chunks([1, 2, 3], lambda rows: [])
     assert list(small._lru) == [2, 3] and small._lru_bytes == small.cache_bytes  # the least recently used left
