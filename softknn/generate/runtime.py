@@ -26,7 +26,7 @@ class DecoderKey:
 class DecoderSession:
     """An ORT session of the decode graph for one (weights, memory layers)."""
 
-    def __init__(self, model, weights: str, memory_layers: list[int], *, threads: int = 1):
+    def __init__(self, model, weights: str, memory_layers: list[int], *, threads: int = 1, profile: bool = False):
         import onnxruntime as ort
 
         if weights not in WEIGHTS:
@@ -45,6 +45,7 @@ class DecoderSession:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.enable_mem_pattern = False  # shapes change every step: no plan to reuse
         so.log_severity_level = 3  # the lenient shape merges of the dynamic dims are expected
+        so.enable_profiling = profile  # ONNX Runtime's per-node trace (bench/profile_decode.py)
         try:
             self.session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - any ORT failure to open is the runtime's failure
