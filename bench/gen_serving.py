@@ -1,25 +1,30 @@
 """Generation serving beside llama.cpp: time to first token, decode tokens/s and concurrent streams.
 
 One run, one thread each (`torch.set_num_threads(1)`, the decode graph's ONNX Runtime with 1 thread,
-llama.cpp `n_threads` 1), the sample KB built with the generator (fp16 store, all 30 layers):
+llama.cpp `n_threads` 1), the sample KB built with the generator (fp16 store, all 30 layers), every
+answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmarks run), greedy:
 
 - `single`: for k in KS and the first QUESTIONS test questions of the sample QA set, interleaved per
   question: softknn memory (the decode graph, each weight format asked), softknn memory in torch with the
-  memory hook (the reference path, the decoder before the graph), softknn prompt mode (R's text in the
-  prompt, the graph), and llama.cpp prompt-RAG on the very token ids of softknn's prompt mode. TTFT =
-  the call to the first token (softknn: retrieval, placing R, prefill; llama.cpp: prefill of the
-  tokenised prompt); decode tok/s over the remaining tokens. Greedy, MAX_TOKENS, medians.
+  memory hook (the reference path), softknn prompt mode (R's text in the prompt, the graph), and
+  llama.cpp prompt-RAG on the very token ids of softknn's prompt mode. TTFT = the call to the first
+  token (softknn: retrieval, placing R, prefill; llama.cpp: prefill of the tokenised prompt); decode
+  tok/s over the remaining tokens; prefill tok/s = prompt tokens / TTFT for the prompt modes. Medians.
 - `streams`: N = 1, 4, 8, 16 concurrent streams through `POST /v1/chat/completions` (stream: true) of
-  a live `softknn serve` (one decode-graph thread), each a different question, k = 8; aggregate tokens/s
-  (all tokens / wall time from the first request to the last token) and per-stream p50 inter-token
-  latency; and llama.cpp's parallel decoding (N sequences in one llama_decode per step, prefilled in
-  turn, the prompt-RAG prompts of the same questions) at the same thread count, in its own process.
+  a live `softknn serve` (the default weights, one decode-graph thread), each a different question,
+  k = 8, all sent at once; aggregate tokens/s (all tokens / wall time from the first request to the
+  last token), per-stream p50 inter-token latency, TTFT, and the server's peak RSS (anonymous and
+  file-backed: the mapped generator store is the latter); and llama.cpp the way llama-server serves
+  (bench/llama_cpp_worker.py `serve`: N slots, each request's prompt prefilled in chunks inside the
+  same batches that decode the running ones), on the prompt-RAG prompts of the same questions, at the
+  same thread count, in its own process.
 
-    python -m bench gen_serving [--questions 10] [--ks 4,8,16] [--streams 1,4,8,16] [--weights q4,q4a8]
-        [--llama-python /work/peers/llamacpp/venv/bin/python --llama-preload /work/peers/llamacpp/libisoc23shim.so]
+    python -m bench gen_serving [--questions 4] [--ks 4,8,16] [--streams 1,4,8,16] [--weights q4a8,q4]
+        [--max-tokens 128] [--llama-python /work/peers/llamacpp/venv/bin/python
+        --llama-preload /work/peers/llamacpp/libisoc23shim.so]
 
-→ bench/results/gen_serving.json and .png. llama.cpp's venv: ../shared/PEERS.md (the part is skipped,
-saying so, when its python is absent).
+→ bench/results/gen_serving.json and .png, with this process's and the server's peak RSS. llama.cpp's
+venv: ../shared/PEERS.md (its parts are skipped, saying so, when its python is absent).
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ from pathlib import Path
 from bench.common import RESULTS, write
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_TOKENS = 32
 LLAMA_PY = Path("/work/peers/llamacpp/venv/bin/python")
 LLAMA_PRELOAD = Path("/work/peers/llamacpp/libisoc23shim.so")
 
@@ -90,9 +94,10 @@ def _stream_softknn(ge, params, question: str) -> dict:
         else:
             ans = item
     end = time.perf_counter() - t0
-    return {"ttft_s": times[0] if times else end, "decode_tok_s": _decode_rate(times), "tokens": len(times),
+    ttft = times[0] if times else end
+    return {"ttft_s": ttft, "decode_tok_s": _decode_rate(times), "tokens": len(times),
             "prompt_tokens": ans.usage["prompt_tokens"], "memory_tokens": ans.diagnostics["memory_tokens"],
-            "runtime": ans.diagnostics["runtime"]}
+            "prefill_tok_s": ans.usage["prompt_tokens"] / ttft, "runtime": ans.diagnostics["runtime"]}
 
 
 def _median(rows: list[dict], key: str) -> float | None:
@@ -107,13 +112,13 @@ def single(args, ctx) -> dict:
 
     enc, gen, bundle, qs, llama = ctx["enc"], ctx["gen"], ctx["bundle"], ctx["questions"], ctx["llama"]
     ks = [int(x) for x in args.ks.split(",")]
-    engines = {f"memory_{w}": (GenEngine(Engine(enc, bundle), gen, weights=w), {}) for w in args.weights.split(",")}
+    weights = args.weights.split(",")
+    engines = {f"memory_{w}": (GenEngine(Engine(enc, bundle), gen, weights=w), {}) for w in weights}
     engines["memory_torch"] = (GenEngine(Engine(enc, bundle), gen, runtime="torch"), {})
-    engines["prompt_graph"] = (GenEngine(Engine(enc, bundle), gen, weights=args.weights.split(",")[0]),
-                               {"context": "prompt"})
-    base = GenParams(max_tokens=MAX_TOKENS, temperature=0.0)
+    engines["prompt_graph"] = (GenEngine(Engine(enc, bundle), gen, weights=weights[0]), {"context": "prompt"})
+    base = GenParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     for ge, extra in engines.values():  # warm-up: each decode graph built and run once
-        _stream_softknn(ge, replace(base, k=4, **extra), qs[0]["question"])
+        _stream_softknn(ge, replace(base, k=4, max_tokens=4, **extra), qs[0]["question"])
     rows: dict[str, dict[int, list[dict]]] = {name: {k: [] for k in ks} for name in [*engines, "llama_cpp"]}
     for k in ks:
         for i, q in enumerate(qs):
@@ -126,21 +131,28 @@ def single(args, ctx) -> dict:
                         continue
                     ge = engines["prompt_graph"][0]
                     prep = ge.prepare(replace(base, k=k, context="prompt"), None, msgs(q["question"]))
-                    r = llama.ask({"op": "gen", "ids": prep.prefix + prep.rest, "max_tokens": MAX_TOKENS})
-                    rows[name][k].append({"ttft_s": r["ttft_s"], "decode_tok_s": _decode_rate(r["times"]),
-                                          "tokens": r["tokens"], "prompt_tokens": r["prompt_tokens"], "q": q["id"]})
+                    ids = prep.prefix + prep.rest
+                    r = llama.ask({"op": "serve", "prompts": [ids], "arrivals": [0.0], "max_tokens": args.max_tokens,
+                                   "ignore_eos": True})["streams"][0]
+                    ttft = r["times"][0] - r["arrival"]
+                    rows[name][k].append({"ttft_s": ttft, "decode_tok_s": _decode_rate(r["times"]),
+                                          "tokens": len(r["times"]), "prompt_tokens": len(ids),
+                                          "prefill_tok_s": len(ids) / ttft, "q": q["id"]})
                     continue
                 ge, extra = engines[name]
                 rows[name][k].append({**_stream_softknn(ge, replace(base, k=k, **extra), q["question"]), "q": q["id"]})
     summ = {}
     for name, per_k in rows.items():
         summ[name] = {str(k): {"ttft_median_s": _median(r, "ttft_s"), "decode_tok_s_median": _median(r, "decode_tok_s"),
+                               "prefill_tok_s_median": _median(r, "prefill_tok_s"),
                                "prompt_tokens_median": _median(r, "prompt_tokens"),
                                "memory_tokens_median": _median(r, "memory_tokens")} for k, r in per_k.items() if r}
+    for ge, _ in engines.values():  # the decode loops (one per weight format) and their caches go with them
+        ge.generator.close_loops()
     return {"summary": summ, "runs": {n: {str(k): r for k, r in v.items()} for n, v in rows.items()}}
 
 
-async def _chat_streams(url: str, questions: list[str], k: int) -> list[list[float]]:
+async def _chat_streams(url: str, questions: list[str], k: int, max_tokens: int) -> list[list[float]]:
     """N concurrent streamed chat completions; each stream's token arrival times after the common start."""
     import httpx
 
@@ -148,30 +160,72 @@ async def _chat_streams(url: str, questions: list[str], k: int) -> list[list[flo
 
     async def one(client, q: str) -> list[float]:
         times = []
-        body = {"messages": [{"role": "user", "content": q}], "stream": True, "max_tokens": MAX_TOKENS, "k": k,
-                "temperature": 0}
+        body = {"messages": [{"role": "user", "content": q}], "stream": True, "max_tokens": max_tokens, "k": k,
+                "temperature": 0, "ignore_eos": True}
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
             r.raise_for_status()
             async for line in r.aiter_lines():
                 if line.startswith("data: ") and line != "data: [DONE]":
                     ev = json.loads(line[6:])
-                    if ev.get("choices") and ev["choices"][0].get("delta", {}).get("content"):
+                    if ev.get("choices") and ev["choices"][0].get("delta", {}).get("content") is not None:
                         times.append(time.perf_counter() - t0)
         return times
 
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=900) as client:
         return list(await asyncio.gather(*(one(client, q) for q in questions)))
 
 
-def _streams_summary(streams: list[list[float]]) -> dict:
+def _streams_summary(streams: list[list[float]], arrivals: list[float] | None = None) -> dict:
+    """Aggregate tokens/s over the wall time from the first arrival to the last token; per stream the
+    median gap between its tokens; TTFT from each stream's arrival."""
+    arrivals = arrivals or [0.0] * len(streams)
     tokens = sum(len(s) for s in streams)
-    wall = max(s[-1] for s in streams if s)
+    wall = max(s[-1] for s in streams if s) - min(arrivals)
     gaps = [b - a for s in streams for a, b in zip(s, s[1:])]
     per_stream_p50 = [statistics.median([b - a for a, b in zip(s, s[1:])]) for s in streams if len(s) > 2]
+    ttft = [s[0] - a for s, a in zip(streams, arrivals) if s]
     return {"streams": len(streams), "tokens": tokens, "wall_s": round(wall, 3), "aggregate_tok_s": round(tokens / wall, 2),
             "inter_token_p50_ms": round(1000 * statistics.median(gaps), 2) if gaps else None,
             "per_stream_p50_ms_median": round(1000 * statistics.median(per_stream_p50), 2) if per_stream_p50 else None,
-            "ttft_median_s": round(statistics.median(s[0] for s in streams if s), 3)}
+            "ttft_median_s": round(statistics.median(ttft), 3), "ttft_max_s": round(max(ttft), 3)}
+
+
+class RssWatch:
+    """Polls a process's anonymous and file-backed resident memory (/proc/PID/status) every `every` s;
+    the peaks, in MB. The kernel's own VmHWM is the peak of their sum."""
+
+    def __init__(self, pid: int, every: float = 0.2):
+        import threading
+
+        self.pid, self.every = pid, every
+        self.peak = {"rss_anon_mb": 0.0, "rss_file_mb": 0.0}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> dict[str, float]:
+        out = {}
+        for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+            key, _, val = line.partition(":")
+            if key in ("RssAnon", "RssFile", "VmHWM"):
+                out[key] = int(val.split()[0]) / 1024
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                r = self._read()
+            except OSError:
+                return
+            self.peak["rss_anon_mb"] = max(self.peak["rss_anon_mb"], r.get("RssAnon", 0.0))
+            self.peak["rss_file_mb"] = max(self.peak["rss_file_mb"], r.get("RssFile", 0.0))
+            self.peak["vm_hwm_mb"] = r.get("VmHWM", 0.0)
+            self._stop.wait(self.every)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(2)
+        return {k: round(v, 1) for k, v in self.peak.items()}
 
 
 def streams(args, ctx) -> dict:
@@ -183,29 +237,37 @@ def streams(args, ctx) -> dict:
     qs = [q["question"] for q in ctx["all_test"]]
     port = free_port()
     env = {"HF_HUB_OFFLINE": "1", "SOFTKNN_GENERATOR__THREADS": "1", "SOFTKNN_GENERATOR__MAX_CONCURRENT": str(max(levels)),
-           "SOFTKNN_GENERATOR__WEIGHTS": args.weights.split(",")[0], "SOFTKNN_MODEL__THREADS": "1"}
+           "SOFTKNN_MODEL__THREADS": "1"}
+    if args.server_weights:
+        env["SOFTKNN_GENERATOR__WEIGHTS"] = args.server_weights
     srv = LiveServer.spawn(LiveServer.command(ctx["bundle_path"], port, log_level="warning"),
                            Path("/tmp/bench_gen_serving.log"), port=port, env=env)
-    out: dict = {"softknn": {}, "llama_cpp": {}}
+    out: dict = {"softknn": {}, "llama_cpp": {}, "k": 8, "max_tokens": args.max_tokens}
     try:
         srv.wait_ready(600)
-        asyncio.run(_chat_streams(srv.url, qs[:2], 8))  # warm-up: the decode graph is built on first use
+        watch = RssWatch(srv.proc.pid)
+        asyncio.run(_chat_streams(srv.url, qs[:2], 8, 4))  # warm-up: the decode graph is built on first use
         for n in levels:
-            out["softknn"][str(n)] = _streams_summary(asyncio.run(_chat_streams(srv.url, qs[:n], 8)))
+            out["softknn"][str(n)] = _streams_summary(asyncio.run(_chat_streams(srv.url, qs[:n], 8, args.max_tokens)))
             print("softknn", n, out["softknn"][str(n)], flush=True)
+        out["server_peak_rss"] = watch.stop()
+        probe = srv.client.post("/v1/generate", json={"prompt": qs[0], "max_tokens": 1, "k": 8}).json()
+        out["server_runtime"] = probe["diagnostics"]["runtime"]
     finally:
         srv.close()
-    if args.llama_python and Path(args.llama_python).exists():
+    if ctx["have_llama"]:
         ge = gen_engine(ctx["enc"], ctx["gen"], ctx["bundle"])
-        prompts = [(lambda p: p.prefix + p.rest)(ge.prepare(GenParams(max_tokens=MAX_TOKENS, k=8, context="prompt"), None,
-                                                            msgs(q))) for q in qs[: max(levels)]]
-        per_seq = max(len(p) for p in prompts) + MAX_TOKENS + 8
+        prompts = [(lambda p: p.prefix + p.rest)(ge.prepare(GenParams(k=8, context="prompt"), None, msgs(q)))
+                   for q in qs[: max(levels)]]
+        per_seq = max(len(p) for p in prompts) + args.max_tokens + 8
         for n in levels:
             llama = LlamaCpp(Path(args.llama_python), Path(args.llama_preload), ctx["gguf"], per_seq * n, n)
             try:
-                llama.ask({"op": "parallel", "prompts": prompts[:1], "max_tokens": 2})  # warm-up
-                r = llama.ask({"op": "parallel", "prompts": prompts[:n], "max_tokens": MAX_TOKENS})
-                out["llama_cpp"][str(n)] = _streams_summary([s["times"] for s in r["streams"]])
+                llama.ask({"op": "serve", "prompts": prompts[:1], "arrivals": [0.0], "max_tokens": 2})  # warm-up
+                r = llama.ask({"op": "serve", "prompts": prompts[:n], "arrivals": [0.0] * n,
+                               "max_tokens": args.max_tokens, "ignore_eos": True})
+                out["llama_cpp"][str(n)] = _streams_summary([s["times"] for s in r["streams"]],
+                                                            [s["arrival"] for s in r["streams"]])
                 print("llama.cpp", n, out["llama_cpp"][str(n)], flush=True)
             finally:
                 llama.close()
@@ -213,13 +275,24 @@ def streams(args, ctx) -> dict:
 
 
 def add_cli_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--questions", type=int, default=10, help="test questions per k in `single`")
+    ap.add_argument("--questions", type=int, default=4, help="test questions per k in `single`")
     ap.add_argument("--ks", default="4,8,16")
     ap.add_argument("--streams", default="1,4,8,16")
-    ap.add_argument("--weights", default="q4,q4a8", help="decode-graph weight formats (the first also serves `streams`)")
+    ap.add_argument("--weights", default="q4a8,q4", help="decode-graph weight formats of `single` (the first also "
+                    "runs its prompt mode)")
+    ap.add_argument("--server-weights", default="", help="SOFTKNN_GENERATOR__WEIGHTS of the `streams` server "
+                    "(default: the settings' default)")
+    ap.add_argument("--max-tokens", type=int, default=128, help="tokens every answer decodes (ignore_eos)")
     ap.add_argument("--parts", default="single,streams")
     ap.add_argument("--llama-python", default=str(LLAMA_PY))
     ap.add_argument("--llama-preload", default=str(LLAMA_PRELOAD))
+
+
+def _peak_rss_mb() -> dict[str, float]:
+    import resource
+
+    return {"self_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "children_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1)}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -234,10 +307,10 @@ def run(args: argparse.Namespace) -> dict:
     test = [q for q in load_qa() if q["split"] == "test"]
     have_llama = bool(args.llama_python) and Path(args.llama_python).exists()
     ctx = {"enc": enc, "gen": gen, "bundle": bundle, "bundle_path": Path(binfo["path"]), "questions": test[: args.questions],
-           "all_test": test, "gguf": folder / gguf, "llama": None}
+           "all_test": test, "gguf": folder / gguf, "llama": None, "have_llama": have_llama}
     parts = args.parts.split(",")
     payload: dict = {"command": getattr(args, "command", "python -m bench gen_serving"), "bundle": binfo,
-                     "max_tokens": MAX_TOKENS, "threads": 1,
+                     "max_tokens": args.max_tokens, "threads": 1,
                      "llama_cpp": "llama-cpp-py-sync 0.11739 (llama.cpp b11739), bench/llama_cpp_worker.py"
                      if have_llama else f"not run: {args.llama_python} absent (../shared/PEERS.md)"}
     if "single" in parts:
@@ -252,6 +325,7 @@ def run(args: argparse.Namespace) -> dict:
     if "streams" in parts:
         payload["streams"] = streams(args, ctx)
     payload["wall_s"] = round(time.perf_counter() - t_start, 1)
+    payload["peak_rss"] = _peak_rss_mb()
     out = write("gen_serving", payload)
     plot(payload)
     return out
@@ -275,11 +349,13 @@ def plot(payload: dict) -> None:
         axes[0].legend(fontsize=7)
         axes[1].legend(fontsize=7)
     if "streams" in payload:
-        for name, per_n in payload["streams"].items():
+        for name in ("softknn", "llama_cpp"):
+            per_n = payload["streams"].get(name) or {}
             ns = sorted(int(n) for n in per_n)
             if ns:
                 axes[2].plot(ns, [per_n[str(n)]["aggregate_tok_s"] for n in ns], marker="o", label=name)
-        axes[2].set(xlabel="concurrent streams", ylabel="aggregate tokens/s", title="streams (k = 8, 1 thread)")
+        axes[2].set(xlabel="concurrent streams", ylabel="aggregate tokens/s",
+                    title=f"streams (k = 8, {payload['max_tokens']} tokens each, 1 thread)")
         axes[2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(RESULTS / "gen_serving.png", dpi=110)

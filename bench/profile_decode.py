@@ -31,6 +31,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--weights", default="q4")
     ap.add_argument("--ort-steps", type=int, default=4, help="steps profiled by ONNX Runtime's profiler per B")
+    ap.add_argument("--chunk", type=int, default=256, help="prefill chunk (prompt tokens per graph run)")
 
 
 def _op_table(path: str, last_runs: int) -> dict[str, float]:
@@ -96,13 +97,17 @@ def run(args: argparse.Namespace) -> dict:
     sampling = Sampling(max_tokens=args.steps + args.ort_steps + 4, temperature=0.0, stop=())
     w = gen.weights(args.weights)
     session = DecoderSession(gen.model, w, ge.layers, threads=1)
-    wide = DecoderSession(gen.model, "fp32", ge.layers, threads=1) if w == "q4" else None
-    eos = set()  # no early stop: every row decodes every step
+    eos: set[int] = set()  # no early stop: every row decodes every step
 
-    def new_loop(sess=None, wd=None):
-        return DecodeLoop(sess or session, eos, gen.tokenizer, max_batch=big, wide=wd if sess else wide)
+    def new_loop(sess=None):
+        return DecodeLoop(sess or session, eos, gen.tokenizer, max_batch=big, prefill_chunk=args.chunk)
 
-    out: dict = {"weights": w, "k": args.k, "memory_tokens_median": statistics.median(sum(x.memory.lengths) for x in preps),
+    def prefill(loop, job):
+        loop.filling = loop._admit(job)
+        while loop.filling is not None:
+            loop._prefill_chunk(loop.filling, args.chunk)
+
+    out: dict = {"command": args.command, "weights": w, "k": args.k, "prefill_chunk": args.chunk, "memory_tokens_median": statistics.median(sum(x.memory.lengths) for x in preps),
                  "prompt_tokens_median": statistics.median(len(x.prefix + x.rest) for x in preps), "rows": {}}
     # prefill: B = 1, the prompt after R's memory
     loop = new_loop()
@@ -110,22 +115,21 @@ def run(args: argparse.Namespace) -> dict:
     for prep in preps[:6]:
         job = job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior)
         t0 = time.perf_counter()
-        loop._prefill_one(job)
+        prefill(loop, job)
         pre.append(time.perf_counter() - t0)
         loop.running.clear()
     out["prefill_ms_median"] = round(1000 * statistics.median(pre[1:]), 2)
     for B in [int(x) for x in args.rows.split(",")]:
         loop = new_loop()
         for prep in preps[:B]:
-            loop._prefill_one(job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior))
+            prefill(loop, job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior))
         loop._step()  # bind
         res = _timed_steps(loop, args.steps)
         # ONNX Runtime's profile of a few more steps, in a session opened with profiling on
-        sess = DecoderSession(gen.model, w if B == 1 or wide is None else "fp32", ge.layers, threads=1,
-                              profile=True)
-        ploop = new_loop(sess, sess)
+        sess = DecoderSession(gen.model, w, ge.layers, threads=1, profile=True)
+        ploop = new_loop(sess)
         for prep in preps[:B]:
-            ploop._prefill_one(job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior))
+            prefill(ploop, job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior))
         for _ in range(args.ort_steps):
             ploop._step()
         so_path = sess.session.end_profiling()

@@ -13,13 +13,16 @@ generated tokens follow. The mask row of the request holds
 so each step is the model's own attention over [R's tokens ; own context] — what MemoryHook computes
 in joint mixing (softknn.generate.attention), with the chat template's prefix rows facing no memory.
 
-`DecodeLoop` (one per model, weights and memory layers: `decode_loop`) runs one thread: it prefills each new request alone (B = 1, T prompt tokens), then
-decodes every running request in one batch (B rows, T = 1), and hands each its Step as chosen.
+`DecodeLoop` (one per model, weights and memory layers: `decode_loop`) runs one thread. Each round it
+prefills up to `prefill_chunk` prompt tokens of the new requests (B = 1, a chunk of one prompt per
+graph run), then decodes every running request in one batch (B rows, T = 1), and hands each its Step
+as chosen; a request joins the batch once its whole prompt is in its row.
 `Generator.generate` with a MemoryHook is the plain reference the tests compare with.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import queue
@@ -44,8 +47,8 @@ NEG_INF = float("-inf")
 
 @dataclass
 class PackedMemory:
-    """R's K/V laid out as cache columns: keys[ℓ] (nkv, M, hs), values[ℓ] (nkv, hs, M) for each memory
-    layer, `bias` (M,) the prior on each column, `chunk` (M,) the slot of each column's chunk."""
+    """R's K/V laid out as cache columns: keys[ℓ], values[ℓ] (nkv, M, hs) for each memory layer, `bias`
+    (M,) the prior on each column, `chunk` (M,) the slot of each column's chunk."""
 
     keys: dict[int, np.ndarray]
     values: dict[int, np.ndarray]
@@ -66,7 +69,7 @@ def pack_memory(memory: GenMemory, prior: float) -> PackedMemory:
     keys, values = {}, {}
     for layer, lm in memory.layers.items():
         keys[layer] = np.ascontiguousarray(lm.key[:, mask].numpy(), dtype=np.float32)  # (nkv, M, hs)
-        values[layer] = np.ascontiguousarray(lm.value[:, mask].transpose(1, 2).numpy(), dtype=np.float32)  # (nkv, hs, M)
+        values[layer] = np.ascontiguousarray(lm.value[:, mask].numpy(), dtype=np.float32)  # (nkv, M, hs)
     chunk = torch.arange(mask.shape[0])[:, None].expand_as(mask)[mask].numpy()  # (M,)
     if prior:
         log_prior = (prior * torch.log(memory.weight.double().clamp(min=1e-30) * memory.slots)).float().numpy()
@@ -100,12 +103,18 @@ class _Seq:
     rng: torch.Generator | None
     last: int = -1  # the token to feed next
     steps: int = 0
+    fed: int = 0  # prompt tokens prefilled so far
+
+    @property
+    def memory_columns(self) -> int:
+        return self.job.memory.columns if self.job.memory is not None else 0
 
 
 class KVCache:
-    """Preallocated cache rows: keys[ℓ] (B, nkv, C, hs), values[ℓ] (B, nkv, hs, C) and the additive
-    mask rows bias (B, C) (memory layers) and bias_plain (B, C) (layers without memory). Running
-    sequences hold rows 0..n−1; C and B grow in blocks (copying), never shrink while in use."""
+    """Preallocated cache rows: keys[ℓ], values[ℓ] (B, nkv, C, hs) and the additive mask rows bias (B, C)
+    (memory layers) and bias_plain (B, C) (layers without memory). Sequences hold rows 0..n−1; C and B
+    grow (copying the rows in use), never shrink while in use. Pages never written are never touched
+    (np.zeros maps them lazily), so a large C costs only what the rows fill."""
 
     def __init__(self, layers: int, nkv: int, hs: int):
         self.L, self.nkv, self.hs = layers, nkv, hs
@@ -119,59 +128,70 @@ class KVCache:
         """Room for `rows` rows of `columns` columns; the first `used` rows are kept."""
         if rows <= self.B and columns <= self.C:
             return
-        B, C = max(rows, self.B), max(self.C, COLUMN_BLOCK * math.ceil(columns / COLUMN_BLOCK))
+        B = max(rows, self.B)
+        C = max(self.C, COLUMN_BLOCK * math.ceil(columns / COLUMN_BLOCK))
+        if columns > self.C and self.C:
+            C = max(C, 2 * self.C)  # grow geometrically: each growth copies every row in use
         keys = [np.zeros((B, self.nkv, C, self.hs), dtype=np.float32) for _ in range(self.L)]
-        values = [np.zeros((B, self.nkv, self.hs, C), dtype=np.float32) for _ in range(self.L)]
+        values = [np.zeros((B, self.nkv, C, self.hs), dtype=np.float32) for _ in range(self.L)]
         bias = np.full((B, C), NEG_INF, dtype=np.float32)
         bias_plain = np.full((B, C), NEG_INF, dtype=np.float32)
         if used:
             for li in range(self.L):
                 keys[li][:used, :, : self.C] = self.keys[li][:used]
-                values[li][:used, :, :, : self.C] = self.values[li][:used]
+                values[li][:used, :, : self.C] = self.values[li][:used]
             bias[:used, : self.C] = self.bias[:used]
             bias_plain[:used, : self.C] = self.bias_plain[:used]
         self.keys, self.values, self.bias, self.bias_plain, self.B, self.C = keys, values, bias, bias_plain, B, C
 
-    def move(self, src: int, dst: int) -> None:
+    def move(self, src: int, dst: int, columns: int) -> None:
+        """Row src's first `columns` columns (and its mask rows) into row dst."""
         for li in range(self.L):
-            self.keys[li][dst] = self.keys[li][src]
-            self.values[li][dst] = self.values[li][src]
+            self.keys[li][dst, :, :columns] = self.keys[li][src, :, :columns]
+            self.values[li][dst, :, :columns] = self.values[li][src, :, :columns]
         self.bias[dst] = self.bias[src]
         self.bias_plain[dst] = self.bias_plain[src]
 
-    def write(self, rows: np.ndarray, cols: np.ndarray, out: dict[str, np.ndarray], T: int) -> None:
-        """The graph's new keys/values (B, nkv, T, hs) into rows `rows` at columns cols[b]..cols[b]+T−1."""
-        for li in range(self.L):
-            k, v = out[f"key_{li}"], out[f"value_{li}"]
-            if T == 1:
-                self.keys[li][rows, :, cols] = k[:, :, 0, :]  # (B, nkv, hs)
-                self.values[li][rows, :, :, cols] = v[:, :, 0, :]
-            else:
-                for j, (r, c) in enumerate(zip(rows, cols)):
-                    self.keys[li][r, :, c : c + T] = k[j]
-                    self.values[li][r, :, :, c : c + T] = v[j].transpose(0, 2, 1)
+    def place(self, slot: int, mem: PackedMemory | None, layers: set[int]) -> int:
+        """Row `slot` reset, R's keys/values written into its first M columns (memory layers) with their
+        prior in the mask row; M."""
+        self.bias[slot], self.bias_plain[slot] = NEG_INF, NEG_INF
+        if mem is None:
+            return 0
+        M = mem.columns
+        for li in layers:
+            self.keys[li][slot, :, :M] = mem.keys[li]
+            self.values[li][slot, :, :M] = mem.values[li]
+        self.bias[slot, :M] = mem.bias
+        return M
 
 
 class DecodeLoop:
-    """The generation thread of one GenEngine: requests join at their prefill and leave when done."""
+    """The generation thread of one GenEngine: requests join through a chunked prefill and leave when done.
+
+    Each round prefills at most `prefill_chunk` prompt tokens (of the request being filled, then of the
+    oldest waiting ones, one graph run each) and then runs one decode step of every running request, so
+    new prompts never stall the running ones for more than one budget of tokens (as vLLM's chunked
+    prefill and llama-server's batches do)."""
 
     def __init__(self, session: DecoderSession, eos_ids: set[int], tokenizer, *, max_batch: int = 16,
-                 wide: DecoderSession | None = None):
-        self.session = session  # one sequence, one token: q4's 4-bit kernels win here
-        # prefills (T > 1) and batched steps (B > 1): the float32 GEMM, whose cost grows least with the
-        # rows (bench/gen_serving.py measured MatMulNBits' float path at B = 4 as 3× its B = 1)
-        self.wide = wide if wide is not None else session
+                 prefill_chunk: int = 256):
+        self.session = session
         self.shape = session.shape
         self.eos_ids, self.tokenizer = eos_ids, tokenizer
         self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
         self.mem_layers = set(session.memory_layers)
         self.cache = KVCache(self.shape.layers, self.shape.kv_heads, self.shape.head_dim)
         self.running: list[_Seq] = []
+        self.filling: _Seq | None = None  # the request being prefilled: its row is len(running)
+        self._waiting: collections.deque[DecodeJob] = collections.deque()
         self._inbox: queue.Queue[DecodeJob | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._hold = threading.Lock()  # taken by the loop around each round (paused())
-        self._bound: tuple | None = None  # ((n, C, cache id), Bound) of the last decode step
+        self._bound: tuple | None = None  # ((n, cache id), Bound) of the last decode step
+        self._closing = False
         self.steps = 0  # batched decode steps run (tests, metrics)
         self.max_running = 0
 
@@ -202,7 +222,7 @@ class DecodeLoop:
 
     @contextmanager
     def paused(self):
-        """Hold the loop between steps (jobs submitted meanwhile join together when it resumes)."""
+        """Hold the loop between rounds (jobs submitted meanwhile join together when it resumes)."""
         with self._hold:
             yield self
 
@@ -226,45 +246,91 @@ class DecodeLoop:
         self._inbox.put(None)
 
     # --- the loop -----------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.running or self.filling is not None or self._waiting)
+
+    def _collect(self) -> None:
+        """Move what the inbox holds into the waiting line (blocking while there is nothing to do)."""
+        while True:
+            try:
+                job = self._inbox.get(block=not self.busy)
+            except queue.Empty:
+                return
+            if job is None:
+                self._closing = True
+                return
+            self._waiting.append(job)
+
     def _loop(self) -> None:
         while True:
-            job = None
-            if len(self.running) < self.max_batch:
-                try:
-                    job = self._inbox.get(block=not self.running)
-                except queue.Empty:
-                    pass
-                else:
-                    if job is None:  # close(): the running sequences end as cancelled
-                        for seq in list(self.running):
-                            self._finish(seq, "cancelled")
-                        return
+            self._collect()
+            if self._closing:  # close(): what runs or waits ends as cancelled
+                self._close_all()
+                return
             with self._hold:
                 try:
-                    self._round(job)
-                except Exception as e:  # noqa: BLE001 - a bug in a step fails the running requests, not the loop
-                    log.exception("decode loop step failed; failing %d running generation(s)", len(self.running))
-                    for seq in self.running:
-                        seq.job.out.put(e)
-                    self.running = []
-                    self._bound = None
+                    self._round()
+                except Exception as e:  # noqa: BLE001 - a bug in a step fails the requests in flight, not the loop
+                    log.exception("decode loop round failed; failing %d generation(s)", len(self.running))
+                    self._fail_all(e)
 
-    def _round(self, job: DecodeJob | None) -> None:
-        """Prefill `job` and whatever else waits (up to max_batch running), then one decode step of the batch."""
-        joined = [job] if job is not None else []
-        while len(self.running) + len(joined) < self.max_batch:
-            try:
-                nxt = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if nxt is None:
-                self._inbox.put(None)
-                break
-            joined.append(nxt)
-        for j in joined:
-            self._prefill(j)
+    def _close_all(self) -> None:
+        for seq in list(self.running):
+            self._finish(seq, "cancelled")
+        if self.filling is not None:
+            self._finish(self.filling, "cancelled")
+        while self._waiting:
+            job = self._waiting.popleft()
+            job.out.put(Generation(prompt_tokens=len(job.prompt_ids), finish_reason="cancelled"))
+
+    def _fail_all(self, e: Exception) -> None:
+        for seq in self.running:
+            seq.job.out.put(e)
+        if self.filling is not None:
+            self.filling.job.out.put(e)
+        self.running, self.filling, self._bound = [], None, None
+
+    def _round(self) -> None:
+        """Up to `prefill_chunk` prompt tokens prefilled (the request being filled, then the oldest waiting
+        ones while rows are free), then one decode step of the running requests."""
+        budget = self.prefill_chunk
+        while budget > 0:
+            if self.filling is None:
+                if len(self.running) >= self.max_batch:
+                    break
+                self._start_next()
+                if self.filling is None:
+                    break
+            budget -= self._prefill_chunk(self.filling, budget)
         if self.running:
             self._step()
+
+    def _start_next(self) -> None:
+        while self._waiting:
+            job = self._waiting.popleft()
+            if job.cancelled():
+                job.out.put(Generation(prompt_tokens=len(job.prompt_ids), finish_reason="cancelled"))
+                continue
+            try:
+                self.filling = self._admit(job)
+            except Exception as e:  # noqa: BLE001 - the failure goes back to its request only
+                job.out.put(e)
+                continue
+            return
+
+    def _admit(self, job: DecodeJob) -> _Seq:
+        """A row for `job` (row len(running)), its memory written into it."""
+        mem = job.memory
+        M = mem.columns if mem is not None else 0
+        need = M + len(job.prompt_ids) + job.sampling.max_tokens
+        n = len(self.running)
+        self.cache.ensure(n + 1, need, n)
+        self.cache.place(n, mem, self.mem_layers)
+        rng = torch.Generator().manual_seed(job.sampling.seed) if job.sampling.seed is not None else None
+        return _Seq(job, n, M, max(job.positions) + 1, TextStream(self.tokenizer, self.eos_ids, job.sampling.stop,
+                                                                      ignore_eos=job.sampling.ignore_eos),
+                    Generation(prompt_tokens=len(job.prompt_ids), trace=Trace() if mem is not None else None), rng)
 
     def _finish(self, seq: _Seq, reason: str | None = None) -> None:
         if reason is not None:
@@ -274,13 +340,22 @@ class DecodeLoop:
         self._drop(seq)
 
     def _drop(self, seq: _Seq) -> None:
+        """seq leaves its row: the last running row moves into it, and the row being filled follows the
+        running ones down, so they stay rows 0..n−1 and it row n."""
+        if seq is self.filling:
+            self.filling = None
+            return
         i = self.running.index(seq)
         last = self.running[-1]
         if last is not seq:
-            self.cache.move(last.slot, seq.slot)
+            self.cache.move(last.slot, seq.slot, last.length)
             last.slot = seq.slot
             self.running[i] = last
         self.running.pop()
+        f = self.filling
+        if f is not None:
+            self.cache.move(f.slot, len(self.running), f.length)
+            f.slot = len(self.running)
 
     def _emit(self, seq: _Seq, logits: np.ndarray, attn: np.ndarray | None) -> None:
         """Choose seq's next token from its logits (V,); record the trace; finish it when done."""
@@ -303,55 +378,45 @@ class DecodeLoop:
         else:
             seq.last = tok
 
-    def _prefill(self, job: DecodeJob) -> None:
-        try:
-            if job.cancelled():
-                gen = Generation(prompt_tokens=len(job.prompt_ids), finish_reason="cancelled")
-                job.out.put(gen)
-                return
-            self._prefill_one(job)
-        except Exception as e:  # noqa: BLE001 - the failure goes back to its request only
-            job.out.put(e)
-
-    def _prefill_one(self, job: DecodeJob) -> None:
-        mem = job.memory
-        M = mem.columns if mem is not None else 0
-        T = len(job.prompt_ids)
-        need = M + T + job.sampling.max_tokens
-        n = len(self.running)
-        self.cache.ensure(n + 1, need, n)
-        c = self.cache
-        slot = n
-        P = mem.prefix_len if mem is not None else 0
-        c.bias[slot], c.bias_plain[slot] = NEG_INF, NEG_INF
-        if mem is not None:
-            for li in self.mem_layers:
-                c.keys[li][slot, :, :M] = mem.keys[li]
-                c.values[li][slot, :, :, :M] = mem.values[li]
-            c.bias[slot, :M] = mem.bias
-        # rows: the cache (memory) columns, then the T new ones, causal; prefix rows face no memory
-        C = c.C
-        bias = np.full((1, 1, T, C + T), NEG_INF, dtype=np.float32)
-        bias[0, 0, :, :C] = c.bias[slot]
-        bias[0, 0, :P, :C] = NEG_INF
-        bias[0, 0, :, C:] = np.where(np.tri(T, dtype=bool), 0.0, NEG_INF)
+    def _prefill_chunk(self, seq: _Seq, limit: int) -> int:
+        """The next ≤ limit prompt tokens of seq through the graph (B = 1) into its row; after the last
+        one, its first token, and it joins the running batch. Returns the tokens it took from the budget
+        (at least 1, so a cancelled or failed request still counts)."""
+        job = seq.job
+        if job.cancelled():
+            self._finish(seq, "cancelled")
+            return 1
+        c, M = self.cache, seq.memory_columns
+        a = seq.fed
+        T = min(limit, len(job.prompt_ids) - a)
+        S = seq.length + T  # the row's columns after this chunk: memory, the tokens fed, these
+        # rows a … a+T−1 of the prompt: the memory's prior (none for the prefix rows), own columns 0
+        bias = np.zeros((1, 1, T, S), dtype=np.float32)
+        bias[0, 0, :, :M] = c.bias[seq.slot, :M]
+        P = job.memory.prefix_len if job.memory is not None else 0
+        bias[0, 0, : max(P - a, 0), :M] = NEG_INF
         plain = bias.copy()
         plain[0, 0, :, :M] = NEG_INF
-        g = self.shape.groups
-        out = self.wide.run(np.array([job.prompt_ids], dtype=np.int64), np.array([job.positions], dtype=np.int64),
-                               np.tile(bias, (1, 1, g, 1)), np.tile(plain, (1, 1, g, 1)),
-                               [k[slot : slot + 1] for k in c.keys], [v[slot : slot + 1] for v in c.values])
-        c.write(np.array([slot]), np.array([M]), out, T)
-        c.bias[slot, M : M + T] = 0.0
-        c.bias_plain[slot, M : M + T] = 0.0
-        trace = Trace() if mem is not None else None
-        rng = torch.Generator().manual_seed(job.sampling.seed) if job.sampling.seed is not None else None
-        seq = _Seq(job, slot, M + T, max(job.positions) + 1, TextStream(self.tokenizer, self.eos_ids, job.sampling.stop),
-                   Generation(prompt_tokens=T, trace=trace), rng)
-        self.running.append(seq)
+        s = seq.slot
+        try:
+            out = self.session.run(np.array([job.prompt_ids[a : a + T]], dtype=np.int64),
+                                   np.array([job.positions[a : a + T]], dtype=np.int64), np.array([S - 1]), bias, plain,
+                                   [k[s : s + 1] for k in c.keys], [v[s : s + 1] for v in c.values])
+        except Exception as e:  # noqa: BLE001 - the failure goes back to its request only
+            job.out.put(e)
+            self.filling = None
+            return T
+        c.bias[s, seq.length : S] = 0.0
+        c.bias_plain[s, seq.length : S] = 0.0
+        seq.length, seq.fed = S, a + T
+        if seq.fed < len(job.prompt_ids):
+            return T
+        self.filling = None
+        self.running.append(seq)  # its row is len(running) already
         self.max_running = max(self.max_running, len(self.running))
         attn = out.get("attn")
         self._emit(seq, out["logits"][0], None if attn is None else attn[0])
+        return T
 
     def _step(self) -> None:
         for seq in [s for s in self.running if s.job.cancelled()]:
@@ -360,36 +425,34 @@ class DecodeLoop:
             return
         seqs = list(self.running)
         n, c = len(seqs), self.cache
-        rows = np.arange(n)
-        cols = np.array([s.length for s in seqs])
-        c.ensure(n, int(cols.max()) + 1, n)
-        C = c.C
-        bias = np.zeros((n, 1, 1, C + 1), dtype=np.float32)
-        bias[:, 0, 0, :C] = c.bias[:n]
-        plain = np.zeros((n, 1, 1, C + 1), dtype=np.float32)
-        plain[:, 0, 0, :C] = c.bias_plain[:n]
-        g = self.shape.groups
-        key = (n, C, id(c.keys[0]))
+        cols = np.array([s.length for s in seqs])  # each row's new column
+        S = int(cols.max()) + 1
+        bias = np.zeros((n, 1, 1, S), dtype=np.float32)
+        bias[:, 0, 0, :] = c.bias[:n, :S]
+        bias[np.arange(n), 0, 0, cols] = 0.0
+        plain = np.zeros((n, 1, 1, S), dtype=np.float32)
+        plain[:, 0, 0, :] = c.bias_plain[:n, :S]
+        plain[np.arange(n), 0, 0, cols] = 0.0
+        key = (n, id(c.keys[0]))
         if self._bound is None or self._bound[0] != key:  # the batch or the cache changed: bind again
-            session = self.session if n == 1 else self.wide
-            self._bound = (key, session.bind([k[:n] for k in c.keys], [v[:n] for v in c.values], n, 1))
+            self._bound = (key, self.session.bind([k[:n] for k in c.keys], [v[:n] for v in c.values], n, 1))
         try:
             out = self._bound[1].run(np.array([[s.last] for s in seqs], dtype=np.int64),
-                                     np.array([[s.next_pos] for s in seqs], dtype=np.int64),
-                                     np.tile(bias, (1, 1, g, 1)), np.tile(plain, (1, 1, g, 1)))
+                                     np.array([[s.next_pos] for s in seqs], dtype=np.int64), cols, bias, plain)
         except Exception as e:  # noqa: BLE001 - a failed step fails the requests in it, not the loop
             for s in seqs:
                 s.job.out.put(e)
                 self._drop(s)
             return
         self.steps += 1
-        c.write(rows, cols, out, 1)
+        rows = np.arange(n)
         c.bias[rows, cols] = 0.0
         c.bias_plain[rows, cols] = 0.0
-        attn = out.get("attn")
-        for j, s in enumerate(seqs):
+        for s in seqs:  # every row's new column counted before any row leaves (a move copies `length`)
             s.length += 1
             s.next_pos += 1
+        attn = out.get("attn")
+        for j, s in enumerate(seqs):
             self._emit(s, out["logits"][j], None if attn is None else attn[j])
 
 
@@ -429,9 +492,6 @@ def decode_loop(generator: Generator, layers: list[int], *, weights: str = "auto
         loop = generator.decode_loops.get(key)
         if loop is None:
             session = DecoderSession(generator.model, w, list(key[1]), threads=threads)
-            # q4's prefills and batched steps run the same numbers in float32 (MatMulNBits' float path
-            # costs more per row there than the float32 GEMM)
-            wide = DecoderSession(generator.model, "fp32", list(key[1]), threads=threads) if w == "q4" else None
             loop = generator.decode_loops[key] = DecodeLoop(session, generator.eos_ids, generator.tokenizer,
-                                                            max_batch=max_batch, wide=wide)
+                                                            max_batch=max_batch)
         return cast("DecodeLoop", loop)

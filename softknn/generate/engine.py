@@ -37,6 +37,7 @@ class GenParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False  # keep decoding past EOS to max_tokens (vLLM's and llama-server's ignore_eos)
     k: int | None = None  # None: the bundle's calibrated k (softknn.generate.calibration), else FIXED_K
     retrieval: str | None = None  # hybrid | dense | lexical; None: the bundle's default
     lexical_weight: float | None = None
@@ -247,7 +248,7 @@ class GenEngine:
         p = self.resolve(p)
         prep = self.prepare(p, prompt, messages)
         sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
-                            seed=p.seed)
+                            seed=p.seed, ignore_eos=p.ignore_eos)
         result: Generation | None = None
         if self.uses_graph(p, prep.memory):
             job = job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior, keep_logits=keep_logits,

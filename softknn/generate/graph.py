@@ -1,23 +1,26 @@
 """The generator's decode graph for ONNX Runtime, written op by op from a Llama-family model's weights.
 
-One graph serves prefill (T tokens of one sequence) and batched decoding (one token of each of B
-sequences). The KV cache lives outside the graph, preallocated by the caller (softknn.generate.batch):
-each layer's past keys (B, nkv, C, hs) and values, transposed, (B, nkv, hs, C) for C cache columns,
-which hold the retrieved chunks' stored keys/values first and then the sequence's own tokens.
+One graph serves prefill (T tokens of one sequence, a whole prompt or a chunk of it) and batched
+decoding (one token of each of B sequences). The KV cache lives outside the graph, preallocated by
+the caller (softknn.generate.batch): one buffer per layer for keys and one for values, (B, nkv, C, hs)
+each for C cache columns, which hold the retrieved chunks' stored keys/values first and then the
+sequence's own tokens. ONNX Runtime's GroupQueryAttention reads and writes them in place (past and
+present bound to the same buffer): row b holds seqlens_k[b] + 1 columns after the step, the T new
+ones last.
 
-Per layer ℓ, with q, k, v the new tokens' (RoPE on q and k at `position_ids`, d = head dim):
+Per layer ℓ, with q, k, v the new tokens' (RoPE on q and k at `position_ids`, d = head dim), for
+row b over its own columns j ≤ seqlens_k[b] (causal among the new ones):
 
-    s    = [q·K_pastᵀ ; q·k_newᵀ] / √d + bias          (B, nkv, g·T, C + T)
-    out  = softmax(s) · [V_past ; v_new]
+    s    = q·K[b, :, j]ᵀ / √d + bias[b, 0, t, j]
+    out  = softmax_j(s) · V[b, :, j]
 
-`bias` (B, 1, g·T, C + T) is additive: 0 where a query row may attend, −inf where it may not (cache
-columns not yet written, the future, a prefix row facing the memory), and β·log(k·w_db(c)) on
-chunk c's columns — so the joint softmax over [R's tokens ; own context] with the k-NN prior of
-softknn.generate.attention is the model's own attention over a cache with a float mask. Layers that hold
-no memory read `bias_plain` (the memory columns −inf). The graph returns the last position's
-logits (B, V), the new tokens' keys/values per layer (B, nkv, T, hs) for the caller to write into
-its cache, and `attn` (B, C + T): the last row's attention probabilities, averaged over the heads
-and memory layers — the evidence trace.
+`bias` (B, 1, T, S), S = total_sequence_length (the longest row), is additive: 0 where a query row
+may attend, −inf where it may not (a prefix row facing the memory), and β·log(k·w_db(c)) on chunk
+c's columns — so the joint softmax over [R's tokens ; own context] with the k-NN prior of
+softknn.generate.attention is the model's own attention over a cache with a float mask. Layers that
+hold no memory read `bias_plain` (the memory columns −inf). The graph returns the last position's
+logits (B, V), and `attn` (B, S): the last row's attention probabilities, averaged over the heads and
+memory layers — the evidence trace.
 
 Weights: `fp32` (MatMul, the model's numbers), `q4` (MatMulNBits 4-bit blocks, softknn.generate.quant:
 lossless for a GGUF Q4_1/Q8_0 model, activations in float32), `q4a8` (the same blocks, activations
@@ -163,36 +166,28 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     b = _Builder()
     lin = _Linear(b, weights)
-    nh, nkv, hs, g, H = sh.heads, sh.kv_heads, sh.head_dim, sh.groups, sh.hidden
+    nh, nkv, hs, H = sh.heads, sh.kv_heads, sh.head_dim, sh.hidden
     mem = set(memory_layers)
     plain_needed = len(mem) < sh.layers
 
     cos, sin = rope_tables(model.model.rotary_emb.inv_freq, sh.max_positions)
     cos_c, sin_c = b.const(cos, "cos"), b.const(sin, "sin")
-    r_heads = b.ints([0, 0, nh, hs])
-    r_kv = b.ints([0, 0, nkv, hs])
-    r_group = b.ints([0, nkv, -1, hs])  # (B, nh, T, hs) → (B, nkv, g·T, hs): head h = h'·g + j reads kv head h'
-    r_ungroup = b.ints([0, nh, -1, hs])
-    r_hidden = b.ints([0, 0, H])
     last = b.const(np.array(-1, dtype=np.int64), "last")
-    axes_heads = b.ints([1, 2], "axes")
+    axis_heads = b.ints([1], "axes")
 
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["B", "T"]),
               helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["B", "T"]),
-              helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["B", 1, "gT", "S"])]
+              helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+              helper.make_tensor_value_info("total_sequence_length", TensorProto.INT32, []),
+              helper.make_tensor_value_info("bias", TensorProto.FLOAT, ["B", 1, "T", "S"])]
     if plain_needed:
-        inputs.append(helper.make_tensor_value_info("bias_plain", TensorProto.FLOAT, ["B", 1, "gT", "S"]))
+        inputs.append(helper.make_tensor_value_info("bias_plain", TensorProto.FLOAT, ["B", 1, "T", "S"]))
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", sh.vocab])]
     emb = sd["model.embed_tokens.weight"]
     x = b.op("Gather", [b.const(emb, "embed"), "input_ids"], "x", axis=0)  # (B, T, H)
-    attn_sum, rows5 = None, None
-    c_len = b.op("Slice", [b.op("Shape", ["past_key_0"], "shape"), b.ints([2]), b.ints([3]), b.ints([0])], "C")
-    zero, big, axis_last = b.ints([0]), b.ints([2**62]), b.ints([-1])
+    attn_sum = None
     for li in range(sh.layers):
         p = f"model.layers.{li}."
-        pk, pv = f"past_key_{li}", f"past_value_{li}"
-        inputs += [helper.make_tensor_value_info(pk, TensorProto.FLOAT, ["B", nkv, "C", hs]),
-                   helper.make_tensor_value_info(pv, TensorProto.FLOAT, ["B", nkv, hs, "C"])]
         h = b.op("SimplifiedLayerNormalization", [x, b.const(sd[p + "input_layernorm.weight"], "ln1")], "h",
                  axis=-1, epsilon=sh.eps, stash_type=1)
         # the attention's 1/√d folded into W_q (RoPE is linear: rot(s·q) = s·rot(q)); exact for d = 64
@@ -206,43 +201,31 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
         qkv = lin(h, wqkv, f"qkv{li}", bqkv)  # (B, T, (nh + 2·nkv)·hs)
         q, k, v = b.ops("Split", [qkv, b.ints([nh * hs, nkv * hs, nkv * hs], "split")], "qkv", 3, axis=-1)
         q = b.op("RotaryEmbedding", [q, "position_ids", cos_c, sin_c], "q", domain="com.microsoft",
-                 num_heads=nh, interleaved=0)
+                 num_heads=nh, interleaved=0)  # (B, T, nh·hs), scaled
         k = b.op("RotaryEmbedding", [k, "position_ids", cos_c, sin_c], "k", domain="com.microsoft",
-                 num_heads=nkv, interleaved=0)
-        q = b.op("Transpose", [b.op("Reshape", [q, r_heads], "q")], "q", perm=[0, 2, 1, 3])  # (B, nh, T, hs)
-        q = b.op("Reshape", [q, r_group], "q")  # (B, nkv, g·T, hs), scaled
-        k_new = b.op("Transpose", [b.op("Reshape", [k, r_kv], "k")], f"key_{li}", perm=[0, 2, 1, 3])  # (B, nkv, T, hs)
-        v_new = b.op("Transpose", [b.op("Reshape", [v, r_kv], "v")], f"value_{li}", perm=[0, 2, 1, 3])
-        # the cache is the big operand on the left (K (C, hs) @ qᵀ, Vᵀ (hs, C) @ pᵀ): the GEMM packs only
-        # the small right-hand side, never the cache
-        s_past = b.op("Transpose", [b.op("MatMul", [pk, b.op("Transpose", [q], "qT", perm=[0, 1, 3, 2])], "s_past")],
-                      "s_past", perm=[0, 1, 3, 2])  # (B, nkv, g·T, C)
-        s_new = b.op("MatMul", [q, b.op("Transpose", [k_new], "kT", perm=[0, 1, 3, 2])], "s_new")  # (B, nkv, g·T, T)
-        s = b.op("Concat", [s_past, s_new], "s", axis=-1)
-        s = b.op("Add", [s, "bias" if li in mem else "bias_plain"], "s")
-        pr = b.op("Softmax", [s], "p", axis=-1)  # (B, nkv, g·T, C + T)
-        p_past = b.op("Slice", [pr, zero, c_len, axis_last], "p_past")  # C = every past cache's last dim
-        p_new = b.op("Slice", [pr, c_len, big, axis_last], "p_new")
-        o_past = b.op("Transpose", [b.op("MatMul", [pv, b.op("Transpose", [p_past], "pT", perm=[0, 1, 3, 2])], "o")],
-                      "o", perm=[0, 1, 3, 2])  # (B, nkv, g·T, hs)
-        o = b.op("Add", [o_past, b.op("MatMul", [p_new, v_new], "o")], "o")  # (B, nkv, gT, hs)
-        o = b.op("Reshape", [b.op("Transpose", [b.op("Reshape", [o, r_ungroup], "o")], "o", perm=[0, 2, 1, 3]),
-                             r_hidden], "o")  # (B, T, H)
-        x = b.op("Add", [x, lin(o, sd[p + "self_attn.o_proj.weight"], f"o{li}")], "x")
+                 num_heads=nkv, interleaved=0)  # (B, T, nkv·hs)
+        # the cache is one buffer per layer, past and present bound to it (B, nkv, C, hs): the kernel
+        # appends the T new keys/values at columns seqlens_k + 1 − T … seqlens_k of each row and reads
+        # only that row's columns 0 … seqlens_k (causal among the new ones); `bias` adds the prior and
+        # hides what a row may not see
+        outs = [b.name("o"), f"present_key_{li}", f"present_value_{li}"] + ([b.name("qk")] if li in mem else [])
+        b.nodes.append(helper.make_node(
+            "GroupQueryAttention", [q, k, v, f"past_key_{li}", f"past_value_{li}", "seqlens_k", "total_sequence_length",
+                                    "", "", "", "bias" if li in mem else "bias_plain"],
+            outs, name=b.name("gqa"), domain="com.microsoft", num_heads=nh, kv_num_heads=nkv, scale=1.0,
+            qk_output=2 if li in mem else 0))
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_{kind}_{li}", TensorProto.FLOAT, ["B", nkv, "C", hs]))
+            outputs.append(helper.make_tensor_value_info(f"present_{kind}_{li}", TensorProto.FLOAT, ["B", nkv, "C", hs]))
+        x = b.op("Add", [x, lin(outs[0], sd[p + "self_attn.o_proj.weight"], f"o{li}")], "x")  # (B, T, H)
         h = b.op("SimplifiedLayerNormalization", [x, b.const(sd[p + "post_attention_layernorm.weight"], "ln2")], "h",
                  axis=-1, epsilon=sh.eps, stash_type=1)
         gu = lin(h, np.concatenate([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]), f"gu{li}")
         gate, up = b.ops("Split", [gu, b.ints([sh.intermediate, sh.intermediate], "split")], "gu", 2, axis=-1)
         act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], "sig")], "silu"), up], "act")
         x = b.op("Add", [x, lin(act, sd[p + "mlp.down_proj.weight"], f"down{li}")], "x")
-        for kind, src in (("key", k_new), ("value", v_new)):
-            b.nodes.append(helper.make_node("Identity", [src], [f"{kind}_{li}"], name=f"{kind}_{li}_out"))
-            outputs.append(helper.make_tensor_value_info(f"{kind}_{li}", TensorProto.FLOAT, ["B", nkv, "T", hs]))
-        if li in mem:  # the last row's probabilities, summed over memory layers: (B, nkv, g, C + T)
-            if rows5 is None:  # (B, nkv, g·T, S) → (B, nkv, g, T, S), the same for every layer
-                rows5 = b.op("Concat", [b.op("Shape", [pr], "shape", end=2), b.ints([g, -1]),
-                                        b.op("Shape", [pr], "shape", start=3)], "rows", axis=0)
-            pl = b.op("Gather", [b.op("Reshape", [pr, rows5], "p5"), last], "plast", axis=3)  # (B, nkv, g, S)
+        if li in mem:  # the last row's probabilities, summed over memory layers: (B, nh, S)
+            pl = b.op("Gather", [outs[3], last], "plast", axis=2)
             attn_sum = pl if attn_sum is None else b.op("Add", [attn_sum, pl], "attn")
     x = b.op("SimplifiedLayerNormalization", [x, b.const(sd["model.norm.weight"], "norm")], "h", axis=-1,
              epsilon=sh.eps, stash_type=1)
@@ -251,8 +234,8 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
     q8 = weights != "fp32" and is_lossless(head_w, list(pack_q8_as_two_q4(head_w)))
     logits = lin(xl, head_w, "head", q8=q8, rank=2)
     b.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits_out"))
-    if attn_sum is not None:  # the mean over heads and memory layers: (B, C + T)
-        pm = b.op("ReduceMean", [attn_sum, axes_heads], "pmean", keepdims=0)
+    if attn_sum is not None:  # the mean over heads and memory layers: (B, S)
+        pm = b.op("ReduceMean", [attn_sum, axis_heads], "pmean", keepdims=0)
         b.nodes.append(helper.make_node("Mul", [pm, b.const(np.array(1.0 / len(mem), dtype=np.float32), "inv")],
                                         ["attn"], name="attn_out"))
         outputs.append(helper.make_tensor_value_info("attn", TensorProto.FLOAT, ["B", "S"]))

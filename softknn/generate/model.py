@@ -139,6 +139,7 @@ class Sampling:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False  # decode max_tokens tokens whatever the model says (benchmarks: equal lengths)
 
 
 @dataclass
@@ -179,8 +180,9 @@ class TextStream:
     `add(tok)` returns the Step of a token that belongs to the answer (None for EOS); `finished`
     turns True at EOS or when a stop string appears (the text is cut before it)."""
 
-    def __init__(self, tokenizer, eos_ids: set[int], stop: tuple[str, ...]):
-        self.tokenizer, self.eos_ids, self.stop = tokenizer, eos_ids, [st for st in stop if st]
+    def __init__(self, tokenizer, eos_ids: set[int], stop: tuple[str, ...], *, ignore_eos: bool = False):
+        self.tokenizer, self.stop = tokenizer, [st for st in stop if st]
+        self.eos_ids = set() if ignore_eos else eos_ids  # an ignored EOS is an ordinary token of the text
         self.token_ids: list[int] = []
         self.text = ""
         self.finished = False
@@ -244,6 +246,14 @@ class Generator:
             if asked not in self._weights:
                 self._weights[asked] = resolve_weights(self.model, asked)
             return self._weights[asked]
+
+    def close_loops(self) -> None:
+        """Stop every decode loop of this model and let their sessions and caches go (the next request
+        builds its loop again)."""
+        with self.loops_lock:
+            loops, self.decode_loops = list(self.decode_loops.values()), {}
+        for loop in loops:
+            loop.close()  # type: ignore[attr-defined]
 
     @classmethod
     def load(cls, name_or_path: str = PACKAGED, *, cache_dir: Path | None = None) -> Generator:
@@ -387,7 +397,7 @@ class Generator:
         gen = Generation(prompt_tokens=len(prompt_ids), trace=trace)
         x = torch.tensor([prompt_ids])
         pos = prompt_positions(len(prompt_ids), memory if use else None)[None]  # (1, T)
-        text = TextStream(self.tokenizer, self.eos_ids, sampling.stop)
+        text = TextStream(self.tokenizer, self.eos_ids, sampling.stop, ignore_eos=sampling.ignore_eos)
         with bind(hook):
             for step in range(sampling.max_tokens):
                 if cancelled():

@@ -2,7 +2,8 @@
 and memory-layer set, built once from the model in memory.
 
 `DecoderSession.run` takes the caller's cache arrays as they are (no copy: each is bound as an
-OrtValue over the numpy buffer) and returns the graph's outputs as numpy arrays.
+OrtValue over the numpy buffer, which the graph appends the new keys/values to) and returns the
+logits and the evidence trace as numpy arrays.
 """
 
 from __future__ import annotations
@@ -60,13 +61,14 @@ class DecoderSession:
         self.shrink = ort.RunOptions()
         self.shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
-    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, bias: np.ndarray, bias_plain: np.ndarray | None,
-            keys: list[np.ndarray], values: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """input_ids, position_ids (B, T) int64; bias[_plain] (B, 1, g·T, C + T) float32; keys[ℓ]
-        (B, nkv, C, hs), values[ℓ] (B, nkv, hs, C) float32, C-contiguous. Returns the outputs by name:
-        logits (B, V), key_ℓ / value_ℓ (B, nkv, T, hs), attn (B, C + T) where the graph has memory."""
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, seqlens_k: np.ndarray, bias: np.ndarray,
+            bias_plain: np.ndarray | None, keys: list[np.ndarray], values: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """input_ids, position_ids (B, T) int64; seqlens_k (B,) each row's columns after the step − 1;
+        bias[_plain] (B, 1, T, S) float32, S = max(seqlens_k) + 1; keys[ℓ], values[ℓ] (B, nkv, C, hs)
+        float32, C-contiguous, updated in place. Returns the outputs by name: logits (B, V), attn (B, S)
+        where the graph has memory."""
         B, T = input_ids.shape
-        return self.bind(keys, values, B, T).run(input_ids, position_ids, bias, bias_plain)
+        return self.bind(keys, values, B, T).run(input_ids, position_ids, seqlens_k, bias, bias_plain)
 
     def bind(self, keys: list[np.ndarray], values: list[np.ndarray], B: int, T: int) -> Bound:
         """The cache buffers and preallocated outputs bound once, for steps of B rows of T tokens."""
@@ -74,9 +76,10 @@ class DecoderSession:
 
 
 class Bound:
-    """An IOBinding of one session with the KV cache inputs (numpy buffers, not copied) and the outputs
-    (preallocated numpy arrays) bound: each `run` rebinds only the step's ids, positions and masks.
-    Valid while the cache arrays and the batch shape stay the same (DecodeLoop keeps one per shape)."""
+    """An IOBinding of one session with the KV cache buffers (numpy arrays, not copied) bound as both the
+    past and the present of every layer, so the graph appends to them in place, and the logits bound to
+    a preallocated array: each `run` rebinds only the step's ids, positions, lengths and masks. Valid
+    while the cache arrays and the batch shape stay the same (DecodeLoop keeps one per shape)."""
 
     def __init__(self, ds: DecoderSession, keys: list[np.ndarray], values: list[np.ndarray], B: int, T: int):
         import onnxruntime as ort
@@ -85,31 +88,34 @@ class Bound:
         self.binding = ds.session.io_binding()
         self._keep = []  # the OrtValues over the caller's buffers live as long as the binding
         for li in range(ds.shape.layers):
-            for name, arr in ((f"past_key_{li}", keys[li]), (f"past_value_{li}", values[li])):
+            for kind, arr in (("key", keys[li]), ("value", values[li])):
                 if not arr.flags.c_contiguous:
-                    raise ValueError(f"{name}: the cache must be C-contiguous")
+                    raise ValueError(f"{kind} cache of layer {li}: the cache must be C-contiguous")
                 ov = ort.OrtValue.ortvalue_from_numpy(arr)
                 self._keep.append(ov)
-                self.binding.bind_ortvalue_input(name, ov)
-        sh, C = ds.shape, keys[0].shape[2]
-        shapes: dict[str, tuple[int, ...]] = {"logits": (B, sh.vocab), "attn": (B, C + T)}
-        for li in range(sh.layers):
-            shapes[f"key_{li}"] = shapes[f"value_{li}"] = (B, sh.kv_heads, T, sh.head_dim)
-        self.outputs = {name: np.empty(shapes[name], dtype=np.float32) for name in ds.output_names}
-        for name, arr in self.outputs.items():
-            self.binding.bind_output(name, "cpu", 0, np.float32, list(arr.shape), arr.ctypes.data)
+                self.binding.bind_ortvalue_input(f"past_{kind}_{li}", ov)
+                self.binding.bind_ortvalue_output(f"present_{kind}_{li}", ov)
+        self.logits = np.empty((B, ds.shape.vocab), dtype=np.float32)
+        self.binding.bind_output("logits", "cpu", 0, np.float32, list(self.logits.shape), self.logits.ctypes.data)
+        self.has_attn = "attn" in ds.output_names
 
-    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, bias: np.ndarray,
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, seqlens_k: np.ndarray, bias: np.ndarray,
             bias_plain: np.ndarray | None) -> dict[str, np.ndarray]:
-        """One step; the outputs are this binding's arrays, overwritten by the next run (copy to keep)."""
+        """One step; `logits` is this binding's array, overwritten by the next run (copy to keep)."""
         import onnxruntime as ort
 
-        feed = {"input_ids": input_ids, "position_ids": position_ids, "bias": bias}
+        feed = {"input_ids": input_ids, "position_ids": position_ids, "seqlens_k": seqlens_k.astype(np.int32),
+                "total_sequence_length": np.array(int(seqlens_k.max()) + 1, dtype=np.int32), "bias": bias}
         if self.ds.has_plain_bias:
             feed["bias_plain"] = bias if bias_plain is None else bias_plain
         small = {n: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a)) for n, a in feed.items()}
         for name, ov in small.items():
             self.binding.bind_ortvalue_input(name, ov)
+        if self.has_attn:  # (B, S): S grows every step, so ORT allocates it anew each run
+            self.binding.bind_output("attn", "cpu")
         with self.ds._lock:
             self.ds.session.run_with_iobinding(self.binding, self.ds.shrink if self.T > 1 else None)
-        return self.outputs
+        out = {"logits": self.logits}
+        if self.has_attn:
+            out["attn"] = self.binding.get_outputs()[-1].numpy()
+        return out

@@ -93,9 +93,8 @@ def loop(request, smol, sessions) -> DecodeLoop:
 
 
 def _served(smol, sessions, **kw) -> DecodeLoop:
-    """The loop as decode_loop serves a GGUF model: q4 for one sequence's steps, float32 for prefills
-    and batched steps."""
-    return DecodeLoop(sessions["q4"], smol.eos_ids, smol.tokenizer, wide=sessions["fp32"], **kw)
+    """The loop as decode_loop serves a GGUF model: q4 for every step, prefill chunks and batches."""
+    return DecodeLoop(sessions["q4"], smol.eos_ids, smol.tokenizer, **kw)
 
 
 @pytest.mark.parametrize("k", [1, 8])
@@ -183,15 +182,37 @@ def test_batched_decoding_gives_each_request_the_tokens_of_its_solo_greedy_run(s
         loop.close()
 
 
+def test_prompts_prefilled_in_chunks_between_decode_steps_give_the_tokens_of_whole_prefills(smol, sessions):
+    """Chunks of 7 prompt tokens (the chat template's prefix, facing no memory, split across chunks), each
+    chunk run between two decode steps of the requests already running: every request gets the tokens of
+    its solo run with its whole prompt in one prefill."""
+    whole = DecodeLoop(sessions["fp32"], smol.eos_ids, smol.tokenizer, prefill_chunk=4096)
+    chunked = DecodeLoop(sessions["fp32"], smol.eos_ids, smol.tokenizer, prefill_chunk=7)
+    try:
+        reqs = _requests(smol)
+        solo = [_gen(whole.submit(job_for(p, m, s, prior=b, keep_logits=True))) for p, m, s, b in reqs]
+        with chunked.paused():
+            its = [chunked.submit(job_for(p, m, s, prior=b, keep_logits=True)) for p, m, s, b in reqs]
+        together = [_gen(it) for it in its]
+        assert chunked.max_running >= 2
+        for a, b in zip(together, solo, strict=True):
+            assert a.token_ids == b.token_ids
+            assert _all_close(a.logits, b.logits, TOL["fp32"])
+    finally:
+        whole.close()
+        chunked.close()
+
+
 def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(smol, sessions):
     loop = _served(smol, sessions)
     try:
         reqs = _requests(smol)
-        checks = iter(range(1000))  # the loop asks at the prefill and before each step: cancelled at the 4th ask
+        checks = iter(range(1000))  # the loop asks when it starts the request, at each prefill chunk (one here)
+        # and before each step: cancelled at the 5th ask, after three tokens
         with loop.paused():
             keep = loop.submit(job_for(reqs[2][0], reqs[2][1], Sampling(max_tokens=10)))
             gone = loop.submit(job_for(reqs[1][0], reqs[1][1], Sampling(max_tokens=10),
-                                       cancelled=lambda: next(checks) >= 3))
+                                       cancelled=lambda: next(checks) >= 4))
         cancelled = _gen(gone)
         assert cancelled.finish_reason == "cancelled" and len(cancelled.token_ids) == 3
         done = _gen(keep)

@@ -76,6 +76,7 @@ class GenerateFields(BaseModel):
     top_p: float
     stop: Stop | None
     seed: int | None
+    ignore_eos: bool
     stream: bool
     k: int | None
     retrieval: Literal["hybrid", "dense", "lexical"] | None
@@ -95,7 +96,7 @@ class GenerateFields(BaseModel):
 
     def gen_params(self, max_tokens: int) -> GenParams:
         return GenParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
-                         stop=tuple(self.stop or ()), seed=self.seed, k=self.k, retrieval=self.retrieval,
+                         stop=tuple(self.stop or ()), seed=self.seed, ignore_eos=self.ignore_eos, k=self.k, retrieval=self.retrieval,
                          lexical_weight=self.lexical_weight, knn_temperature=self.knn_temperature, exact=self.exact,
                          mixing=self.mixing, alpha=self.alpha, prior=self.prior, positions=self.positions, use_kb=self.use_kb,
                          context=self.context, evidence=self.evidence, spans=self.spans, filter=self.filter)
@@ -112,6 +113,8 @@ def _gen_fields(settings: Settings) -> dict[str, Any]:
         "stop": (Stop | None, Field(None)),
         "seed": (int | None, Field(d.seed, description="seed of the sampler (temperature > 0): the same seed, "
                                    "the same answer")),
+        "ignore_eos": (bool, Field(d.ignore_eos, description="true: decode max_tokens tokens, past the model's end "
+                                   "of answer (vLLM's and llama-server's ignore_eos; for benchmarks)")),
         "stream": (bool, Field(False, description="server-sent events, one per token, instead of one JSON answer")),
         "k": (Int | None, param_field("k", d.k, le=lim.max_k, description="KB chunks retrieved and placed in the "
                                 "generator's attention; null = the bundle's own (chosen at build time from its "
