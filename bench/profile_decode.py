@@ -20,7 +20,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench.common import RESULTS, write
+from bench.common import write
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def _timed_steps(loop, steps: int) -> dict:
 def run(args: argparse.Namespace) -> dict:
     import onnxruntime as ort
 
-    from bench.generation import CACHE, get_bundle, gen_engine, load_qa, models, msgs, setup_threads
+    from bench.generation import CACHE, gen_engine, get_bundle, load_qa, models, msgs, setup_threads
     from softknn.generate.batch import DecodeLoop, job_for
     from softknn.generate.engine import GenParams
     from softknn.generate.model import Sampling

@@ -166,7 +166,7 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     b = _Builder()
     lin = _Linear(b, weights)
-    nh, nkv, hs, H = sh.heads, sh.kv_heads, sh.head_dim, sh.hidden
+    nh, nkv, hs = sh.heads, sh.kv_heads, sh.head_dim
     mem = set(memory_layers)
     plain_needed = len(mem) < sh.layers
 
