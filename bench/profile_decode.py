@@ -107,13 +107,13 @@ def run(args: argparse.Namespace) -> dict:
         while loop.filling is not None:
             loop._prefill_chunk(loop.filling, args.chunk)
 
-    out: dict = {"command": args.command, "weights": w, "k": args.k, "prefill_chunk": args.chunk, "memory_tokens_median": statistics.median(sum(x.memory.lengths) for x in preps),
+    out: dict = {"command": args.command, "weights": w, "k": args.k, "prefill_chunk": args.chunk, "memory_tokens_median": statistics.median(x.memory_tokens for x in preps),
                  "prompt_tokens_median": statistics.median(len(x.prefix + x.rest) for x in preps), "rows": {}}
     # prefill: B = 1, the prompt after R's memory
     loop = new_loop()
     pre = []
     for prep in preps[:6]:
-        job = job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior)
+        job = job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling)
         t0 = time.perf_counter()
         prefill(loop, job)
         pre.append(time.perf_counter() - t0)
@@ -122,14 +122,14 @@ def run(args: argparse.Namespace) -> dict:
     for B in [int(x) for x in args.rows.split(",")]:
         loop = new_loop()
         for prep in preps[:B]:
-            prefill(loop, job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior))
+            prefill(loop, job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling))
         loop._step()  # bind
         res = _timed_steps(loop, args.steps)
         # ONNX Runtime's profile of a few more steps, in a session opened with profiling on
         sess = DecoderSession(gen.model, w, ge.layers, threads=1, profile=True)
         ploop = new_loop(sess)
         for prep in preps[:B]:
-            prefill(ploop, job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior))
+            prefill(ploop, job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling))
         for _ in range(args.ort_steps):
             ploop._step()
         so_path = sess.session.end_profiling()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextvars
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -318,32 +319,40 @@ def place_memory(chunks: list[torch.Tensor], layers: list[int], weight: torch.Te
     `extents`: the positions each chunk spans (default its stored length). A chunk stored with token
     selection (ChunkKV.extent) keeps its tokens' own positions, so it spans its whole length: the
     prompt starts after the last position any chunk could hold, never among the kept keys."""
-    if positions not in POSITIONS:
-        raise ValueError(f"positions must be one of {POSITIONS}, not {positions!r}")
     lengths = [int(c.shape[0]) for c in chunks]
-    spans = lengths if extents is None else [max(int(e), n) for e, n in zip(extents, lengths, strict=True)]
+    shifts, start = placement(lengths, positions, encoded_after=encoded_after, prefix_len=prefix_len, extents=extents)
     S, Lm = len(chunks), max(lengths)
     nkv, hs = chunks[0].shape[-2], chunks[0].shape[-1]
     mask = torch.zeros(S, Lm, dtype=torch.bool)
     keys = torch.zeros(len(layers), nkv, S, Lm, hs)
     values = torch.zeros(len(layers), nkv, S, Lm, hs)
-    offset = 0
     for c, kv in enumerate(chunks):
         n = lengths[c]
         mask[c, :n] = True
         k = kv[:, :, 0].permute(1, 2, 0, 3)  # (n_layers, nkv, n, hs)
-        at = encoded_after[c] if isinstance(encoded_after, list) else encoded_after
-        shift = prefix_len - at + (offset if positions == "reordered" else 0)
-        if shift:
+        if shifts[c]:
             if inv_freq is None:
                 raise ValueError("moving memory keys needs the model's rotary frequencies")
-            k = rotate_keys(k, shift, inv_freq)
+            k = rotate_keys(k, shifts[c], inv_freq)
         keys[:, :, c, :n] = k
         values[:, :, c, :n] = kv[:, :, 1].permute(1, 2, 0, 3)
-        offset += spans[c]
-    start = prefix_len + (offset if positions == "reordered" else max(spans))
     return GenMemory({layer: LayerMemory(keys[j], values[j]) for j, layer in enumerate(layers)}, mask,
                      weight.float(), lengths, start, prefix_len)
+
+
+def placement(lengths: list[int], positions: str, *, encoded_after: int | list[int] = 0, prefix_len: int = 0,
+              extents: list[int] | None = None) -> tuple[list[int], int]:
+    """Where place_memory puts R (its docstring): each chunk's key shift (placed − encoded position of its
+    first token) and the position of the prompt's first token after the prefix."""
+    if positions not in POSITIONS:
+        raise ValueError(f"positions must be one of {POSITIONS}, not {positions!r}")
+    spans = lengths if extents is None else [max(int(e), n) for e, n in zip(extents, lengths, strict=True)]
+    shifts, offset = [], 0
+    for c in range(len(lengths)):
+        at = encoded_after[c] if isinstance(encoded_after, list) else encoded_after
+        shifts.append(prefix_len - at + (offset if positions == "reordered" else 0))
+        offset += spans[c]
+    return shifts, prefix_len + (offset if positions == "reordered" else max(spans))
 
 
 def chunk_positions(lengths: list[int], positions: str, base: int = 0) -> list[list[int]]:
@@ -356,7 +365,12 @@ def chunk_positions(lengths: list[int], positions: str, base: int = 0) -> list[l
     return out
 
 
-def prompt_positions(n: int, memory: GenMemory | None) -> torch.Tensor:
+class PromptLayout(Protocol):
+    prefix_len: int
+    prompt_start: int
+
+
+def prompt_positions(n: int, memory: PromptLayout | None) -> torch.Tensor:
     """(n,) position ids of a prompt: 0..n−1 without memory; with it, the prefix at 0..|P|−1 and the
     rest from memory.prompt_start, after the chunks."""
     if memory is None:

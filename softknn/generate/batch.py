@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from softknn.common.errors import InvalidInput
-from softknn.generate.attention import GenMemory, Trace, prompt_positions
+from softknn.generate.attention import GenMemory, Trace, placement, prompt_positions, rotate_keys
 from softknn.generate.model import Generation, Generator, Sampling, Step, TextStream, choose_token
 from softknn.generate.runtime import DecoderSession
 
@@ -47,36 +47,64 @@ NEG_INF = float("-inf")
 
 @dataclass
 class PackedMemory:
-    """R's K/V laid out as cache columns: keys[ℓ], values[ℓ] (nkv, M, hs) for each memory layer, `bias`
-    (M,) the prior on each column, `chunk` (M,) the slot of each column's chunk."""
+    """R's K/V as the cache columns they become, chunk after chunk: kv[c] (n_c, L, 2, nkv, hs) float32, chunk
+    c's keys (after RoPE at their placed positions) and values at the memory layers `layers` (in that
+    order); `bias` (M,) the prior on each column, `chunk` (M,) each column's chunk; the prompt's layout
+    (prefix_len tokens before the KB, the rest from prompt_start)."""
 
-    keys: dict[int, np.ndarray]
-    values: dict[int, np.ndarray]
+    kv: list[np.ndarray]
+    layers: list[int]
     bias: np.ndarray
     chunk: np.ndarray
     lengths: list[int]
     prefix_len: int
+    prompt_start: int
 
     @property
     def columns(self) -> int:
         return int(self.bias.shape[0])
 
 
+def _prior(weight: torch.Tensor, lengths: list[int], prior: float) -> tuple[np.ndarray, np.ndarray]:
+    """(bias (M,), chunk (M,)): β·log(|R|·w_db(c)) on each of chunk c's columns, as MemoryHook's prior,
+    computed in float64 and rounded to float32."""
+    chunk = np.repeat(np.arange(len(lengths)), lengths)  # (M,)
+    if not prior:
+        return np.zeros(chunk.shape[0], dtype=np.float32), chunk
+    log_prior = (prior * torch.log(weight.double().clamp(min=1e-30) * len(lengths))).float().numpy()
+    return log_prior[chunk].astype(np.float32), chunk
+
+
+def pack_chunks(chunks: list[torch.Tensor], layers: list[int], weight: torch.Tensor, prior: float, positions: str,
+                inv_freq: torch.Tensor | None, *, encoded_after: int | list[int] = 0, prefix_len: int = 0,
+                extents: list[int] | None = None) -> PackedMemory:
+    """R's chunk K/V, each (n_c, n_layers, 2, nkv, hs) as the store gives it, placed as place_memory places
+    them (softknn.generate.attention), without its padded copy: a chunk whose keys move is rotated, every
+    other one is used as it is (the cache rows copy it once, KVCache.place)."""
+    lengths = [int(c.shape[0]) for c in chunks]
+    shifts, start = placement(lengths, positions, encoded_after=encoded_after, prefix_len=prefix_len, extents=extents)
+    kv = []
+    for c, shift in zip(chunks, shifts):
+        if shift:
+            if inv_freq is None:
+                raise ValueError("moving memory keys needs the model's rotary frequencies")
+            c = c.clone()
+            c[:, :, 0] = rotate_keys(c[:, :, 0], shift, inv_freq)  # (n, L, nkv, hs): the rotation acts on hs
+        kv.append(c.numpy())
+    bias, chunk = _prior(weight.float(), lengths, prior)
+    return PackedMemory(kv, list(layers), bias, chunk, lengths, prefix_len, start)
+
+
 def pack_memory(memory: GenMemory, prior: float) -> PackedMemory:
-    """GenMemory (padded slots) → cache columns, chunk after chunk, with the prior of MemoryHook:
-    β·log(|R|·w_db(c)) computed in float64 and rounded to float32."""
-    mask = memory.token_mask  # (S, Lm)
-    keys, values = {}, {}
-    for layer, lm in memory.layers.items():
-        keys[layer] = np.ascontiguousarray(lm.key[:, mask].numpy(), dtype=np.float32)  # (nkv, M, hs)
-        values[layer] = np.ascontiguousarray(lm.value[:, mask].numpy(), dtype=np.float32)  # (nkv, M, hs)
-    chunk = torch.arange(mask.shape[0])[:, None].expand_as(mask)[mask].numpy()  # (M,)
-    if prior:
-        log_prior = (prior * torch.log(memory.weight.double().clamp(min=1e-30) * memory.slots)).float().numpy()
-        bias = log_prior[chunk].astype(np.float32)
-    else:
-        bias = np.zeros(chunk.shape[0], dtype=np.float32)
-    return PackedMemory(keys, values, bias, chunk, list(memory.lengths), memory.prefix_len)
+    """The same from a GenMemory (the torch path's padded form): the reference path's memory in the graph."""
+    layers = sorted(memory.layers)
+    kv = []
+    for c, n in enumerate(memory.lengths):
+        k = torch.stack([memory.layers[layer].key[:, c, :n] for layer in layers])  # (L, nkv, n, hs)
+        v = torch.stack([memory.layers[layer].value[:, c, :n] for layer in layers])
+        kv.append(torch.stack([k, v], 2).permute(3, 0, 2, 1, 4).contiguous().numpy())  # (n, L, 2, nkv, hs)
+    bias, chunk = _prior(memory.weight, list(memory.lengths), prior)
+    return PackedMemory(kv, layers, bias, chunk, list(memory.lengths), memory.prefix_len, memory.prompt_start)
 
 
 @dataclass
@@ -152,18 +180,21 @@ class KVCache:
         self.bias[dst] = self.bias[src]
         self.bias_plain[dst] = self.bias_plain[src]
 
-    def place(self, slot: int, mem: PackedMemory | None, layers: set[int]) -> int:
+    def place(self, slot: int, mem: PackedMemory | None) -> int:
         """Row `slot` reset, R's keys/values written into its first M columns (memory layers) with their
         prior in the mask row; M."""
         self.bias[slot], self.bias_plain[slot] = NEG_INF, NEG_INF
         if mem is None:
             return 0
-        M = mem.columns
-        for li in layers:
-            self.keys[li][slot, :, :M] = mem.keys[li]
-            self.values[li][slot, :, :M] = mem.values[li]
-        self.bias[slot, :M] = mem.bias
-        return M
+        o = 0
+        for kv in mem.kv:  # (n, L, 2, nkv, hs)
+            n = kv.shape[0]
+            for j, li in enumerate(mem.layers):
+                self.keys[li][slot, :, o : o + n] = kv[:, j, 0].transpose(1, 0, 2)  # (nkv, n, hs)
+                self.values[li][slot, :, o : o + n] = kv[:, j, 1].transpose(1, 0, 2)
+            o += n
+        self.bias[slot, :o] = mem.bias
+        return o
 
 
 class DecodeLoop:
@@ -233,8 +264,8 @@ class DecodeLoop:
         if last >= self.shape.max_positions:
             raise InvalidInput(f"prompt and max_tokens reach position {last}; the generator has "
                                f"{self.shape.max_positions}", field="max_tokens")
-        if job.memory is not None and set(job.memory.keys) != self.mem_layers:
-            raise ValueError(f"memory at layers {sorted(job.memory.keys)}, the decode graph at {sorted(self.mem_layers)}")
+        if job.memory is not None and set(job.memory.layers) != self.mem_layers:
+            raise ValueError(f"memory at layers {sorted(job.memory.layers)}, the decode graph at {sorted(self.mem_layers)}")
 
     def _ensure_thread(self) -> None:
         with self._start_lock:
@@ -325,8 +356,10 @@ class DecodeLoop:
         M = mem.columns if mem is not None else 0
         need = M + len(job.prompt_ids) + job.sampling.max_tokens
         n = len(self.running)
-        self.cache.ensure(n + 1, need, n)
-        self.cache.place(n, mem, self.mem_layers)
+        # every row the loop may run, at once: pages never written are never touched (a row costs what it
+        # fills), and growing row by row would copy the whole cache at each admission
+        self.cache.ensure(self.max_batch, need, n)
+        self.cache.place(n, mem)
         rng = torch.Generator().manual_seed(job.sampling.seed) if job.sampling.seed is not None else None
         return _Seq(job, n, M, max(job.positions) + 1, TextStream(self.tokenizer, self.eos_ids, job.sampling.stop,
                                                                       ignore_eos=job.sampling.ignore_eos),
@@ -474,11 +507,12 @@ def _trace_step(trace: Trace, attn: np.ndarray, mem: PackedMemory) -> None:
     trace.attention_entropy.append(float(torch.special.entr(p).sum()))
 
 
-def job_for(prompt_ids: list[int], memory: GenMemory | None, sampling: Sampling, *, prior: float = 0.0,
+def job_for(prompt_ids: list[int], memory: GenMemory | PackedMemory | None, sampling: Sampling, *, prior: float = 0.0,
             keep_logits: bool = False, cancelled: Callable[[], bool] = lambda: False) -> DecodeJob:
-    """A DecodeJob of a prompt and (optionally) a GenMemory, positions as Generator.generate gives them."""
+    """A DecodeJob of a prompt and (optionally) its memory, positions as Generator.generate gives them
+    (`prior` applies to a GenMemory; a PackedMemory carries its own)."""
     pos = prompt_positions(len(prompt_ids), memory).tolist()
-    packed = pack_memory(memory, prior) if memory is not None else None
+    packed = pack_memory(memory, prior) if isinstance(memory, GenMemory) else memory
     return DecodeJob(list(prompt_ids), pos, packed, sampling, keep_logits, cancelled)
 
 

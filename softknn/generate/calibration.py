@@ -183,8 +183,7 @@ def answers_with_memory(generator, layers: list[int], store, recompute, batch: l
     (a GeneratorStore; `recompute(rows)` for a recompute memory) and placed as generation places it
     (composite), joint mixing with prior β, greedy; decoded in waves of `wave` jobs through the
     generator's batching decode loop (softknn.generate.batch)."""
-    from softknn.generate.attention import place_memory
-    from softknn.generate.batch import decode_loop, job_for
+    from softknn.generate.batch import decode_loop, job_for, pack_chunks
     from softknn.generate.model import Generation, Sampling
 
     out: list[str] = []
@@ -195,10 +194,10 @@ def answers_with_memory(generator, layers: list[int], store, recompute, batch: l
         for q, rows, w, beta in batch[start : start + wave]:
             prefix, rest = generator.layout(messages=[{"role": "user", "content": q.question}])
             chunks = store.chunks(rows, recompute)
-            mem = place_memory([c.kv for c in chunks], layers, torch.tensor(np.asarray(w)), "composite",
-                               generator.inv_freq, encoded_after=store.prefix_len, prefix_len=len(prefix),
-                               extents=[c.extent for c in chunks])
-            its.append(loop.submit(job_for(prefix + rest, mem, sampling, prior=beta)))
+            mem = pack_chunks([c.kv for c in chunks], layers, torch.tensor(np.asarray(w)), beta, "composite",
+                              generator.inv_freq, encoded_after=store.prefix_len, prefix_len=len(prefix),
+                              extents=[c.extent for c in chunks])
+            its.append(loop.submit(job_for(prefix + rest, mem, sampling)))
         for it in its:
             *_, last = it
             assert isinstance(last, Generation)

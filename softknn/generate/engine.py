@@ -18,7 +18,7 @@ import torch
 
 from softknn.common.errors import BundleError, InvalidInput
 from softknn.generate.attention import MIXING, POSITIONS, GenMemory, place_memory
-from softknn.generate.batch import decode_loop, job_for
+from softknn.generate.batch import PackedMemory, decode_loop, job_for, pack_chunks
 from softknn.generate.memory import ChunkKV, GeneratorStore
 from softknn.generate.model import Generation, Generator, Sampling, Step
 from softknn.infer.engine import Engine, InferParams
@@ -122,15 +122,48 @@ class GenAnswer:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class _Placed:
+    """R's chunk K/V and where they go (softknn.generate.attention.place_memory's arguments)."""
+
+    chunks: list[torch.Tensor]  # each (n_c, L, 2, nkv, hs)
+    weight: torch.Tensor  # (S,) w_db
+    positions: str
+    encoded_after: int | list[int]
+    prefix_len: int
+    extents: list[int]
+
+
 @dataclass
 class _Prepared:
     prefix: list[int]
     rest: list[int]
-    memory: GenMemory | None
+    placed: _Placed | None
     rows: list[int] = field(default_factory=list)
     retr: Any = None
     memory_source: str = "none"
     kept: list[np.ndarray | None] = field(default_factory=list)  # each slot's stored tokens (None: all)
+    _memory: GenMemory | None = None
+
+    def memory(self, gen: Generator, layers: list[int]) -> GenMemory | None:
+        """R as the torch path takes it (padded slots), built once."""
+        if self.placed is not None and self._memory is None:
+            m = self.placed
+            self._memory = place_memory(m.chunks, layers, m.weight, m.positions, gen.inv_freq,
+                                        encoded_after=m.encoded_after, prefix_len=m.prefix_len, extents=m.extents)
+        return self._memory
+
+    def packed(self, gen: Generator, layers: list[int], prior: float) -> PackedMemory | None:
+        """R as the decode graph's cache columns take it (no padded copy)."""
+        m = self.placed
+        if m is None:
+            return None
+        return pack_chunks(m.chunks, layers, m.weight, prior, m.positions, gen.inv_freq, encoded_after=m.encoded_after,
+                           prefix_len=m.prefix_len, extents=m.extents)
+
+    @property
+    def memory_tokens(self) -> int:
+        return sum(int(c.shape[0]) for c in self.placed.chunks) if self.placed is not None else 0
 
 
 RUNTIMES = ("graph", "torch")
@@ -161,9 +194,9 @@ class GenEngine:
         self.runtime, self.weights, self.threads, self.max_batch = runtime, weights, threads, max_batch
         self._torch_slots = threading.BoundedSemaphore(torch_concurrent)  # generations in torch at once
 
-    def uses_graph(self, p: GenParams, memory: GenMemory | None) -> bool:
+    def uses_graph(self, p: GenParams, has_memory: bool) -> bool:
         """Whether a request decodes in the decode graph (else in torch with the memory hook)."""
-        return self.runtime == "graph" and not p.exact and (memory is None or p.mixing == "joint")
+        return self.runtime == "graph" and not p.exact and (not has_memory or p.mixing == "joint")
 
     def decode_loop(self):
         """The decode graph's loop for this bundle's memory layers (built on first use)."""
@@ -237,9 +270,9 @@ class GenEngine:
         recompute = p.exact and (self.store.kind != "fp32" or self.store.keep < 1 or p.positions == "reordered"
                                  or list(prefix) != list(self.store.record.get("prefix") or []))
         kvs, encoded_after, source = self.chunk_kv(rows, prefix, recompute, p.positions)
-        memory = place_memory([c.kv for c in kvs], self.layers, torch.tensor(w), p.positions, gen.inv_freq,
-                              encoded_after=encoded_after, prefix_len=len(prefix), extents=[c.extent for c in kvs])
-        return _Prepared(prefix, rest, memory, rows, retr, source, [c.kept for c in kvs])
+        placed = _Placed([c.kv for c in kvs], torch.tensor(w), p.positions, encoded_after, len(prefix),
+                         [c.extent for c in kvs])
+        return _Prepared(prefix, rest, placed, rows, retr, source, [c.kept for c in kvs])
 
     # --- decoding ---------------------------------------------------------------------------------
     def stream(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, *,
@@ -250,9 +283,9 @@ class GenEngine:
         sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
                             seed=p.seed, ignore_eos=p.ignore_eos)
         result: Generation | None = None
-        if self.uses_graph(p, prep.memory):
-            job = job_for(prep.prefix + prep.rest, prep.memory, sampling, prior=p.prior, keep_logits=keep_logits,
-                          cancelled=cancelled)
+        if self.uses_graph(p, prep.placed is not None):
+            job = job_for(prep.prefix + prep.rest, prep.packed(self.generator, self.layers, p.prior), sampling,
+                          keep_logits=keep_logits, cancelled=cancelled)
             items: Iterator[Step | Generation] = self.decode_loop().submit(job)
         else:
             items = self._in_torch(prep, p, sampling, keep_logits, cancelled)
@@ -268,7 +301,8 @@ class GenEngine:
     def _in_torch(self, prep: _Prepared, p: ResolvedGenParams, sampling: Sampling, keep_logits: bool,
                   cancelled: Callable[[], bool]) -> Iterator[Step | Generation]:
         with self._torch_slots:
-            yield from self.generator.generate(prep.prefix + prep.rest, prep.memory, sampling=sampling, mixing=p.mixing,
+            yield from self.generator.generate(prep.prefix + prep.rest, prep.memory(self.generator, self.layers),
+                                               sampling=sampling, mixing=p.mixing,
                                                alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled,
                                                prior=p.prior)
 
@@ -282,7 +316,8 @@ class GenEngine:
         p = self.resolve(p)
         prep = self.prepare(p, prompt, messages)
         cont = self.generator._ids(continuation)
-        return self.generator.score(prep.prefix + prep.rest, cont, prep.memory, mixing=p.mixing, alpha=p.alpha,
+        return self.generator.score(prep.prefix + prep.rest, cont, prep.memory(self.generator, self.layers),
+                                    mixing=p.mixing, alpha=p.alpha,
                                     prior=p.prior)
 
     def answer(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, **kw) -> GenAnswer:
@@ -327,15 +362,16 @@ class GenEngine:
         h_att = float(np.mean(trace.attention_entropy[:n])) if trace is not None and n and trace.attention_entropy else 0.0
         diag = {
             "memory_share": 0.0 if mass is None else float(mass.sum(-1).mean()),
-            "retrieved": len(rows), "k": p.k, "mixing": p.mixing if prep.memory is not None else None,
+            "retrieved": len(rows), "k": p.k, "mixing": p.mixing if prep.placed is not None else None,
             "alpha": p.alpha if p.mixing == "fixed" else None, "positions": p.positions,
             "prior": p.prior if p.mixing == "joint" else None,
             "defaults": self.defaults()[2],
             "retrieval": retr.searched[0] and _mode(self.engine, p) if retr is not None else None,
-            "memory_layers": len(self.layers) if prep.memory is not None else 0,
-            "memory_tokens": sum(prep.memory.lengths) if prep.memory is not None else 0,
+            "memory_layers": len(self.layers) if prep.placed is not None else 0,
+            "memory_tokens": prep.memory_tokens,
             "memory_source": prep.memory_source,
-            "runtime": f"graph {self.generator.weights(self.weights)}" if self.uses_graph(p, prep.memory) else "torch",
+            "runtime": (f"graph {self.generator.weights(self.weights)}" if self.uses_graph(p, prep.placed is not None)
+                        else "torch"),
             "w_db_entropy": h_w, "w_db_effective_k": math.exp(h_w),
             "attention_effective_k": math.exp(h_att),
             "exact": p.exact,

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from softknn.common.errors import InvalidInput
-from softknn.generate.batch import DecodeLoop, job_for
+from softknn.generate.attention import place_memory
+from softknn.generate.batch import DecodeLoop, job_for, pack_chunks, pack_memory
 from softknn.generate.graph import lossless_q4, resolve_weights
 from softknn.generate.model import Generation, Generator, Sampling
 from softknn.generate.quant import (
@@ -20,7 +21,7 @@ from softknn.generate.quant import (
     pack_q8_as_two_q4,
 )
 from softknn.generate.runtime import DecoderSession
-from tests.core.test_generator import PROMPTS, _memory, _tiny
+from tests.core.test_generator import CHUNKS, PROMPTS, _memory, _tiny
 from tests.numerics import close
 
 
@@ -149,6 +150,25 @@ def test_the_graph_covers_grouped_multi_query_heads_and_qkv_biases(smol, family)
             assert got.token_ids == ref.token_ids and _all_close(got.logits, ref.logits), (family, k)
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize(("positions", "encoded_after"), [("composite", 5), ("reordered", 5), ("composite", 2)])
+def test_packing_chunks_directly_equals_packing_the_placed_memory(smol, positions, encoded_after):
+    """pack_chunks (the engine's path: no padded copy, only moved keys rotated) against pack_memory of
+    place_memory (the torch path's form), bit for bit: columns, the prior, the prompt's layout."""
+    layers = smol.layers("all")
+    ids = [smol.memory_ids(t) for t in CHUNKS[:3]]
+    kv = [torch.from_numpy(x) for x in smol.chunk_kv(ids, layers, prefix=[])]
+    w = torch.softmax(torch.tensor([1.0, 0.2, -0.5]), 0)
+    got = pack_chunks(kv, layers, w, 4.0, positions, smol.inv_freq, encoded_after=encoded_after, prefix_len=5)
+    want = pack_memory(place_memory(kv, layers, w, positions, smol.inv_freq, encoded_after=encoded_after,
+                                    prefix_len=5), 4.0)
+    assert got.layers == want.layers and got.lengths == want.lengths == [len(x) for x in ids]
+    assert (got.prefix_len, got.prompt_start) == (want.prefix_len, want.prompt_start)
+    assert all(np.array_equal(a, b) for a, b in zip(got.kv, want.kv, strict=True))
+    assert np.array_equal(got.bias, want.bias) and np.array_equal(got.chunk, want.chunk)
+    moved = positions == "reordered" or encoded_after != 5  # encoded after another prefix: rotated; else the store's own
+    assert np.array_equal(got.kv[1][:, :, 0], kv[1][:, :, 0].numpy()) != moved
 
 
 # --- continuous batching ----------------------------------------------------------------------------
