@@ -16,7 +16,11 @@ against prompt-stuffed RAG on ObliQA.
     python -m bench gen_quality memory [--variants fp16,int8,q4,q2,q4@0.5,q2@0.5] [--limit 0]
     python -m bench gen_quality obliqa [--passages 1000] [--memory fp16] [--limit 0]
     python -m bench gen_quality sample [--memory fp16] [--limit 0]
+    python -m bench gen_quality weights [--formats q4,q4a8,fp32] [--limit 0]
 
+- `weights`: the decode graph's weight formats on the sample KB's calibrated build and test split, at the
+  calibrated default, k 4 β 4 and k 8 β 0: accuracy and answers equal to q4's (the GGUF file's own
+  numbers), with the torch reference beside them.
 - `sample`: the same comparison on the sample KB (built with the generator and its calibration) over the
   sample QA validation and test splits: calibrated default vs prompt-stuffed RAG at the calibrated k and
   at k = 4, and the old fixed default (k = 4, β = 4).
@@ -228,6 +232,40 @@ def sample(args) -> dict:
     return write("gen_quality_sample", payload)
 
 
+def weights(args) -> dict:
+    """The decode graph's weight formats on the same bundle and questions: q4 (the GGUF file's own numbers,
+    float activations) against q4a8 (the same blocks, int8 activations per block of 32, as llama.cpp's dot
+    products) and fp32; accuracy, answers equal to q4's, and the torch reference's (float32) for scale."""
+    from bench.generation import CACHE, gen_engine, get_bundle, load_qa, models
+    from softknn.generate.engine import GenEngine, GenParams
+    from softknn.infer.engine import Engine
+
+    enc, gen = models()
+    kb = ROOT / "softknn" / "sample_kb" / "kb"
+    b, info = get_bundle(kb, CACHE / "gen-sample", enc, gen)
+    ge = gen_engine(enc, gen, b)
+    k_cal, beta_cal, _ = ge.defaults()
+    settings = {"calibrated": {}, "k4_beta4": {"k": 4, "prior": 4.0}, "k8_beta0": {"k": 8, "prior": 0.0}}
+    test = [q for q in load_qa() if q["split"] == "test"][: args.limit or None]
+    base = GenParams(max_tokens=32, temperature=0.0)
+    runtimes = {w: GenEngine(Engine(enc, b), gen, weights=w) for w in args.formats.split(",")}
+    runtimes["torch"] = GenEngine(Engine(enc, b), gen, runtime="torch")
+    t0 = time.perf_counter()
+    out: dict = {}
+    for sname, kw in settings.items():
+        rows = {w: [_ask(e, replace(base, **kw), q) for q in test] for w, e in runtimes.items()}
+        ref = [r["answer"] for r in rows["q4"]] if "q4" in rows else None
+        out[sname] = {w: {**_summary(r), **({"same_answer_as_q4": round(sum(a["answer"] == x for a, x in zip(r, ref))
+                                                                       / len(r), 4)} if ref else {})}
+                      for w, r in rows.items()}
+        out[sname]["per_question"] = rows
+        print(sname, {w: v for w, v in out[sname].items() if w != "per_question"}, flush=True)
+    payload = {"command": getattr(args, "command", ""), "bundle": info, "questions": len(test),
+               "calibrated": {"k": k_cal, "prior": beta_cal}, "params": "greedy, 32 tokens, one user turn, joint",
+               "settings": out, "wall_s": round(time.perf_counter() - t0, 1)}
+    return write("gen_quality_weights", payload)
+
+
 def _gold_only(ge, params, q: dict, rows: list[int]) -> dict:
     """The question answered with R forced to the gold passage's chunks (weights uniform): memory or prompt."""
     from bench.generation import msgs
@@ -273,6 +311,9 @@ def _plot_obliqa(results: dict) -> None:
 
 def add_cli_args(ap: argparse.ArgumentParser) -> None:
     sub = ap.add_subparsers(dest="part", required=True)
+    w = sub.add_parser("weights", help="the decode graph's weight formats (q4, q4a8, fp32) on the same answers")
+    w.add_argument("--formats", default="q4,q4a8,fp32")
+    w.add_argument("--limit", type=int, default=0)
     m = sub.add_parser("memory", help="bytes per token and sample-QA accuracy per generator memory")
     m.add_argument("--variants", default="fp16,int8,q4,q2,q4@0.5,q4@0.3,q2@0.5")
     m.add_argument("--limit", type=int, default=0)
@@ -289,7 +330,7 @@ def run(args: argparse.Namespace) -> dict:
     from bench.generation import setup_threads
 
     setup_threads()
-    return {"memory": memory, "obliqa": obliqa, "sample": sample}[args.part](args)
+    return {"memory": memory, "obliqa": obliqa, "sample": sample, "weights": weights}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def build(
                                                           "smollm2-135m-instruct (packaged), a model folder or a .gguf file")] = None,
     generator_layers: Annotated[str, typer.Option(help="with --generator: its memory layers, all or a,b,c (0-based)")] = "all",
     generator_memory: Annotated[str, typer.Option(help="with --generator: fp32 | fp16 | int8 | q4 | q2 | recompute "
-                                                       "(nothing stored)")] = "fp16",
+                                                       "(nothing stored)")] = "q4",
     generator_keep: Annotated[float, typer.Option(help="with --generator: the fraction of each chunk's tokens "
                                                        "stored, those its own attention keeps (1 = all)")] = 1.0,
 ) -> None:

@@ -178,28 +178,41 @@ def calibrate_generation(texts: list[str], xb: np.ndarray, embed: Callable[[list
 
 
 def answers_with_memory(generator, layers: list[int], store, recompute, batch: list[tuple[BlankQuestion, list[int],
-                        np.ndarray, float]], *, max_tokens: int = GEN_TOKENS, wave: int = 32) -> list[str]:
+                        np.ndarray, float]], *, max_tokens: int = GEN_TOKENS, wave: int = 64,
+                        progress: bool = False) -> list[str]:
     """`answer` for calibrate_generation: each question as one user turn, R's memory read from `store`
     (a GeneratorStore; `recompute(rows)` for a recompute memory) and placed as generation places it
-    (composite), joint mixing with prior β, greedy; decoded in waves of `wave` jobs through the
-    generator's batching decode loop (softknn.generate.batch)."""
+    (composite), joint mixing with prior β, greedy; decoded through the generator's batching decode loop
+    (softknn.generate.batch), `wave` jobs in flight at a time. Items that decode the same thing are
+    decoded once: one chunk gets the prior β·log(1·1) = 0 whatever β is, so (k = 1, any β) is (k = 1, β = 0)."""
+    from tqdm import tqdm
+
     from softknn.generate.batch import decode_loop, job_for, pack_chunks
     from softknn.generate.model import Generation, Sampling
 
-    out: list[str] = []
     sampling = Sampling(max_tokens=max_tokens)
     loop = decode_loop(generator, layers)
-    for start in range(0, len(batch), wave):
+    keys = [(q.question, tuple(rows), 0.0 if len(rows) == 1 else float(beta)) for q, rows, _, beta in batch]
+    first: dict[tuple, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    todo = sorted(set(first.values()))
+    texts: dict[int, str] = {}
+    bar = tqdm(total=len(todo), desc="generator calibration", unit="answer", disable=not progress)
+    for start in range(0, len(todo), wave):
         its = []
-        for q, rows, w, beta in batch[start : start + wave]:
+        for i in todo[start : start + wave]:
+            q, rows, w, beta = batch[i]
             prefix, rest = generator.layout(messages=[{"role": "user", "content": q.question}])
             chunks = store.chunks(rows, recompute)
             mem = pack_chunks([c.kv for c in chunks], layers, torch.tensor(np.asarray(w)), beta, "composite",
                               generator.inv_freq, encoded_after=store.prefix_len, prefix_len=len(prefix),
                               extents=[c.extent for c in chunks])
-            its.append(loop.submit(job_for(prefix + rest, mem, sampling)))
-        for it in its:
+            its.append((i, loop.submit(job_for(prefix + rest, mem, sampling))))
+        for i, it in its:
             *_, last = it
             assert isinstance(last, Generation)
-            out.append(last.text)
-    return out
+            texts[i] = last.text
+            bar.update(1)
+    bar.close()
+    return [texts[first[key]] for key in keys]

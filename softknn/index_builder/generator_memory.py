@@ -9,6 +9,7 @@ temporary name and renamed when whole, and a rerun skips the batches already the
 from __future__ import annotations
 
 import shutil
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,9 @@ BATCH = 16  # chunks per resumable unit of the generator pass
 @dataclass(frozen=True)
 class GeneratorBuild:
     layers: str = "all"  # "all" or "a,b,c" (0-based; negative from the last)
-    memory: str = "fp16"  # softknn.storage.layout.GEN_MEMORY_KINDS
+    # softknn.storage.layout.GEN_MEMORY_KINDS; q4 (KIVI 4-bit) answered as fp16 did on the sample QA test
+    # split at 28% of its bytes (docs/generation.md, "Memory representations")
+    memory: str = "q4"
     keep: float = 1.0  # fraction of each chunk's tokens stored (softknn.generate.memory.select_tokens)
 
     def check(self) -> GeneratorBuild:
@@ -90,6 +93,7 @@ def write_generator_memory(out: Path, texts: list[str], gen: Generator, spec: Ge
     for stale in work.glob("gen-*.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
     todo = [b for b in range(len(batches)) if not (work / f"gen-{b:06d}" / "done").is_file()]
+    t0 = time.perf_counter()
     bar = tqdm(total=len(ids), desc="generator memory", unit="chunk", disable=not progress,
                initial=len(ids) - sum(len(batches[b]) for b in todo))
     for b in todo:
@@ -119,7 +123,8 @@ def write_generator_memory(out: Path, texts: list[str], gen: Generator, spec: Ge
                               rows / max(n_tok, 1), spec.selects)
     rec = {**info.record(), "layers": layers, "memory": spec.memory, "prefix": prefix, "tokens": n_tok,
            "bytes_per_chunk": round(nbytes / max(len(ids), 1), 1),
-           "bytes_per_token": round(nbytes / max(n_tok, 1), 1), "bytes_per_token_formula": round(formula, 1)}
+           "bytes_per_token": round(nbytes / max(n_tok, 1), 1), "bytes_per_token_formula": round(formula, 1),
+           "seconds": round(time.perf_counter() - t0, 1)}
     if spec.keep < 1.0:
         rec["keep"] = spec.keep
     return rec

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -70,7 +71,7 @@ class BuildConfig:
     calibrate: bool = True  # labelled: λ, τ and the abstain rule by leave-one-out; unlabelled: λ from pseudo-queries (softknn.retrieval.calibration)
     shards: int = 1  # > 1: one bundle of that many shards, contiguous row ranges (softknn.storage.shards)
     generator_layers: str = "all"  # with a generator: its memory layers (softknn.index_builder.generator_memory)
-    generator_memory: str = "fp16"  # with a generator: how its K/V are stored (softknn.generate.memory)
+    generator_memory: str = GeneratorBuild.memory  # with a generator: how its K/V are stored (softknn.generate.memory)
     generator_keep: float = 1.0  # with a generator: the fraction of each chunk's tokens stored
     generator_calibrate: bool = True  # with a generator and calibrate: k and β from the KB (softknn.generate.calibration)
 
@@ -148,7 +149,7 @@ def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: i
 
 
 def calibrate_generator(tmp: Path, texts: list[str], xb: np.ndarray, lex, manifest: dict, gen: Generator,
-                        embed: Callable[[list[str]], np.ndarray]) -> dict:
+                        embed: Callable[[list[str]], np.ndarray], *, progress: bool = False) -> dict:
     """softknn.generate.calibration over the bundle being written in `tmp` (its generator memory, its
     retrieval as a request would resolve it: mode, λ and τ of the bundle's own calibration)."""
     from softknn.generate.calibration import answers_with_memory, calibrate_generation
@@ -165,10 +166,13 @@ def calibrate_generator(tmp: Path, texts: list[str], xb: np.ndarray, lex, manife
         kv = gen.chunk_kv([store.token_ids(r) for r in rows], layers, prefix=prefix)
         return [ChunkKV(torch.from_numpy(x)) for x in kv]
 
-    return calibrate_generation(texts, xb, embed, lex if p.retrieval != "dense" else None,
-                                lambda batch: answers_with_memory(gen, layers, store, recompute, batch),
-                                lexical_weight=p.lexical_weight, temperature=p.temperature, kernel=p.kernel,
-                                candidates=CANDIDATES)
+    t0 = time.perf_counter()
+    rec = calibrate_generation(texts, xb, embed, lex if p.retrieval != "dense" else None,
+                               lambda batch: answers_with_memory(gen, layers, store, recompute, batch, progress=progress),
+                               lexical_weight=p.lexical_weight, temperature=p.temperature, kernel=p.kernel,
+                               candidates=CANDIDATES)
+    gen.close_loops()  # the calibration's decode loop and its cache: a server opens its own
+    return {**rec, "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def embed_texts(encoder: Encoder, texts: list[str], batch_size: int = 32) -> np.ndarray:
@@ -420,7 +424,8 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
             manifest["generator"] = write_generator_memory(tmp, texts, gen, spec, work, progress=progress)
             if cfg.calibrate and cfg.generator_calibrate:  # k and β from the KB's own fill-in-the-blank questions
                 manifest["generator"]["calibration"] = calibrate_generator(
-                    tmp, texts, xb, lex, manifest, gen, lambda t: embed_texts(encoder, t, cfg.batch_size))
+                    tmp, texts, xb, lex, manifest, gen, lambda t: embed_texts(encoder, t, cfg.batch_size),
+                    progress=progress)
         if cfg.shards > 1:  # the one-index files above, split into shards (calibration stays global)
             manifest = _finalize_sharded(tmp, out, parent, manifest, lex, cfg.shards, force=force,
                                          write_memory=memory.write)

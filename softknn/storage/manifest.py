@@ -94,6 +94,7 @@ class GeneratorRecord(_Section):
     bytes_per_token: float = 0.0  # stored bytes / chunk tokens (measured on the files)
     bytes_per_token_formula: float = 0.0  # softknn.generate.memory.bytes_per_token: what the layout should take
     keep: float = 1.0  # fraction of each chunk's tokens stored (SnapKV-style selection); 1 = all
+    seconds: float | None = None  # the builder's generator pass (the calibration's own is in its record)
     calibration: dict | None = None  # k and β chosen from the KB's own pseudo-questions (softknn.generate.calibration)
 
 
