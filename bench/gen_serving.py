@@ -134,7 +134,7 @@ def single(args, ctx) -> dict:
                     ids = prep.prefix + prep.rest
                     r = llama.ask({"op": "serve", "prompts": [ids], "arrivals": [0.0], "max_tokens": args.max_tokens,
                                    "ignore_eos": True})["streams"][0]
-                    ttft = r["times"][0] - r["arrival"]
+                    ttft = r["times"][0] - r["arrival_s"]
                     rows[name][k].append({"ttft_s": ttft, "decode_tok_s": _decode_rate(r["times"]),
                                           "tokens": len(r["times"]), "prompt_tokens": len(ids),
                                           "prefill_tok_s": len(ids) / ttft, "q": q["id"]})
@@ -267,7 +267,7 @@ def streams(args, ctx) -> dict:
                 r = llama.ask({"op": "serve", "prompts": prompts[:n], "arrivals": [0.0] * n,
                                "max_tokens": args.max_tokens, "ignore_eos": True})
                 out["llama_cpp"][str(n)] = _streams_summary([s["times"] for s in r["streams"]],
-                                                            [s["arrival"] for s in r["streams"]])
+                                                            [s["arrival_s"] for s in r["streams"]])
                 print("llama.cpp", n, out["llama_cpp"][str(n)], flush=True)
             finally:
                 llama.close()
