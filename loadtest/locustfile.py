@@ -9,12 +9,18 @@ e.g. "/v1/infer [invalid:k_zero]" — is a success; anything else is a failure n
 
     locust -f loadtest/locustfile.py --headless --host URL -u 8 -r 8 -t 30s --summary-dir DIR
 
+Generation (loadtest.mix): --generator auto (the default) asks the service at the start whether it
+serves one (loadtest.generation.served_generator); a name skips the question, "none" leaves generation
+out; --generation-only draws the generation tasks alone. A user that got 429 with Retry-After
+waits that long (at most RETRY_AFTER_CAP_S) before its next call.
+
 Env: SOFTKNN_AUTH__API_KEY (the bearer key, when the service has one).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 import time
@@ -29,12 +35,21 @@ import httpx  # noqa: E402
 from softknn_client import AuthenticatedClient  # noqa: E402
 
 from loadtest import report  # noqa: E402
-from loadtest.mix import Mix, load_queries, verify  # noqa: E402
+from loadtest.generation import gen_stats, served_generator  # noqa: E402
+from loadtest.mix import Mix, load_queries, refusal, retry_after_s, verify  # noqa: E402
 
 RECORDER = report.Recorder()
 QUERIES = load_queries()
 SEEN_CHUNKS: list[str] = []  # chunk ids from evidence, shared by the users (for /v1/entries)
+GENERATOR: dict[str, str | None] = {"name": None}  # the served generator, decided at the test's start
+RETRY_AFTER_CAP_S = 10.0
 _user_ids = itertools.count()
+
+
+def _client(host: str, timeout_s: float) -> AuthenticatedClient:
+    # Any token passes a service without an API key; with one, the key from the environment.
+    return AuthenticatedClient(base_url=host, token=os.environ.get("SOFTKNN_AUTH__API_KEY") or "none",
+                               timeout=httpx.Timeout(timeout_s))
 
 
 class UnexpectedResponse(Exception):
@@ -51,10 +66,27 @@ def _options(parser) -> None:
                         help="think time between a user's calls: 'MIN,MAX' seconds, uniform")
     parser.add_argument("--request-timeout", type=float, env_var="LOADTEST_REQUEST_TIMEOUT", default=60.0,
                         help="client timeout per call, seconds")
+    parser.add_argument("--generator", type=str, env_var="LOADTEST_GENERATOR", default="auto",
+                        help="the served generator's id; auto: ask GET /v1/models at the start; none: no generation")
+    parser.add_argument("--generation-only", action="store_true", env_var="LOADTEST_GENERATION_ONLY", default=False,
+                        help="draw only the generation tasks (needs a served generator)")
 
 
 @events.test_start.add_listener
 def _start(environment, **_) -> None:
+    opts = environment.parsed_options
+    name = opts.generator
+    if name == "auto":
+        with _client(environment.host, opts.request_timeout) as client:
+            name = served_generator(client)
+    GENERATOR["name"] = None if name in (None, "", "none") else name
+    if opts.generation_only and GENERATOR["name"] is None:  # loadtest.run refuses this before locust starts
+        logging.error("--generation-only without a generator (--generator %s; %s); stopping", opts.generator,
+                      environment.host)
+        import gevent  # after locust's monkey-patching
+
+        environment.process_exit_code = 2
+        gevent.spawn(environment.runner.quit)
     RECORDER.started = time.monotonic()
 
 
@@ -71,7 +103,8 @@ def _quit(environment, **_) -> None:
         RECORDER.stopped = time.monotonic()
     opts = environment.parsed_options
     meta = {"host": environment.host, "users": opts.num_users, "run_time_s": opts.run_time,
-            "seed": opts.mix_seed, "wait_range_s": opts.wait_range}
+            "seed": opts.mix_seed, "wait_range_s": opts.wait_range, "generator": GENERATOR["name"],
+            "generation_only": bool(opts.generation_only)}
     summary = RECORDER.summary(meta)
     print(report.table(summary), flush=True)
     if opts.summary_dir:
@@ -86,15 +119,16 @@ class SoftknnUser(User):
         super().__init__(environment)
         opts = environment.parsed_options
         uid = next(_user_ids)
-        self.mix = Mix(QUERIES, seed=opts.mix_seed + uid, seen_chunks=SEEN_CHUNKS)
+        self.mix = Mix(QUERIES, seed=opts.mix_seed + uid, seen_chunks=SEEN_CHUNKS, generator=GENERATOR["name"],
+                       generation_only=opts.generation_only and GENERATOR["name"] is not None)
         lo, hi = (float(x) for x in opts.wait_range.split(","))
         self._wait = (lo, hi)
-        # Any token passes a service without an API key; with one, the key from the environment.
-        self.client = AuthenticatedClient(base_url=self.host, token=os.environ.get("SOFTKNN_AUTH__API_KEY") or "none",
-                                          timeout=httpx.Timeout(opts.request_timeout))
+        self._retry_after = 0.0  # the last 429's Retry-After, honoured by the next wait
+        self.client = _client(self.host, opts.request_timeout)
 
     def wait_time(self) -> float:
-        return self.mix.rng.uniform(*self._wait)
+        think, self._retry_after = max(self.mix.rng.uniform(*self._wait), self._retry_after), 0.0
+        return think
 
     def on_stop(self) -> None:
         self.client.get_httpx_client().close()
@@ -111,10 +145,12 @@ class SoftknnUser(User):
         else:
             failure = verify(call, response)
         ms = (time.perf_counter() - start) * 1000
-        refusal = None
-        if failure is None and call.expect >= 400:
-            refusal = f"{call.expect} {call.error_type}"
-        RECORDER.record(call.name, call.method, ms, failure=failure, refusal=refusal, texts=call.texts)
+        refused, gen = None, None
+        if failure is None and response is not None:
+            refused, gen = refusal(call, response), gen_stats(response)
+            if refused is not None and refused.startswith("429 "):
+                self._retry_after = min(float(retry_after_s(response) or 0), RETRY_AFTER_CAP_S)
+        RECORDER.record(call.name, call.method, ms, failure=failure, refusal=refused, texts=call.texts, gen=gen)
         self.environment.events.request.fire(
             request_type=call.method, name=call.name, response_time=ms,
             response_length=len(response.content) if response is not None else 0,

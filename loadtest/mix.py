@@ -3,11 +3,22 @@
 `Mix(queries, seed).draw()` returns one `Call`: the client call to make, the status it must get and,
 for the ~5 % deliberately invalid requests, the error type the service must answer with (the one
 JSON error shape, DESIGN.md "Errors"). `verify(call, response)` says whether the answer is right:
-None, or (failure type, message). No locust here, so tests/deploy runs the same calls in process.
+None, or (failure type, message); `refusal(call, response)` names a right answer that is a refusal
+("422 validation_error", "429 queue_full"). No locust here, so tests/deploy runs the same calls in
+process.
 
 Weights (per 100 draws): single text at the defaults 24, single with other α/k/τ/kernel 14, batches
 of 2–8 texts 14, joint mixing 10, evidence off 10, return_tokens 6, exact search or a hybrid
 threshold 5, GET /v1/index 4, GET /v1/entries/{id} 4, GET /readyz 4, invalid 5.
+
+Generation joins the mix only when the service serves a generator: `served_generator(client)`
+(loadtest.generation, beside the checks of generation answers) asks GET /v1/models and GET
+/v1/index, and a model listed that is not the encoder (`/v1/index`'s `model`) is the generator (a
+bundle whose generator did not load lists none: its routes answer 409). Then
+`Mix(..., generator=name)` adds GEN_WEIGHTS (per 150 draws: the 100 above, plus /v1/generate 12,
+/v1/generate streamed 18, /v1/chat/completions streamed 15, invalid generation fields 5);
+`generation_only=True` draws from GEN_WEIGHTS alone. A generation call may also get 429 queue_full
+with a Retry-After (the generation queue is full): an expected refusal, not a failure.
 """
 
 from __future__ import annotations
@@ -19,22 +30,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Every use of the generated client's modules is in this file: the operation names come from the
-# app's OpenAPI operation ids, so a rename there changes these imports only.
+# Every use of the generated client's modules is in this file, loadtest.generation and loadtest.streams:
+# the operation names come from the app's OpenAPI operation ids, so a rename there changes these imports only.
 from softknn_client import AuthenticatedClient
+from softknn_client.api.generation import generate as generate_api
 from softknn_client.api.health import readyz as readyz_api
 from softknn_client.api.index import entry as entry_api
 from softknn_client.api.index import index as index_api
 from softknn_client.api.inference import infer as infer_api
+from softknn_client.api.openai import chat_completions as chat_api
 from softknn_client.models import (
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    ChatMessage,
     EntryResponse,
     ErrorResponse,
+    GenerateRequest,
     IndexResponse,
     InferRequest,
     InferResponse,
     ReadyzResponseReadyz,
+    StreamOptions,
 )
 from softknn_client.types import Response
+
+from loadtest.generation import (
+    GEN_INVALID,
+    GEN_MAX_TOKENS,
+    GEN_WEIGHTS,
+    QUEUE_FULL,
+    chat_stream_check,
+    generate_check,
+    generate_stream_check,
+    is_chat_token,
+    is_generate_token,
+)
+from loadtest.streams import read_stream
 
 QUERIES_FILE = Path(__file__).with_name("queries.txt")
 WEIGHTS = {"single": 24, "tuned": 14, "batch": 14, "joint": 10, "no_evidence": 10, "tokens": 6,
@@ -78,6 +109,7 @@ class Call:
     error_type: str | None = None  # for expect ≥ 400: the error.type the body must carry
     check: Callable[[Any], str | None] | None = None  # a 200's parsed body → a problem, or None
     texts: int = 0  # inputs sent (for texts/s)
+    refusable: tuple[int, str] | None = None  # another (status, error type) that is an expected refusal
 
     @property
     def name(self) -> str:
@@ -97,21 +129,44 @@ def _error_type(response: Response[Any]) -> str:
 def verify(call: Call, response: Response[Any]) -> tuple[str, str] | None:
     """None when the response is what `call` must get; else (failure type, message)."""
     status, parsed = int(response.status_code), response.parsed
+    if call.refusable is not None and status == call.refusable[0] != call.expect:
+        return _verify_refusal(call, response, call.refusable[1], retry_after=True)
     if status != call.expect:
         kind = _error_type(response)
         return f"status_{status}:{kind}", f"{call.name}: got {status} ({kind}), expected {call.expect}: " \
                                           f"{response.content[:300]!r}"
     if call.expect >= 400:
-        if not isinstance(parsed, ErrorResponse):
-            return "bad_error_body", f"{call.name}: {status} body is not the error shape: {response.content[:300]!r}"
-        if parsed.error.type_ != call.error_type:
-            return f"wrong_error_type:{parsed.error.type_}", f"{call.name}: error type {parsed.error.type_!r}, " \
-                                                              f"expected {call.error_type!r}"
-        return None
+        return _verify_refusal(call, response, call.error_type, retry_after=False)
     if parsed is None or isinstance(parsed, ErrorResponse):
         return "bad_body", f"{call.name}: 200 body did not parse: {response.content[:300]!r}"
     problem = call.check(parsed) if call.check else None
     return ("bad_response", f"{call.name}: {problem}") if problem else None
+
+
+def _verify_refusal(call: Call, response: Response[Any], error_type: str | None,
+                    retry_after: bool) -> tuple[str, str] | None:
+    status, parsed = int(response.status_code), response.parsed
+    if not isinstance(parsed, ErrorResponse):
+        return "bad_error_body", f"{call.name}: {status} body is not the error shape: {response.content[:300]!r}"
+    if parsed.error.type_ != error_type:
+        return f"wrong_error_type:{parsed.error.type_}", f"{call.name}: error type {parsed.error.type_!r}, " \
+                                                          f"expected {error_type!r}"
+    if retry_after and retry_after_s(response) is None:
+        return f"no_retry_after:{status}", f"{call.name}: {status} without a Retry-After of whole seconds ≥ 0: " \
+                                           f"{response.headers.get('retry-after')!r}"
+    return None
+
+
+def retry_after_s(response: Response[Any]) -> int | None:
+    """The Retry-After header in whole seconds (the only form the service sends), or None."""
+    value = str(response.headers.get("retry-after", ""))
+    return int(value) if value.isdigit() else None
+
+
+def refusal(call: Call, response: Response[Any]) -> str | None:
+    """For a response `verify` passed: "<status> <error type>" when it is a refusal, else None."""
+    status = int(response.status_code)
+    return f"{status} {_error_type(response)}" if status >= 400 else None
 
 
 def _infer_check(req: InferRequest, seen: list[str]) -> Callable[[Any], str | None]:
@@ -139,14 +194,26 @@ def _infer_check(req: InferRequest, seen: list[str]) -> Callable[[Any], str | No
     return check
 
 
+def weights(generator: str | None = None, generation_only: bool = False) -> dict[str, int]:
+    """The task weights: WEIGHTS, plus GEN_WEIGHTS when a generator is served; GEN_WEIGHTS alone when only."""
+    if generator is None:
+        if generation_only:
+            raise ValueError("generation_only needs a served generator")
+        return dict(WEIGHTS)
+    return dict(GEN_WEIGHTS) if generation_only else {**WEIGHTS, **GEN_WEIGHTS}
+
+
 class Mix:
     """Draws calls with the weights above, from one seeded generator (one Mix per simulated user)."""
 
-    def __init__(self, queries: Sequence[str], seed: int = 0, seen_chunks: list[str] | None = None):
+    def __init__(self, queries: Sequence[str], seed: int = 0, seen_chunks: list[str] | None = None,
+                 generator: str | None = None, generation_only: bool = False):
         self.queries = list(queries)
         self.rng = random.Random(seed)
         self.seen = seen_chunks if seen_chunks is not None else []  # chunk ids from evidence, for /v1/entries
-        self._kinds, self._weights = list(WEIGHTS), list(WEIGHTS.values())
+        self.generator = generator  # the served generator's id (GET /v1/models), None: no generation
+        w = weights(generator, generation_only)
+        self._kinds, self._weights = list(w), list(w.values())
 
     def draw(self, kind: str | None = None) -> Call:
         kind = kind or self.rng.choices(self._kinds, self._weights)[0]
@@ -243,4 +310,80 @@ class Mix:
             "text_too_long": lambda: InferRequest(inputs=["ferry " * 8_500]),
         }[what]()
         return Call(kind, "POST", "/v1/infer", lambda c: infer_api.sync_detailed(client=c, body=req),
+                    expect=status, error_type=error_type)
+
+    # --- generation (a served generator only) ------------------------------------------------------
+    def _question(self) -> str:
+        return self.rng.choice(self.queries)
+
+    def _kb_fields(self) -> dict[str, Any]:
+        """k (absent: the bundle's calibrated k) and evidence, as a user tuning them would send."""
+        r = self.rng
+        out: dict[str, Any] = {"evidence": r.choice([0, 2, 5])}
+        k = r.choice([None, None, 1, 2, 4])
+        if k is not None:
+            out["k"] = k
+        return out
+
+    def _generate(self) -> Call:
+        r, generator = self.rng, self.generator
+        assert generator is not None
+        fields = {"max_tokens": r.choice(GEN_MAX_TOKENS), **self._kb_fields()}
+        variant = r.choice(["kb", "kb", "plain", "prompt_context", "fixed"])
+        variants: dict[str, dict[str, Any]] = {
+            "kb": {}, "plain": {"use_kb": False}, "prompt_context": {"context": "prompt"},
+            "fixed": {"mixing": "fixed", "alpha": 0.7},  # fixed α runs in torch, beside the decode graph
+        }
+        more = variants[variant]
+        req = GenerateRequest(prompt=self._question(), **fields, **more)
+        return Call("generate", "POST", "/v1/generate", lambda c: generate_api.sync_detailed(client=c, body=req),
+                    check=generate_check(fields["max_tokens"], fields["evidence"], generator), refusable=QUEUE_FULL)
+
+    def _generate_stream(self) -> Call:
+        generator = self.generator
+        assert generator is not None
+        fields = {"max_tokens": self.rng.choice(GEN_MAX_TOKENS), **self._kb_fields()}
+        req = GenerateRequest(prompt=self._question(), stream=True, **fields)
+        kwargs = generate_api._get_kwargs(body=req)  # the generated client's request (module docstring of streams)
+        return Call("generate_stream", "POST", "/v1/generate", lambda c: read_stream(c, kwargs, is_generate_token),
+                    check=generate_stream_check(fields["max_tokens"], fields["evidence"], generator),
+                    refusable=QUEUE_FULL)
+
+    def _chat_stream(self) -> Call:
+        generator = self.generator
+        assert generator is not None
+        fields = {"max_tokens": self.rng.choice(GEN_MAX_TOKENS), **self._kb_fields()}
+        req = ChatCompletionRequest(messages=[ChatCompletionMessage(role="user", content=self._question())],
+                                    model=generator, stream=True, stream_options=StreamOptions(include_usage=True),
+                                    **fields)
+        kwargs = chat_api._get_kwargs(body=req)
+        return Call("chat_stream", "POST", "/v1/chat/completions", lambda c: read_stream(c, kwargs, is_chat_token),
+                    check=chat_stream_check(fields["max_tokens"], fields["evidence"], generator),
+                    refusable=QUEUE_FULL)
+
+    def _gen_invalid(self) -> Call:
+        what = self.rng.choice(sorted(GEN_INVALID))
+        status, error_type = GEN_INVALID[what]
+        q = self._question()
+        turn = [ChatMessage(role="user", content=q)]
+        chat = [ChatCompletionMessage(role="user", content=q)]
+        # As for /v1/infer: the generated models do not validate, so the bad values reach the server.
+        if what.startswith("chat_"):
+            body = {
+                "chat_n_2": lambda: ChatCompletionRequest(messages=chat, n=2),
+                "chat_max_tokens_huge": lambda: ChatCompletionRequest(messages=chat, max_tokens=10**6),
+                "chat_unknown_model": lambda: ChatCompletionRequest(messages=chat, model="gpt-4o", stream=True),
+            }[what]()
+            kwargs, path = chat_api._get_kwargs(body=body), "/v1/chat/completions"
+        else:
+            req = {
+                "prompt_and_messages": lambda: GenerateRequest(prompt=q, messages=turn),
+                "no_prompt": lambda: GenerateRequest(),
+                "raw_messages": lambda: GenerateRequest(messages=turn, raw=True),
+                "max_tokens_huge": lambda: GenerateRequest(prompt=q, max_tokens=10**6),
+                "stream_negative_temperature": lambda: GenerateRequest(prompt=q, stream=True, temperature=-1.0),
+            }[what]()
+            kwargs, path = generate_api._get_kwargs(body=req), "/v1/generate"
+        # Every refusal is read by the stream reader: a streamed request's refusal comes before any event.
+        return Call(f"invalid:{what}", "POST", path, lambda c: read_stream(c, kwargs, is_generate_token),
                     expect=status, error_type=error_type)

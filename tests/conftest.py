@@ -49,6 +49,31 @@ def engine(encoder, sample_bundle):
     return Engine(encoder, sample_bundle)
 
 
+@pytest.fixture(scope="session")
+def generator():
+    """The packaged generator (smollm2-135m-instruct), loaded once: its decode loop is built at its first
+    generation and kept on it, so every app of the session that shares it pays that once."""
+    from softknn.generate.model import Generator
+
+    return Generator.load()
+
+
+@pytest.fixture(scope="session")
+def gen_bundle(tmp_path_factory, encoder, generator) -> Path:
+    """A small generator bundle: the sample KB's first 30 records with the generator's memory (its k/β
+    calibration skipped: the fixed defaults)."""
+    from softknn.cli import sample_kb_path
+    from softknn.index_builder.pipeline import BuildConfig, build_bundle
+
+    root = tmp_path_factory.mktemp("gen_kb")
+    kb = (sample_kb_path() / "kb.jsonl").read_text(encoding="utf-8")
+    lines = [line for line in kb.splitlines() if line.strip()][:30]
+    (root / "kb.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    build_bundle(root / "kb.jsonl", root / "bundle", BuildConfig(generator_calibrate=False), encoder, progress=False,
+                 generator=generator)
+    return root / "bundle"
+
+
 def shared_data(*parts: str) -> Path:
     """A path under ../shared/data; skips (saying so) where the shared folder is absent."""
     p = SHARED_DATA.joinpath(*parts)

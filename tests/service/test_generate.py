@@ -1,22 +1,22 @@
 """/v1/generate, /v1/chat/completions and /v1/models with the real generator (smollm2-135m-instruct)
 over one small bundle (the sample KB's first 30 records) built with it: the service answers what the
 core answers, streams what it answers, speaks OpenAI to the official client, frees a slot when a
-client leaves mid-stream, and refuses a generation past its queue."""
+client leaves mid-stream (alone, and with 16 other streams running), and refuses a generation past
+its queue. The generator and the small bundle are the session's (tests/conftest.py)."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import threading
 import time
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from softknn.cli import sample_kb_path
 from softknn.generate.engine import GenEngine, GenParams
-from softknn.generate.model import Generator, Sampling
-from softknn.index_builder.pipeline import BuildConfig, build_bundle
+from softknn.generate.model import Sampling
 from softknn.infer.engine import Engine
 from softknn.service.app import create_app
 from softknn.storage.bundle import load_bundle
@@ -26,20 +26,6 @@ from tests.service.conftest import settings_for
 QUESTION = "How much is an adult single on the Amber Line?"
 MESSAGES = [{"role": "user", "content": QUESTION}]
 TOKENS = 8
-
-
-@pytest.fixture(scope="module")
-def generator() -> Generator:
-    return Generator.load()
-
-
-@pytest.fixture(scope="module")
-def gen_bundle(tmp_path_factory, encoder, generator):
-    root = tmp_path_factory.mktemp("gen_kb")
-    lines = [line for line in (sample_kb_path() / "kb.jsonl").read_text(encoding="utf-8").splitlines() if line.strip()][:30]
-    (root / "kb.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    build_bundle(root / "kb.jsonl", root / "bundle", BuildConfig(generator_calibrate=False), encoder, progress=False, generator=generator)
-    return root / "bundle"
 
 
 @pytest.fixture(scope="module")
@@ -218,6 +204,75 @@ def test_a_client_gone_mid_stream_frees_its_slot_and_overload_is_429(live):
     r = live.post("/v1/generate", json={"prompt": "hello", "max_tokens": 2})
     assert r.status_code == 200, r.text
     assert time.monotonic() - t0 < 20
+
+
+@pytest.fixture(scope="module")
+def live17(gen_bundle, encoder, generator):
+    """A real uvicorn server (in a thread) with 17 generation slots and no queue: 16 streams and one more."""
+    settings = settings_for(gen_bundle, generator={"max_concurrent": 17, "max_queue": 0})
+    with threaded_server(create_app(settings, encoder=encoder, generator=generator)) as c:
+        yield c
+
+
+# Greedy answers of these run to max_tokens on the small bundle (k 2), so every stream is still
+# decoding a few steps after the one that leaves is cancelled.
+LONG_QUESTIONS = [QUESTION, "How do I get a refund for a cancelled sailing?"]
+LONG_TOKENS = 16
+
+
+def _stream_events(base_url: str, body: dict, out: dict) -> None:
+    """POST a streamed /v1/generate; out: its status and each data: event with its arrival time."""
+    with httpx.Client(base_url=base_url, timeout=120) as c, c.stream("POST", "/v1/generate", json=body) as r:
+        out["status"] = r.status_code
+        out["events"] = [(time.monotonic(), line[len("data: "):])
+                         for line in r.iter_lines() if line.startswith("data: ")]
+
+
+def _until(condition, seconds: float, what: str) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < end, what
+        time.sleep(0.05)
+
+
+def test_a_client_gone_mid_stream_frees_its_slot_while_16_other_streams_finish_their_answers(live17):
+    """17 slots, no queue: one stream and 16 others hold every slot (an 18th request is 429); the one
+    leaves after 2 tokens; its slot takes a new request while the 16 are still decoding, and each of
+    the 16 streams its whole answer, the one it gets alone."""
+    solo = {q: generate(live17, prompt=q, k=2, max_tokens=LONG_TOKENS) for q in LONG_QUESTIONS}
+    assert {a["finish_reason"] for a in solo.values()} == {"length"}
+    bodies = [{"prompt": q, "k": 2, "max_tokens": LONG_TOKENS, "stream": True} for q in LONG_QUESTIONS * 8]
+    results: list[dict] = [{} for _ in bodies]
+    threads = [threading.Thread(target=_stream_events, args=(str(live17.base_url), b, out), daemon=True)
+               for b, out in zip(bodies, results, strict=True)]
+    cancelled = 'softknn_generations_total{finish_reason="cancelled"}'
+    before = _metric(live17, cancelled)
+    with httpx.Client(base_url=str(live17.base_url), timeout=60) as other, contextlib.ExitStack() as stack:
+        r = stack.enter_context(other.stream("POST", "/v1/generate", json={"prompt": QUESTION, "max_tokens": 200,
+                                                                             "stream": True}))
+        lines = r.iter_lines()
+        seen = 0
+        while seen < 2:
+            seen += next(lines).startswith("data: ")
+        for t in threads:
+            t.start()
+        _until(lambda: _metric(live17, "softknn_generations_running") == 17, 60, "the 16 streams never all ran")
+        busy = live17.post("/v1/generate", json={"prompt": "hello", "max_tokens": 2})
+        assert busy.status_code == 429 and busy.json()["error"]["type"] == "queue_full" and busy.headers["Retry-After"]
+    # the leaving stream's connection is closed here
+    _until(lambda: _metric(live17, cancelled) >= before + 1, 20, "the abandoned generation never stopped")
+    sent = time.monotonic()
+    late = live17.post("/v1/generate", json={"prompt": "hello", "max_tokens": 2})  # no queue: the freed slot or 429
+    assert late.status_code == 200, late.text
+    for t in threads:
+        t.join(120)
+    for body, out in zip(bodies, results, strict=True):
+        want = solo[body["prompt"]]
+        assert out["status"] == 200 and out["events"][-1][1] == "[DONE]"
+        tokens, answer = out["events"][:-2], json.loads(out["events"][-2][1])
+        assert (answer["text"], answer["finish_reason"]) == (want["text"], "length")
+        assert "".join(json.loads(e)["text"] for _, e in tokens) == want["text"] and len(tokens) == LONG_TOKENS
+        assert sum(t > sent for t, _ in tokens) >= 2  # still decoding when the late request took the freed slot
 
 
 def test_readme_generate_sample_is_what_the_service_answers(client):
