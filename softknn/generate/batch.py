@@ -519,9 +519,10 @@ def job_for(prompt_ids: list[int], memory: GenMemory | PackedMemory | None, samp
 def decode_loop(generator: Generator, layers: list[int], *, weights: str = "auto", threads: int = 1,
                 max_batch: int = 16) -> DecodeLoop:
     """The continuous-batching decode loop of `generator`'s model with memory at `layers`: one per
-    (weights, layers), kept on the generator and shared by every engine that asks for it."""
+    (weights, layers, threads, max_batch), kept on the generator and shared by every engine that asks
+    for the same."""
     w = generator.weights(weights)
-    key = (w, tuple(sorted(layers)))
+    key = (w, tuple(sorted(layers)), threads, max_batch)
     with generator.loops_lock:
         loop = generator.decode_loops.get(key)
         if loop is None:

@@ -198,6 +198,13 @@ class GenEngine:
         """Whether a request decodes in the decode graph (else in torch with the memory hook)."""
         return self.runtime == "graph" and not p.exact and (not has_memory or p.mixing == "joint")
 
+    def warm_up(self) -> None:
+        """Build the decode loop and decode one token of a one-token prompt through it (the graph's
+        session opened, its first run's allocations made)."""
+        job = job_for(self.generator.layout(prompt=" ")[1] or [0], None, Sampling(max_tokens=1))
+        *_, last = self.decode_loop().submit(job)
+        assert isinstance(last, Generation)
+
     def decode_loop(self):
         """The decode graph's loop for this bundle's memory layers (built on first use)."""
         return decode_loop(self.generator, self.layers, weights=self.weights, threads=self.threads,

@@ -114,6 +114,8 @@ class RuntimeGeneration:
         g = self.settings.generator
         ge = GenEngine(engine, gen, runtime=g.runtime, weights=g.weights, threads=g.threads, max_batch=g.max_concurrent,
                        torch_concurrent=g.torch_concurrent)
+        if g.runtime == "graph":  # the decode graph built and run once before /readyz, not on the first request
+            ge.warm_up()
         log.info("generator loaded", extra={"generator": gen.info.name, "layers": len(ge.layers),
                                             "memory": ge.store.kind, "seconds": round(time.perf_counter() - t0, 2)})
         return ge
