@@ -13,6 +13,16 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def shared_data() -> Path:
+    """The evaluation data folder `shared/data` beside the repository, or beside a folder above it (a git
+    worktree under another folder)."""
+    root = Path(__file__).resolve().parents[1]
+    for up in root.parents:
+        if (up / "shared" / "data").is_dir():
+            return up / "shared" / "data"
+    return root.parent / "shared" / "data"
+
+
 def machine() -> dict:
     import torch
 

@@ -210,6 +210,10 @@ def build(
         kept = f", {g['keep']:g} of each chunk's tokens kept" if g.get("keep", 1.0) < 1.0 else ""
         typer.echo(f"generator {g['name']}: {len(g['layers'])} memory layers, {g['memory']}{kept}, {g['tokens']} tokens, "
                    f"{g['bytes_per_token']:,.0f} bytes per token ({g['bytes_per_chunk']:,.0f} per chunk)")
+        r = (g.get("calibration") or {}).get("refusal") or {}
+        if r.get("threshold") is not None:
+            typer.echo(f"refusal: a question whose nearest chunk's similarity is below {r['threshold']:.3f} "
+                       f"({r['quantile']:g} of {r['questions']} held-out sentences) gets the refusal text")
     if cache is not None:
         damaged = stats.get("cache_batches_damaged", 0)
         n = stats["encoded"]
@@ -519,6 +523,8 @@ def generate(
     no_kb: Annotated[bool, typer.Option("--no-kb", help="the plain model, no KB")] = False,
     exact: Annotated[bool, typer.Option(help="exact search; R's keys/values recomputed in float32")] = False,
     evidence: Annotated[int, typer.Option(help="evidence items shown")] = 3,
+    refuse: Annotated[bool, typer.Option(help="refuse a question whose nearest KB chunk is below the bundle's refusal "
+                                         "threshold (the refusal text, nothing decoded); --no-refuse answers anyway")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer object as JSON")] = False,
 ) -> None:
     """Answer QUESTION with the generator attending to the KB chunks retrieved for it; prints the answer and its evidence."""
@@ -532,7 +538,7 @@ def generate(
         settings = _settings()
         params = GenParams(max_tokens=max_tokens, temperature=temperature, mixing=mixing, alpha=alpha, k=k,
                            prior=GenParams.prior if prior is None else prior, retrieval=retrieval, context=context,
-                           use_kb=not no_kb, exact=exact, evidence=evidence).validate()
+                           use_kb=not no_kb, exact=exact, evidence=evidence, refuse=refuse).validate()
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         if b.manifest.generator is None:
@@ -552,6 +558,8 @@ def generate(
     typer.echo(ans.text.strip())
     typer.echo(f"  [{ans.finish_reason}, {ans.usage['completion_tokens']} tokens; memory {d['memory_source']}, "
                f"{d['mixing'] or 'no KB'}, memory share {d['memory_share']:.3f}]")
+    g = d.get("grounding") or {}
+    typer.echo(f"  [grounded {'unknown' if ans.grounded is None else str(ans.grounded).lower()}: {g.get('note', '')}]")
     for ev in ans.evidence:
         spans = ", ".join(repr(s["text"]) for s in ev.spans)
         typer.echo(f"  [{ev.mass_share:.3f}] {ev.chunk_id}: {ev.text[:80]!r}  ← {spans}")

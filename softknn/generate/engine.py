@@ -21,6 +21,7 @@ from softknn.generate.attention import MIXING, POSITIONS, GenMemory, place_memor
 from softknn.generate.batch import PackedMemory, decode_loop, job_for, pack_chunks
 from softknn.generate.memory import ChunkKV, GeneratorStore
 from softknn.generate.model import Generation, Generator, Sampling, Step
+from softknn.generate.refusal import REFUSAL_TEXT, Grounding, judge
 from softknn.infer.engine import Engine, InferParams
 from softknn.retrieval.filters import FilterNode
 
@@ -52,6 +53,7 @@ class GenParams:
     evidence: int = 5
     spans: int = 3
     filter: FilterNode | None = None  # the chunks R may come from (softknn.retrieval.filters)
+    refuse: bool = True  # below the bundle's refusal threshold: REFUSAL_TEXT, no decoding (softknn.generate.refusal)
 
     def validate(self) -> GenParams:
         if self.mixing not in MIXING:
@@ -117,6 +119,7 @@ class GenAnswer:
     tokens: list[GenToken]
     bundle_version: str
     generator: str
+    grounded: bool | None = None  # the refusal verdict (softknn.generate.refusal); None: not judged
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -284,16 +287,21 @@ class GenEngine:
     # --- decoding ---------------------------------------------------------------------------------
     def stream(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, *,
                cancelled: Callable[[], bool] = lambda: False, keep_logits: bool = False) -> Iterator[Step | GenAnswer]:
-        """Yields a Step per generated token, then the GenAnswer."""
+        """Yields a Step per generated token, then the GenAnswer. A question the bundle's refusal rule
+        refuses (`grounding`) gets REFUSAL_TEXT's tokens and nothing is decoded."""
         p = self.resolve(p)
         prep = self.prepare(p, prompt, messages)
+        verdict = self.grounding(p, prep)
         sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
                             seed=p.seed, ignore_eos=p.ignore_eos)
         result: Generation | None = None
-        if self.uses_graph(p, prep.placed is not None):
+        if verdict.refused:
+            prep = replace(prep, placed=None, memory_source="none")
+            items: Iterator[Step | Generation] = self._refusal(prep)
+        elif self.uses_graph(p, prep.placed is not None):
             job = job_for(prep.prefix + prep.rest, prep.packed(self.generator, self.layers, p.prior), sampling,
                           keep_logits=keep_logits, cancelled=cancelled)
-            items: Iterator[Step | Generation] = self.decode_loop().submit(job)
+            items = self.decode_loop().submit(job)
         else:
             items = self._in_torch(prep, p, sampling, keep_logits, cancelled)
         for item in items:
@@ -303,7 +311,22 @@ class GenEngine:
                 yield item
         assert result is not None
         self._local.generation = result  # per thread: concurrent generations share the engine
-        yield self._answer(result, prep, p)
+        answer = self._answer(result, prep, p)
+        diag = {**answer.diagnostics, "grounding": verdict.to_dict(), **({"runtime": None} if verdict.refused else {})}
+        yield replace(answer, grounded=verdict.grounded, diagnostics=diag)
+
+    def grounding(self, p: GenParams, prep: _Prepared) -> Grounding:
+        """The refusal verdict (softknn.generate.refusal.judge): R's retrieval s₁ against the threshold in the
+        bundle's generator calibration; not judged without retrieval or without a threshold."""
+        record = (self.store.record.get("calibration") or {}).get("refusal")
+        return judge(prep.retr.nearest[0] if prep.retr is not None else None, record, p.refuse)
+
+    def _refusal(self, prep: _Prepared) -> Iterator[Step | Generation]:
+        """REFUSAL_TEXT as the answer's tokens, whole whatever max_tokens: nothing is decoded."""
+        ids = self.generator._ids(REFUSAL_TEXT)
+        for t in ids:
+            yield Step(t, self.generator.tokenizer.decode([t], skip_special_tokens=True))
+        yield Generation(ids, REFUSAL_TEXT, "stop", len(prep.prefix) + len(prep.rest))
 
     def _in_torch(self, prep: _Prepared, p: ResolvedGenParams, sampling: Sampling, keep_logits: bool,
                   cancelled: Callable[[], bool]) -> Iterator[Step | Generation]:

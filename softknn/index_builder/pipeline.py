@@ -73,7 +73,8 @@ class BuildConfig:
     generator_layers: str = "all"  # with a generator: its memory layers (softknn.index_builder.generator_memory)
     generator_memory: str = GeneratorBuild.memory  # with a generator: how its K/V are stored (softknn.generate.memory)
     generator_keep: float = 1.0  # with a generator: the fraction of each chunk's tokens stored
-    generator_calibrate: bool = True  # with a generator and calibrate: k and β from the KB (softknn.generate.calibration)
+    generator_calibrate: bool = True  # with a generator and calibrate: k and β from the KB (softknn.generate.calibration);
+    # without it, calibrate still sets the refusal threshold (softknn.generate.refusal: retrieval only)
 
 
 def _plan_hash(chunks: list[Chunk], cfg: BuildConfig, encoder: Encoder, layer: int, generator: dict | None = None) -> str:
@@ -149,11 +150,19 @@ def encode_batch(encoder: Encoder, texts: list[str], starts: list[int], layer: i
 
 
 def calibrate_generator(tmp: Path, texts: list[str], xb: np.ndarray, lex, manifest: dict, gen: Generator,
-                        embed: Callable[[list[str]], np.ndarray], *, progress: bool = False) -> dict:
-    """softknn.generate.calibration over the bundle being written in `tmp` (its generator memory, its
-    retrieval as a request would resolve it: mode, λ and τ of the bundle's own calibration)."""
+                        embed: Callable[[list[str]], np.ndarray], *, progress: bool = False, decode: bool = True) -> dict:
+    """The manifest's `generator.calibration`: k and β by softknn.generate.calibration over the bundle being
+    written in `tmp` (its generator memory, its retrieval as a request would resolve it: mode, λ and τ of
+    the bundle's own calibration), when `decode`; and always the refusal threshold (`refusal`:
+    softknn.generate.refusal, retrieval alone, no decoding)."""
     from softknn.generate.calibration import answers_with_memory, calibrate_generation
     from softknn.generate.memory import GeneratorStore
+    from softknn.generate.refusal import calibrate_refusal
+
+    t0 = time.perf_counter()
+    refusal = {**calibrate_refusal(xb, texts, embed), "seconds": round(time.perf_counter() - t0, 1)}
+    if not decode:
+        return {"refusal": refusal}
 
     rec = manifest["generator"]
     store = GeneratorStore(tmp, rec, len(texts))
@@ -172,7 +181,7 @@ def calibrate_generator(tmp: Path, texts: list[str], xb: np.ndarray, lex, manife
                                lexical_weight=p.lexical_weight, temperature=p.temperature, kernel=p.kernel,
                                candidates=CANDIDATES)
     gen.close_loops()  # the calibration's decode loop and its cache: a server opens its own
-    return {**rec, "seconds": round(time.perf_counter() - t0, 1)}
+    return {**rec, "seconds": round(time.perf_counter() - t0, 1), "refusal": refusal}
 
 
 def embed_texts(encoder: Encoder, texts: list[str], batch_size: int = 32) -> np.ndarray:
@@ -422,10 +431,10 @@ def _build(chunks, docs, kb, out, parent, cfg, encoder, layer, plan, *, force, p
         if generator is not None:
             gen, spec = generator
             manifest["generator"] = write_generator_memory(tmp, texts, gen, spec, work, progress=progress)
-            if cfg.calibrate and cfg.generator_calibrate:  # k and β from the KB's own fill-in-the-blank questions
+            if cfg.calibrate:
                 manifest["generator"]["calibration"] = calibrate_generator(
                     tmp, texts, xb, lex, manifest, gen, lambda t: embed_texts(encoder, t, cfg.batch_size),
-                    progress=progress)
+                    progress=progress, decode=cfg.generator_calibrate)
         if cfg.shards > 1:  # the one-index files above, split into shards (calibration stays global)
             manifest = _finalize_sharded(tmp, out, parent, manifest, lex, cfg.shards, force=force,
                                          write_memory=memory.write)

@@ -1,8 +1,9 @@
 """/v1/generate, /v1/chat/completions and /v1/models with the real generator (smollm2-135m-instruct)
 over one small bundle (the sample KB's first 30 records) built with it: the service answers what the
 core answers, streams what it answers, speaks OpenAI to the official client, frees a slot when a
-client leaves mid-stream (alone, and with 16 other streams running), and refuses a generation past
-its queue. The generator and the small bundle are the session's (tests/conftest.py)."""
+client leaves mid-stream (alone, and with 16 other streams running), refuses a generation past its
+queue, and answers a question the KB does not hold with the refusal text. The generator and the small
+bundle are the session's (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from softknn.common.console import sample_kb_path
 from softknn.generate.engine import GenEngine, GenParams
 from softknn.generate.model import Sampling
+from softknn.generate.refusal import REFUSAL_TEXT, calibrate_refusal
+from softknn.index_builder.pipeline import BuildConfig, build_bundle, embed_texts
 from softknn.infer.engine import Engine
 from softknn.service.app import create_app
 from softknn.storage.bundle import load_bundle
@@ -25,6 +30,8 @@ from tests.service.conftest import settings_for
 
 QUESTION = "How much is an adult single on the Amber Line?"
 MESSAGES = [{"role": "user", "content": QUESTION}]
+FAR = "how long should I rest a beef brisket after smoking it overnight?"  # sample_kb/ood_queries.jsonl
+FAR_MESSAGES = [{"role": "user", "content": FAR}]
 TOKENS = 8
 
 
@@ -295,3 +302,81 @@ def test_readme_generate_sample_is_what_the_service_answers(client):
     got = r.json()
     assert got["text"] and len(got["evidence"]) == body["evidence"]
     assert all(e["chunk_id"] for e in got["evidence"])
+
+
+# --- grounded refusal (softknn.generate.refusal) -------------------------------------------------------------
+def _s1(ge, question: str) -> float:
+    return ge.retrieve(question, GenParams()).nearest[0]
+
+
+def test_the_build_records_a_refusal_threshold_from_its_held_out_sentences(ge, gen_bundle, encoder):
+    """generator_calibrate False skips the decoded k/β grid, not the refusal threshold (retrieval only)."""
+    cal = ge.store.record["calibration"]
+    texts = [c["text"] for c in ge.engine.bundle.chunks]
+    want = calibrate_refusal(np.load(gen_bundle / "embeddings.npy"), texts, lambda t: embed_texts(encoder, t, 32))
+    assert set(cal) == {"refusal"} and {k: v for k, v in cal["refusal"].items() if k != "seconds"} == want
+    assert want["threshold"] is not None and want["questions"] >= 20 and ge.defaults()[2] == "fixed"
+
+
+def test_a_question_far_from_the_kb_gets_the_refusal_text_and_the_evidence_found(client, ge):
+    t = ge.store.record["calibration"]["refusal"]["threshold"]
+    s1 = _s1(ge, FAR)
+    assert s1 < t <= _s1(ge, QUESTION)
+    got = generate(client, messages=FAR_MESSAGES, k=2)
+    assert (got["text"], got["grounded"], got["finish_reason"]) == (REFUSAL_TEXT, False, "stop")
+    assert got["diagnostics"]["grounding"] == {
+        "grounded": False, "refused": True, "signal": "nearest_similarity", "value": pytest.approx(s1, abs=1e-6),
+        "threshold": t, "note": f"nearest chunk similarity {s1:.3f} < {t:.3f}: refused"}
+    d = got["diagnostics"]
+    assert (d["runtime"], d["memory_source"], d["memory_tokens"], d["memory_share"], d["mixing"]) == (None, "none", 0, 0.0, None)
+    retr = ge.retrieve(FAR, GenParams(k=2))
+    assert [e["chunk_id"] for e in got["evidence"]] == [ge.engine.bundle.chunks[r]["chunk_id"] for r in retr.rows[0]]
+    assert "".join(x["text"] for x in got["tokens"]) == REFUSAL_TEXT
+    assert got["usage"]["completion_tokens"] == len(got["tokens"]) == len(ge.generator._ids(REFUSAL_TEXT))
+    chat = client.post("/v1/chat/completions", json={"messages": FAR_MESSAGES})
+    assert chat.status_code == 200, chat.text
+    c = chat.json()
+    assert c["choices"][0]["message"]["content"] == REFUSAL_TEXT and c["choices"][0]["finish_reason"] == "stop"
+    assert c["softknn"]["grounded"] is False and c["softknn"]["diagnostics"]["grounding"]["refused"] is True
+    ev = events(client.post("/v1/chat/completions", json={"messages": FAR_MESSAGES, "stream": True}).text)
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in ev[:-1]) == REFUSAL_TEXT
+    assert ev[-2]["choices"][0]["finish_reason"] == "stop" and ev[-2]["softknn"]["grounded"] is False
+    ev = events(client.post("/v1/generate", json={"messages": FAR_MESSAGES, "stream": True}).text)
+    assert "".join(e["text"] for e in ev[:-2]) == REFUSAL_TEXT and ev[-2]["grounded"] is False
+
+
+def test_an_in_kb_question_is_answered_and_grounded(client, ge):
+    got = generate(client, messages=MESSAGES, k=2)
+    want = ge.answer(GenParams(max_tokens=TOKENS, k=2), messages=MESSAGES)
+    assert got["text"] == want.text and got["grounded"] is True and want.grounded is True
+    g = got["diagnostics"]["grounding"]
+    assert (g["grounded"], g["refused"], g["value"]) == (True, False, pytest.approx(_s1(ge, QUESTION), abs=1e-6))
+    chat = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": TOKENS, "k": 2}).json()
+    assert chat["softknn"]["grounded"] is True and chat["choices"][0]["message"]["content"] == want.text
+
+
+def test_refuse_false_answers_anyway_and_still_reports_the_verdict(client, ge):
+    got = generate(client, messages=FAR_MESSAGES, k=2, refuse=False)
+    want = ge.answer(GenParams(max_tokens=TOKENS, k=2, refuse=False), messages=FAR_MESSAGES)
+    assert got["text"] == want.text and got["text"] != REFUSAL_TEXT and got["usage"] == want.usage
+    assert got["grounded"] is False and got["diagnostics"]["grounding"]["refused"] is False
+    assert got["diagnostics"]["runtime"] is not None and got["diagnostics"]["memory_tokens"] > 0
+    chat = client.post("/v1/chat/completions", json={"messages": FAR_MESSAGES, "max_tokens": TOKENS, "k": 2,
+                                                      "refuse": False}).json()
+    assert chat["choices"][0]["message"]["content"] == want.text and chat["softknn"]["grounded"] is False
+    plain = generate(client, messages=FAR_MESSAGES, use_kb=False)  # no retrieval: nothing to judge
+    assert plain["grounded"] is None and plain["diagnostics"]["grounding"]["note"] == "no retrieval (use_kb false): not judged"
+
+
+def test_a_bundle_without_the_refusal_record_never_refuses(tmp_path, encoder, generator):
+    lines = (sample_kb_path() / "kb.jsonl").read_text(encoding="utf-8").splitlines()[:6]
+    (tmp_path / "kb.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    build_bundle(tmp_path / "kb.jsonl", tmp_path / "b", BuildConfig(calibrate=False), encoder, progress=False,
+                 generator=generator)
+    old = GenEngine(Engine(encoder, load_bundle(tmp_path / "b")), generator)
+    assert old.store.record.get("calibration") is None
+    a = old.answer(GenParams(max_tokens=4, k=2), messages=FAR_MESSAGES)
+    assert a.text != REFUSAL_TEXT and a.usage["completion_tokens"] <= 4 and a.grounded is None
+    g = a.diagnostics["grounding"]
+    assert (g["refused"], g["threshold"], g["note"]) == (
+        False, None, "the bundle was built without a refusal threshold: never refuses")

@@ -40,7 +40,8 @@ def finish(reason: str) -> str:
 
 def extra(request_id: str, answer: GenAnswer) -> dict:
     d = answer.to_dict()
-    return {"request_id": request_id, "bundle_version": answer.bundle_version, "evidence": d["evidence"],
+    return {"request_id": request_id, "bundle_version": answer.bundle_version, "grounded": answer.grounded,
+            "evidence": d["evidence"],
             "diagnostics": d["diagnostics"], "tokens": d["tokens"]}
 
 

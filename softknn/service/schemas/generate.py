@@ -9,6 +9,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 from pydantic_core import PydanticCustomError
 
 from softknn.generate.engine import GenParams
+from softknn.generate.refusal import REFUSAL_TEXT
 from softknn.params import Settings, param_field
 from softknn.retrieval.filters import CheckedFilter
 from softknn.service.schemas.common import (
@@ -92,6 +93,7 @@ class GenerateFields(BaseModel):
     evidence: int
     spans: int
     filter: CheckedFilter | None
+    refuse: bool
     kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
 
     def gen_params(self, max_tokens: int) -> GenParams:
@@ -99,7 +101,8 @@ class GenerateFields(BaseModel):
                          stop=tuple(self.stop or ()), seed=self.seed, ignore_eos=self.ignore_eos, k=self.k, retrieval=self.retrieval,
                          lexical_weight=self.lexical_weight, knn_temperature=self.knn_temperature, exact=self.exact,
                          mixing=self.mixing, alpha=self.alpha, prior=self.prior, positions=self.positions, use_kb=self.use_kb,
-                         context=self.context, evidence=self.evidence, spans=self.spans, filter=self.filter)
+                         context=self.context, evidence=self.evidence, spans=self.spans, filter=self.filter,
+                         refuse=self.refuse)
 
 
 def _gen_fields(settings: Settings) -> dict[str, Any]:
@@ -142,6 +145,10 @@ def _gen_fields(settings: Settings) -> dict[str, Any]:
                                 description="evidence items returned")),
         "spans": (Int, param_field("spans", d.spans)),
         "filter": (CheckedFilter | None, Field(None, description=FILTER_DOC)),
+        "refuse": (bool, Field(d.refuse, description="true: a question whose nearest KB chunk is less similar than the "
+                               "bundle's refusal threshold (GET /v1/index generator.calibration.refusal) gets the refusal "
+                               f"text {REFUSAL_TEXT!r} and grounded false, nothing decoded; false: answered anyway "
+                               "(grounded still reported)")),
     }
 
 
@@ -263,6 +270,16 @@ class GenTokenItem(Out):
     top_chunk: str | None = Field(description="the chunk it drew on most")
 
 
+class GroundingDiagnostics(Out):
+    grounded: bool | None = Field(description="null: not judged (no retrieval, or a bundle without a refusal threshold)")
+    refused: bool = Field(description="the answer is the refusal text; nothing was decoded")
+    signal: str | None = Field(description="what was thresholded: nearest_similarity, the nearest KB chunk's dense "
+                               "similarity e_q·e_c")
+    value: float | None = Field(description="the signal's value for this question")
+    threshold: float | None = Field(description="the bundle's refusal threshold (null: it has none)")
+    note: str
+
+
 class GenDiagnostics(Out):
     memory_share: float = Field(description="mean over generated tokens of the memory's attention mass")
     retrieved: int
@@ -285,11 +302,18 @@ class GenDiagnostics(Out):
     attention_effective_k: float
     exact: bool
     filtered: int | None = Field(description="chunks that pass the request's filter (null: no filter or no retrieval)")
+    grounding: GroundingDiagnostics | None = Field(None, description="the refusal verdict and why")
+
+
+GROUNDED_DOC = ("false: the KB does not hold an answer (the nearest chunk is below the bundle's refusal threshold); "
+                "the text is then the refusal text unless the request sent refuse false. null: not judged (use_kb "
+                "false, or a bundle built without a refusal threshold)")
 
 
 class GenerateResponse(Served):
     text: str
     finish_reason: Literal["stop", "length", "cancelled"]
+    grounded: bool | None = Field(description=GROUNDED_DOC)
     usage: Usage
     evidence: list[GenEvidenceItem]
     diagnostics: GenDiagnostics
@@ -312,6 +336,7 @@ class ChatChoice(Out):
 class SoftknnExtra(Out):
     request_id: str
     bundle_version: str
+    grounded: bool | None = Field(description=GROUNDED_DOC)
     evidence: list[GenEvidenceItem]
     diagnostics: GenDiagnostics
     tokens: list[GenTokenItem]

@@ -65,6 +65,7 @@ from .generate_request_positions import GenerateRequestPositions
 from .generate_request_retrieval_type_0 import GenerateRequestRetrievalType0
 from .generate_response import GenerateResponse
 from .generate_response_finish_reason import GenerateResponseFinishReason
+from .grounding_diagnostics import GroundingDiagnostics
 from .healthz_response_healthz import HealthzResponseHealthz
 from .index_response import IndexResponse
 from .infer_request import InferRequest
@@ -164,6 +165,7 @@ __all__ = (
     "GenEvidenceItem",
     "GenSpan",
     "GenTokenItem",
+    "GroundingDiagnostics",
     "HealthzResponseHealthz",
     "IndexResponse",
     "InferRequest",

@@ -44,6 +44,8 @@ class ChatCompletionRequest:
         filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
             this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
             [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
+        ignore_eos (bool | Unset): true: decode max_tokens tokens, past the model's end of answer (vLLM's and llama-
+            server's ignore_eos; for benchmarks) Default: False.
         k (int | None | Unset): KB chunks retrieved and placed in the generator's attention; null = the bundle's own
             (chosen at build time from its pseudo-questions: GET /v1/index generator.calibration), else 4
         kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
@@ -60,6 +62,10 @@ class ChatCompletionRequest:
             one after another Default: 'composite'.
         prior (float | None | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax
             times (k·w_db(c))^β; 0 = the plain joint softmax; null = the bundle's own (as k), else 4
+        refuse (bool | Unset): true: a question whose nearest KB chunk is less similar than the bundle's refusal
+            threshold (GET /v1/index generator.calibration.refusal) gets the refusal text 'The knowledge base does not hold
+            an answer to this question.' and grounded false, nothing decoded; false: answered anyway (grounded still
+            reported) Default: True.
         retrieval (ChatCompletionRequestRetrievalType0 | None | Unset): similarity of the k-NN, as /v1/infer's; null =
             the bundle's default
         seed (int | None | Unset): seed of the sampler (temperature > 0): the same seed, the same answer
@@ -81,6 +87,7 @@ class ChatCompletionRequest:
     evidence: int | Unset = 5
     exact: bool | Unset = False
     filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
+    ignore_eos: bool | Unset = False
     k: int | None | Unset = UNSET
     kb: None | str | Unset = UNSET
     knn_temperature: float | None | Unset = UNSET
@@ -92,6 +99,7 @@ class ChatCompletionRequest:
     n: int | Unset = 1
     positions: ChatCompletionRequestPositions | Unset = "composite"
     prior: float | None | Unset = UNSET
+    refuse: bool | Unset = True
     retrieval: ChatCompletionRequestRetrievalType0 | None | Unset = UNSET
     seed: int | None | Unset = UNSET
     spans: int | Unset = 3
@@ -138,6 +146,8 @@ class ChatCompletionRequest:
             filter_ = self.filter_.to_dict()
         else:
             filter_ = self.filter_
+
+        ignore_eos = self.ignore_eos
 
         k: int | None | Unset
         if isinstance(self.k, Unset):
@@ -196,6 +206,8 @@ class ChatCompletionRequest:
             prior = UNSET
         else:
             prior = self.prior
+
+        refuse = self.refuse
 
         retrieval: None | str | Unset
         if isinstance(self.retrieval, Unset):
@@ -261,6 +273,8 @@ class ChatCompletionRequest:
             field_dict["exact"] = exact
         if filter_ is not UNSET:
             field_dict["filter"] = filter_
+        if ignore_eos is not UNSET:
+            field_dict["ignore_eos"] = ignore_eos
         if k is not UNSET:
             field_dict["k"] = k
         if kb is not UNSET:
@@ -283,6 +297,8 @@ class ChatCompletionRequest:
             field_dict["positions"] = positions
         if prior is not UNSET:
             field_dict["prior"] = prior
+        if refuse is not UNSET:
+            field_dict["refuse"] = refuse
         if retrieval is not UNSET:
             field_dict["retrieval"] = retrieval
         if seed is not UNSET:
@@ -377,6 +393,8 @@ class ChatCompletionRequest:
 
         filter_ = _parse_filter_(d.pop("filter", UNSET))
 
+        ignore_eos = d.pop("ignore_eos", UNSET)
+
         def _parse_k(data: object) -> int | None | Unset:
             if data is None:
                 return data
@@ -465,6 +483,8 @@ class ChatCompletionRequest:
 
         prior = _parse_prior(d.pop("prior", UNSET))
 
+        refuse = d.pop("refuse", UNSET)
+
         def _parse_retrieval(data: object) -> ChatCompletionRequestRetrievalType0 | None | Unset:
             if data is None:
                 return data
@@ -551,6 +571,7 @@ class ChatCompletionRequest:
             evidence=evidence,
             exact=exact,
             filter_=filter_,
+            ignore_eos=ignore_eos,
             k=k,
             kb=kb,
             knn_temperature=knn_temperature,
@@ -562,6 +583,7 @@ class ChatCompletionRequest:
             n=n,
             positions=positions,
             prior=prior,
+            refuse=refuse,
             retrieval=retrieval,
             seed=seed,
             spans=spans,

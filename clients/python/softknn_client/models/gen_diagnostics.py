@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 
 from ..models.gen_diagnostics_defaults_type_0 import GenDiagnosticsDefaultsType0, check_gen_diagnostics_defaults_type_0
 from ..models.gen_diagnostics_mixing_type_0 import GenDiagnosticsMixingType0, check_gen_diagnostics_mixing_type_0
 from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.grounding_diagnostics import GroundingDiagnostics
+
 
 T = TypeVar("T", bound="GenDiagnostics")
 
@@ -33,6 +37,7 @@ class GenDiagnostics:
         w_db_entropy (float):
         defaults (GenDiagnosticsDefaultsType0 | None | Unset): where k and β came from when the request left them unset:
             the bundle's calibration or the fixed defaults
+        grounding (GroundingDiagnostics | None | Unset): the refusal verdict and why
         prior (float | None | Unset): β of the k-NN prior (joint mixing; null otherwise)
         runtime (None | str | Unset): what decoded: `graph q4` (the decode graph and its weights) or `torch` (the memory
             hook: fixed α, exact)
@@ -54,10 +59,13 @@ class GenDiagnostics:
     w_db_effective_k: float
     w_db_entropy: float
     defaults: GenDiagnosticsDefaultsType0 | None | Unset = UNSET
+    grounding: GroundingDiagnostics | None | Unset = UNSET
     prior: float | None | Unset = UNSET
     runtime: None | str | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.grounding_diagnostics import GroundingDiagnostics  # noqa: PLC0415
+
         alpha: float | None
         alpha = self.alpha
 
@@ -103,6 +111,14 @@ class GenDiagnostics:
         else:
             defaults = self.defaults
 
+        grounding: dict[str, Any] | None | Unset
+        if isinstance(self.grounding, Unset):
+            grounding = UNSET
+        elif isinstance(self.grounding, GroundingDiagnostics):
+            grounding = self.grounding.to_dict()
+        else:
+            grounding = self.grounding
+
         prior: float | None | Unset
         if isinstance(self.prior, Unset):
             prior = UNSET
@@ -138,6 +154,8 @@ class GenDiagnostics:
         )
         if defaults is not UNSET:
             field_dict["defaults"] = defaults
+        if grounding is not UNSET:
+            field_dict["grounding"] = grounding
         if prior is not UNSET:
             field_dict["prior"] = prior
         if runtime is not UNSET:
@@ -147,6 +165,8 @@ class GenDiagnostics:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.grounding_diagnostics import GroundingDiagnostics  # noqa: PLC0415
+
         d = dict(src_dict)
 
         def _parse_alpha(data: object) -> float | None:
@@ -224,6 +244,23 @@ class GenDiagnostics:
 
         defaults = _parse_defaults(d.pop("defaults", UNSET))
 
+        def _parse_grounding(data: object) -> GroundingDiagnostics | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                grounding_type_0 = GroundingDiagnostics.from_dict(data)
+
+                return grounding_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(GroundingDiagnostics | None | Unset, data)
+
+        grounding = _parse_grounding(d.pop("grounding", UNSET))
+
         def _parse_prior(data: object) -> float | None | Unset:
             if data is None:
                 return data
@@ -259,6 +296,7 @@ class GenDiagnostics:
             w_db_effective_k=w_db_effective_k,
             w_db_entropy=w_db_entropy,
             defaults=defaults,
+            grounding=grounding,
             prior=prior,
             runtime=runtime,
         )

@@ -39,6 +39,8 @@ class GenerateRequest:
         filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
             this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
             [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
+        ignore_eos (bool | Unset): true: decode max_tokens tokens, past the model's end of answer (vLLM's and llama-
+            server's ignore_eos; for benchmarks) Default: False.
         k (int | None | Unset): KB chunks retrieved and placed in the generator's attention; null = the bundle's own
             (chosen at build time from its pseudo-questions: GET /v1/index generator.calibration), else 4
         kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
@@ -57,6 +59,10 @@ class GenerateRequest:
         prompt (None | str | Unset): a question: one user turn through the generator's chat template, as `messages` with
             one user message would be (raw: text the model continues, tokenised as it is, the KB before it)
         raw (bool | Unset): true: `prompt` is raw text to continue (no chat template) Default: False.
+        refuse (bool | Unset): true: a question whose nearest KB chunk is less similar than the bundle's refusal
+            threshold (GET /v1/index generator.calibration.refusal) gets the refusal text 'The knowledge base does not hold
+            an answer to this question.' and grounded false, nothing decoded; false: answered anyway (grounded still
+            reported) Default: True.
         retrieval (GenerateRequestRetrievalType0 | None | Unset): similarity of the k-NN, as /v1/infer's; null = the
             bundle's default
         seed (int | None | Unset): seed of the sampler (temperature > 0): the same seed, the same answer
@@ -75,6 +81,7 @@ class GenerateRequest:
     evidence: int | Unset = 5
     exact: bool | Unset = False
     filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
+    ignore_eos: bool | Unset = False
     k: int | None | Unset = UNSET
     kb: None | str | Unset = UNSET
     knn_temperature: float | None | Unset = UNSET
@@ -86,6 +93,7 @@ class GenerateRequest:
     prior: float | None | Unset = UNSET
     prompt: None | str | Unset = UNSET
     raw: bool | Unset = False
+    refuse: bool | Unset = True
     retrieval: GenerateRequestRetrievalType0 | None | Unset = UNSET
     seed: int | None | Unset = UNSET
     spans: int | Unset = 3
@@ -124,6 +132,8 @@ class GenerateRequest:
             filter_ = self.filter_.to_dict()
         else:
             filter_ = self.filter_
+
+        ignore_eos = self.ignore_eos
 
         k: int | None | Unset
         if isinstance(self.k, Unset):
@@ -185,6 +195,8 @@ class GenerateRequest:
 
         raw = self.raw
 
+        refuse = self.refuse
+
         retrieval: None | str | Unset
         if isinstance(self.retrieval, Unset):
             retrieval = UNSET
@@ -231,6 +243,8 @@ class GenerateRequest:
             field_dict["exact"] = exact
         if filter_ is not UNSET:
             field_dict["filter"] = filter_
+        if ignore_eos is not UNSET:
+            field_dict["ignore_eos"] = ignore_eos
         if k is not UNSET:
             field_dict["k"] = k
         if kb is not UNSET:
@@ -253,6 +267,8 @@ class GenerateRequest:
             field_dict["prompt"] = prompt
         if raw is not UNSET:
             field_dict["raw"] = raw
+        if refuse is not UNSET:
+            field_dict["refuse"] = refuse
         if retrieval is not UNSET:
             field_dict["retrieval"] = retrieval
         if seed is not UNSET:
@@ -334,6 +350,8 @@ class GenerateRequest:
             return cast(FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset, data)
 
         filter_ = _parse_filter_(d.pop("filter", UNSET))
+
+        ignore_eos = d.pop("ignore_eos", UNSET)
 
         def _parse_k(data: object) -> int | None | Unset:
             if data is None:
@@ -429,6 +447,8 @@ class GenerateRequest:
 
         raw = d.pop("raw", UNSET)
 
+        refuse = d.pop("refuse", UNSET)
+
         def _parse_retrieval(data: object) -> GenerateRequestRetrievalType0 | None | Unset:
             if data is None:
                 return data
@@ -488,6 +508,7 @@ class GenerateRequest:
             evidence=evidence,
             exact=exact,
             filter_=filter_,
+            ignore_eos=ignore_eos,
             k=k,
             kb=kb,
             knn_temperature=knn_temperature,
@@ -499,6 +520,7 @@ class GenerateRequest:
             prior=prior,
             prompt=prompt,
             raw=raw,
+            refuse=refuse,
             retrieval=retrieval,
             seed=seed,
             spans=spans,

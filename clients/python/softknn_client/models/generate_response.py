@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 
@@ -26,6 +26,9 @@ class GenerateResponse:
         evidence (list[GenEvidenceItem]):
         finish_reason (GenerateResponseFinishReason):
         generator (str): the generator's name
+        grounded (bool | None): false: the KB does not hold an answer (the nearest chunk is below the bundle's refusal
+            threshold); the text is then the refusal text unless the request sent refuse false. null: not judged (use_kb
+            false, or a bundle built without a refusal threshold)
         model (str): serving model name
         model_fingerprint (str): sha256 over the model's weights
         request_id (str):
@@ -39,6 +42,7 @@ class GenerateResponse:
     evidence: list[GenEvidenceItem]
     finish_reason: GenerateResponseFinishReason
     generator: str
+    grounded: bool | None
     model: str
     model_fingerprint: str
     request_id: str
@@ -59,6 +63,9 @@ class GenerateResponse:
         finish_reason: str = self.finish_reason
 
         generator = self.generator
+
+        grounded: bool | None
+        grounded = self.grounded
 
         model = self.model
 
@@ -84,6 +91,7 @@ class GenerateResponse:
                 "evidence": evidence,
                 "finish_reason": finish_reason,
                 "generator": generator,
+                "grounded": grounded,
                 "model": model,
                 "model_fingerprint": model_fingerprint,
                 "request_id": request_id,
@@ -118,6 +126,13 @@ class GenerateResponse:
 
         generator = d.pop("generator")
 
+        def _parse_grounded(data: object) -> bool | None:
+            if data is None:
+                return data
+            return cast(bool | None, data)
+
+        grounded = _parse_grounded(d.pop("grounded"))
+
         model = d.pop("model")
 
         model_fingerprint = d.pop("model_fingerprint")
@@ -141,6 +156,7 @@ class GenerateResponse:
             evidence=evidence,
             finish_reason=finish_reason,
             generator=generator,
+            grounded=grounded,
             model=model,
             model_fingerprint=model_fingerprint,
             request_id=request_id,

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 
@@ -21,6 +21,9 @@ class SoftknnExtra:
         bundle_version (str):
         diagnostics (GenDiagnostics):
         evidence (list[GenEvidenceItem]):
+        grounded (bool | None): false: the KB does not hold an answer (the nearest chunk is below the bundle's refusal
+            threshold); the text is then the refusal text unless the request sent refuse false. null: not judged (use_kb
+            false, or a bundle built without a refusal threshold)
         request_id (str):
         tokens (list[GenTokenItem]):
     """
@@ -28,6 +31,7 @@ class SoftknnExtra:
     bundle_version: str
     diagnostics: GenDiagnostics
     evidence: list[GenEvidenceItem]
+    grounded: bool | None
     request_id: str
     tokens: list[GenTokenItem]
 
@@ -40,6 +44,9 @@ class SoftknnExtra:
         for evidence_item_data in self.evidence:
             evidence_item = evidence_item_data.to_dict()
             evidence.append(evidence_item)
+
+        grounded: bool | None
+        grounded = self.grounded
 
         request_id = self.request_id
 
@@ -55,6 +62,7 @@ class SoftknnExtra:
                 "bundle_version": bundle_version,
                 "diagnostics": diagnostics,
                 "evidence": evidence,
+                "grounded": grounded,
                 "request_id": request_id,
                 "tokens": tokens,
             }
@@ -80,6 +88,13 @@ class SoftknnExtra:
 
             evidence.append(evidence_item)
 
+        def _parse_grounded(data: object) -> bool | None:
+            if data is None:
+                return data
+            return cast(bool | None, data)
+
+        grounded = _parse_grounded(d.pop("grounded"))
+
         request_id = d.pop("request_id")
 
         tokens = []
@@ -93,6 +108,7 @@ class SoftknnExtra:
             bundle_version=bundle_version,
             diagnostics=diagnostics,
             evidence=evidence,
+            grounded=grounded,
             request_id=request_id,
             tokens=tokens,
         )
