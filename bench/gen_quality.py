@@ -238,7 +238,7 @@ def weights(args) -> dict:
     products) and fp32; accuracy, answers equal to q4's, and the torch reference's (float32) for scale."""
     from bench.generation import CACHE, gen_engine, get_bundle, load_qa, models
     from softknn.generate.engine import GenEngine, GenParams
-    from softknn.infer.engine import Engine
+    from softknn.retrieval.search import Retriever
 
     enc, gen = models()
     kb = ROOT / "softknn" / "sample_kb" / "kb"
@@ -248,8 +248,8 @@ def weights(args) -> dict:
     settings = {"calibrated": {}, "k4_beta4": {"k": 4, "prior": 4.0}, "k8_beta0": {"k": 8, "prior": 0.0}}
     test = [q for q in load_qa() if q["split"] == "test"][: args.limit or None]
     base = GenParams(max_tokens=32, temperature=0.0)
-    runtimes = {w: GenEngine(Engine(enc, b), gen, weights=w) for w in args.formats.split(",")}
-    runtimes["torch"] = GenEngine(Engine(enc, b), gen, runtime="torch")
+    runtimes = {w: GenEngine(Retriever(b), enc, gen, weights=w) for w in args.formats.split(",")}
+    runtimes["torch"] = GenEngine(Retriever(b), enc, gen, runtime="torch")
     t0 = time.perf_counter()
     out: dict = {}
     for sname, kw in settings.items():

@@ -108,14 +108,14 @@ def _median(rows: list[dict], key: str) -> float | None:
 def single(args, ctx) -> dict:
     from bench.generation import msgs
     from softknn.generate.engine import GenEngine, GenParams
-    from softknn.infer.engine import Engine
+    from softknn.retrieval.search import Retriever
 
     enc, gen, bundle, qs, llama = ctx["enc"], ctx["gen"], ctx["bundle"], ctx["questions"], ctx["llama"]
     ks = [int(x) for x in args.ks.split(",")]
     weights = args.weights.split(",")
-    engines = {f"memory_{w}": (GenEngine(Engine(enc, bundle), gen, weights=w), {}) for w in weights}
-    engines["memory_torch"] = (GenEngine(Engine(enc, bundle), gen, runtime="torch"), {})
-    engines["prompt_graph"] = (GenEngine(Engine(enc, bundle), gen, weights=weights[0]), {"context": "prompt"})
+    engines = {f"memory_{w}": (GenEngine(Retriever(bundle), enc, gen, weights=w), {}) for w in weights}
+    engines["memory_torch"] = (GenEngine(Retriever(bundle), enc, gen, runtime="torch"), {})
+    engines["prompt_graph"] = (GenEngine(Retriever(bundle), enc, gen, weights=weights[0]), {"context": "prompt"})
     base = GenParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
     for ge, extra in engines.values():  # warm-up: each decode graph built and run once
         _stream_softknn(ge, replace(base, k=4, max_tokens=4, **extra), qs[0]["question"])

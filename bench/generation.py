@@ -133,9 +133,9 @@ def models():
 
 def gen_engine(enc, gen, bundle):
     from softknn.generate.engine import GenEngine
-    from softknn.infer.engine import Engine
+    from softknn.retrieval.search import Retriever
 
-    return GenEngine(Engine(enc, bundle), gen)
+    return GenEngine(Retriever(bundle), enc, gen)
 
 
 def load_qa() -> list[dict]:

@@ -13,9 +13,11 @@ from typing import Annotated
 import typer
 from typer.core import TyperArgument, TyperCommand
 
-from softknn.common.console import fail, need_bundle, sample_kb_path, settings_from
+from softknn.common.console import fail, need_bundle, sample_kb_path
 from softknn.common.errors import InputTooLarge, SoftKNNError
-from softknn.params import TAU_ALIAS_HELP, cli_tau, param_option
+from softknn.common.options import table_options
+from softknn.common.table import GenParams, InferParams
+from softknn.params import gen_params, infer_params, settings_from
 
 
 class Command(TyperCommand):
@@ -131,8 +133,8 @@ def build(
                                                        "stored, those its own attention keeps (1 = all)")] = 1.0,
 ) -> None:
     """Build a bundle: chunk the KB, encode it once (embeddings + the layer-L memory), index it (FAISS and BM25)."""
+    from softknn.common.location import is_remote
     from softknn.index_builder.reader import Fields, read_kb, resolve_fields
-    from softknn.storage.remote import is_remote
 
     remote = out if is_remote(out) else None
     try:  # the checks that need no model come first
@@ -441,43 +443,24 @@ def info(bundle: Annotated[Path, typer.Argument(help="bundle directory")]) -> No
 
 
 @app.command(cls=Command)
+@table_options(InferParams)
 def query(
     bundle: Annotated[Path, typer.Argument(help="bundle directory")],
     texts: Annotated[list[str], typer.Argument(help="input texts")],
     model: ModelOpt = None,
-    alpha: Annotated[float | None, param_option("alpha")] = None,
-    mixing: Annotated[str | None, param_option("mixing")] = None,
-    k: Annotated[int | None, param_option("k")] = None,
-    knn_temperature: Annotated[float | None, param_option("knn_temperature")] = None,
-    temperature: Annotated[float | None, param_option("knn_temperature", hidden=True, help=TAU_ALIAS_HELP)] = None,
-    kernel: Annotated[str | None, param_option("kernel")] = None,
-    exact: Annotated[bool, param_option("exact")] = False,
-    threshold: Annotated[float | None, param_option("threshold")] = None,
-    retrieval: Annotated[str | None, param_option("retrieval")] = None,
-    lexical_weight: Annotated[float | None, param_option("lexical_weight")] = None,
-    evidence: Annotated[int | None, typer.Option(help="evidence items per input")] = None,
-    tokens: Annotated[bool, typer.Option(help="also return per-token outputs")] = False,
-    truncate: Annotated[bool, typer.Option(help="cut inputs longer than the model's limit")] = False,
-    filter_: Annotated[str | None, typer.Option("--filter", help="JSON filter: R is drawn from the chunks that pass "
-                                                 "it, e.g. '{\"field\": \"label\", \"in\": [\"a\", \"b\"]}' "
-                                                 "(docs/design.md, Filters)")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print the result objects as JSON")] = False,
+    given: dict | None = None,
 ) -> None:
-    """Run knowledge-augmented inference on TEXTS against BUNDLE; prints one result per input."""
+    """Run knowledge-augmented inference on TEXTS against BUNDLE; prints one result per input (what
+    POST /v1/infer answers for the same parameters, unset ones filled the same way)."""
     need_bundle(bundle)
-    from softknn.infer.engine import Engine, InferParams
+    from softknn.infer.engine import Engine
     from softknn.model.encoder import TRUNCATE_HINT
-    from softknn.retrieval.filters import parse_filter
     from softknn.storage.bundle import load_bundle
 
     try:
         settings = _settings(model__name=model)
-        tau = cli_tau(knn_temperature, temperature)
-        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--knn-temperature: the default
-            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=tau or None,
-            kernel=kernel or None, exact=exact, threshold=threshold, evidence=evidence, return_tokens=tokens,
-            truncate=truncate, retrieval=retrieval or None, lexical_weight=lexical_weight,
-            filter=None if filter_ is None else parse_filter(_json_arg(filter_, "--filter")))
+        params = infer_params(settings, given or {})
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
         results = Engine(encoder, b).infer(list(texts), params)
@@ -499,59 +482,47 @@ def query(
         if r.abstained:
             typer.echo(f"  abstained (no prediction): {r.abstain_reason}")
         for ev in r.evidence:
-            spans = ", ".join(repr(s.text) for s in ev.spans[:3])
-            bm25 = "" if ev.bm25 is None else f" bm25 {ev.bm25:.2f}"
-            words = f" matched {', '.join(ev.matched_terms)}" if ev.matched_terms else ""
-            typer.echo(f"  [{ev.mass_share:.3f}] {ev.chunk_id} ({ev.label}): {ev.text[:90]!r}  ← {spans}")
-            typer.echo(f"          s {ev.similarity:.3f}  dense {ev.dense_similarity:.3f}{bm25}{words}")
+            _evidence_lines(ev, 90)
+
+
+def _evidence_lines(ev, width: int) -> None:
+    """One evidence item as `softknn query` and `softknn generate` print it (softknn.infer.results.EvidenceItem)."""
+    spans = ", ".join(repr(s.text) for s in ev.spans[:3])
+    bm25 = "" if ev.bm25 is None else f" bm25 {ev.bm25:.2f}"
+    words = f" matched {', '.join(ev.matched_terms)}" if ev.matched_terms else ""
+    typer.echo(f"  [{ev.mass_share:.3f}] {ev.chunk_id} ({ev.label}): {ev.text[:width]!r}  ← {spans}")
+    typer.echo(f"          s {ev.similarity:.3f}  dense {ev.dense_similarity:.3f}{bm25}{words}")
 
 
 @app.command(cls=Command)
+@table_options(GenParams)
 def generate(
     bundle: Annotated[Path, typer.Argument(help="bundle directory built with --generator")],
     question: Annotated[str, typer.Argument(help="the question (a user message through the chat template)")],
     raw: Annotated[bool, typer.Option(help="send QUESTION as a raw prompt, no chat template")] = False,
-    max_tokens: Annotated[int, typer.Option(help="tokens to generate at most")] = 64,
-    temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = 0.0,
-    mixing: Annotated[str, typer.Option(help="joint | fixed")] = "joint",
-    alpha: Annotated[float, typer.Option(help="fixed mixing: weight of the model's own context")] = 0.7,
-    prior: Annotated[float | None, typer.Option(help="joint mixing: β of the w_db prior on each chunk "
-                                                        "(0 = the plain joint softmax; default: GenParams')")] = None,
-    k: Annotated[int, typer.Option(help="chunks retrieved")] = 4,
-    retrieval: Annotated[str | None, typer.Option(help="hybrid | dense | lexical")] = None,
-    context: Annotated[str, typer.Option(help="memory (the KB in attention) | prompt (the chunks' text in the prompt)")] = "memory",
-    no_kb: Annotated[bool, typer.Option("--no-kb", help="the plain model, no KB")] = False,
-    exact: Annotated[bool, typer.Option(help="exact search; R's keys/values recomputed in float32")] = False,
-    evidence: Annotated[int, typer.Option(help="evidence items shown")] = 3,
-    refuse: Annotated[bool, typer.Option(help="refuse a question whose nearest KB chunk is below the bundle's refusal "
-                                         "threshold (the refusal text, nothing decoded); --no-refuse answers anyway")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print the answer object as JSON")] = False,
+    given: dict | None = None,
 ) -> None:
-    """Answer QUESTION with the generator attending to the KB chunks retrieved for it; prints the answer and its evidence."""
+    """Answer QUESTION with the generator attending to the KB chunks retrieved for it; prints the answer and its
+    evidence (what POST /v1/generate answers for the same parameters, unset ones filled the same way)."""
     need_bundle(bundle)
-    from softknn.generate.engine import GenEngine, GenParams
-    from softknn.generate.model import Generator
-    from softknn.infer.engine import Engine
+    from softknn.generate.serving import gen_engine_for
+    from softknn.retrieval.search import Retriever
     from softknn.storage.bundle import load_bundle
 
     try:
         settings = _settings()
-        params = GenParams(max_tokens=max_tokens, temperature=temperature, mixing=mixing, alpha=alpha, k=k,
-                           prior=GenParams.prior if prior is None else prior, retrieval=retrieval, context=context,
-                           use_kb=not no_kb, exact=exact, evidence=evidence, refuse=refuse).validate()
+        params = gen_params(settings, given or {})
         encoder = _encoder(settings)
         b = load_bundle(bundle, expected_fingerprint=encoder.info.fingerprint, use_gpu=settings.use_gpu_index)
-        if b.manifest.generator is None:
-            raise SoftKNNError(f"{bundle}: built without a generator; rebuild with --generator smollm2-135m-instruct")
-        gen = Generator.load(settings.generator.name if settings.generator.name else b.manifest.generator.name,
-                             cache_dir=settings.generator.cache_dir)
-        ge = GenEngine(Engine(encoder, b), gen)
+        ge = gen_engine_for(settings, Retriever(b), encoder)
         ans = ge.answer(params, prompt=question if raw else None,
                         messages=None if raw else [{"role": "user", "content": question}])
     except SoftKNNError as e:
         _fail(e)
     if as_json:
-        typer.echo(json.dumps(ans.to_dict(), ensure_ascii=False))
+        meta = {"model": encoder.info.name, "model_fingerprint": encoder.info.fingerprint}
+        typer.echo(json.dumps({**meta, **ans.to_dict()}, ensure_ascii=False))
         return
     d = ans.diagnostics
     typer.secho(f"> {question}", bold=True)
@@ -561,8 +532,7 @@ def generate(
     g = d.get("grounding") or {}
     typer.echo(f"  [grounded {'unknown' if ans.grounded is None else str(ans.grounded).lower()}: {g.get('note', '')}]")
     for ev in ans.evidence:
-        spans = ", ".join(repr(s["text"]) for s in ev.spans)
-        typer.echo(f"  [{ev.mass_share:.3f}] {ev.chunk_id}: {ev.text[:80]!r}  ← {spans}")
+        _evidence_lines(ev, 80)
 
 
 @app.command(cls=Command)

@@ -6,18 +6,17 @@ Every field is also an environment variable: prefix `SOFTKNN_`, nested sections 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, create_model, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from softknn.common.kb_names import DEFAULT_KB, KB_NAME  # noqa: F401 (re-exported)
-from softknn.retrieval.defaults import CANDIDATES, LEXICAL_WEIGHT
-from softknn.storage.remote import Location
-
-MAX_SPANS = 256  # a chunk has at most max_seq_length tokens, so at most that many word spans
+from softknn.common.location import Location
+from softknn.common.table import GenParams, InferParams, entries, fill
 
 
 class ModelSettings(BaseModel):
@@ -45,148 +44,38 @@ class ModelSettings(BaseModel):
         return self
 
 
-# --- the retrieval and mixing parameters: one table ----------------------------------------------
-# Every declaration of these parameters is built from PARAMS: the settings section `defaults`
-# (InferDefaults), the request fields of /v1/infer, /v1/embeddings, /v1/rerank and the retrieval
-# fields of /v1/generate (param_field), and the CLI options of `query` and `eval` (param_option).
-# τ outside [MIN_TEMPERATURE, MAX_TEMPERATURE] is refused as a mistake, not a setting: scores s lie in
-# [−1, 1], so below it w_db is already one-hot and above it already uniform.
-MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-6, 1e6
-TAU_DEPRECATED = "deprecated: use knn_temperature"
+# --- the request parameters' settings: derived from the parameter table ------------------------------
+class Section(BaseModel):
+    """A settings section made from a parameter dataclass of softknn.common.table (`section`): one field
+    per parameter the table marks a setting, with its default, bounds and description; a request or
+    an option that leaves the parameter unset gets the value set here (softknn.common.table.fill)."""
+
+    if TYPE_CHECKING:  # the fields are the table's, made at import: the checker sees them as Any
+        def __getattr__(self, name: str) -> Any: ...
 
 
-@dataclass(frozen=True)
-class Param:
-    """One retrieval/mixing parameter: its name, type, default, bounds, choices, texts and old names."""
-
-    name: str
-    type: Any
-    default: Any
-    description: str
-    help: str  # the CLI option's help
-    ge: float | None = None
-    gt: float | None = None
-    le: float | None = None
-    lt: float | None = None
-    choices: tuple[str, ...] | None = None
-    aliases: tuple[str, ...] = ()  # deprecated names still accepted (request field, CLI option, env var)
-    setting: bool = True  # also a setting (InferDefaults, SOFTKNN_DEFAULTS__NAME); False: per request only
-
-    def bounds(self) -> dict[str, float]:
-        return {b: v for b in ("ge", "gt", "le", "lt") if (v := getattr(self, b)) is not None}
+def section(cls: type, title: str, doc: str) -> type[Section]:
+    """The settings section of parameter dataclass `cls`: its settings parameters, by public name
+    (a deprecated name still read from the environment, e.g. SOFTKNN_DEFAULTS__TEMPERATURE)."""
+    fields: dict[str, Any] = {}
+    for e in entries(cls):
+        if e.param.setting:
+            alias = AliasChoices(e.name, *e.param.aliases) if e.param.aliases else None
+            fields[e.name] = (e.type | None if e.optional else e.type,
+                              Field(e.default, description=e.param.description, validation_alias=alias,
+                                    **e.param.bounds()))  # type: ignore[call-overload]
+    return create_model(title, __base__=Section, __doc__=doc, **fields)
 
 
-def _p(name, type_, default, description, help, **kw) -> tuple[str, Param]:
-    return name, Param(name, type_, default, description, help, **kw)
-
-
-PARAMS: dict[str, Param] = dict([
-    _p("alpha", float, 0.7, "fixed mixing: weight of the input's own attention, out = α·attn_intra + "
-       "(1−α)·attn_db (seed 000 §4.3); ignored by joint mixing", "fixed-mixing weight of the input's own attention",
-       ge=0, le=1),
-    _p("mixing", Literal["fixed", "joint"], "fixed", "fixed: the α rule; joint: one softmax over input and "
-       "retrieved tokens (memory share is reported)", "fixed | joint", choices=("fixed", "joint")),
-    _p("k", int, 8, "KB chunks retrieved by the external k-NN", "chunks retrieved", ge=1),
-    _p("knn_temperature", float | None, None, "k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel "
-       "(h² = τ for the others); null = the retrieval's own default (docs/quality.md)", "k-NN bandwidth τ",
-       ge=MIN_TEMPERATURE, le=MAX_TEMPERATURE, aliases=("temperature",)),
-    _p("retrieval", Literal["hybrid", "dense", "lexical"] | None, None, "similarity s_c of the external k-NN: "
-       "dense e_q·e_c, lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top "
-       "candidates; null = hybrid where the bundle has a lexical index, else dense",
-       "hybrid | dense | lexical (default: hybrid where the bundle has a lexical index, else dense)",
-       choices=("hybrid", "dense", "lexical")),
-    _p("lexical_weight", float | None, None, "λ of the hybrid similarity (1−λ)·dense + λ·BM25; null = the λ the "
-       f"bundle's build chose (labelled KBs by leave-one-out, unlabelled by pseudo-queries), else {LEXICAL_WEIGHT}",
-       "λ of the hybrid similarity (1−λ)·dense + λ·BM25", ge=0, le=1),
-    _p("candidates", int, CANDIDATES, "hybrid/lexical: each retriever's top m, the candidates and the range of its "
-       "normalisation", "each retriever's top m (hybrid/lexical)", ge=1),
-    _p("kernel", Literal["softmax", "epanechnikov", "uniform"], "softmax", "k-NN kernel (seed 001), bandwidth h² = τ",
-       "softmax | epanechnikov | uniform", choices=("softmax", "epanechnikov", "uniform")),
-    _p("exact", bool, False, "exact (brute-force) search instead of the ANN index; with hybrid or lexical "
-       "retrieval, the similarity computed over every chunk", "exact search (bypass the ANN index)", setting=False),
-    _p("threshold", float | None, None, "top-k + threshold: also keep chunks of the hybrid_pool candidates whose "
-       "weight is ≥ threshold", "top-k + threshold: also keep pool chunks with w ≥ threshold", gt=0, lt=1,
-       setting=False),
-    _p("evidence", int, 5, "evidence items returned per input", "evidence items per input", ge=0),
-    _p("spans", int, 5, "highlighted word spans per evidence item", "highlighted word spans per evidence item",
-       ge=0, le=MAX_SPANS),
-    _p("hybrid_pool", int, 64, "candidates searched when a threshold is set", "candidates searched with a threshold",
-       ge=1),
-])
-
-_UNSET: Any = object()
-
-
-def param_field(name: str, default: Any = _UNSET, *, description: str | None = None, **more: Any) -> Any:
-    """The pydantic Field of parameter `name` from PARAMS: its default (or `default`), its bounds (a
-    bound in `more` replaces the table's, e.g. le=limits.max_k; None drops it), its description, and
-    any other Field arguments in `more`."""
-    p = PARAMS[name]
-    b: dict[str, Any] = {**p.bounds(), **more}  # Field's keyword arguments
-    return Field(p.default if default is _UNSET else default, description=description or p.description,
-                 **{k: v for k, v in b.items() if v is not None})
-
-
-def alias_field(name: str, alias: str) -> Any:
-    """The request field of a deprecated name of `name` (PARAMS[name].aliases): the same bounds, no
-    default, `deprecated: true` in the OpenAPI document."""
-    p = PARAMS[name]
-    assert alias in p.aliases, (name, alias)
-    return Field(None, description=f"{TAU_DEPRECATED if name == 'knn_temperature' else 'deprecated: use ' + name}",
-                 json_schema_extra={"deprecated": True}, **p.bounds())  # type: ignore[call-overload]
-
-
-def merge_alias(model: Any, name: str, alias: str, where: str = "") -> None:
-    """After validation (each name checked against its own bounds, so an error names the field sent):
-    the deprecated `alias` given → `name`; both given with different values → InvalidInput (422).
-    `where` prefixes the field in the error (e.g. 'softknn.')."""
-    from softknn.common.errors import InvalidInput
-
-    old = getattr(model, alias)
-    if old is None:
-        return
-    new = getattr(model, name)
-    if name in model.model_fields_set and new is not None and new != old:
-        raise InvalidInput(f"{where}{alias} is a deprecated name of {where}{name} and the two differ "
-                           f"({old!r} vs {new!r}): send {where}{name} only", field=f"{where}{alias}")
-    setattr(model, name, old)
-
-
-def param_option(name: str, *decls: str, hidden: bool = False, help: str | None = None) -> Any:
-    """The typer Option of parameter `name` from PARAMS (its help; `decls`: other flag names)."""
-    import typer
-
-    return typer.Option(*decls, help=help or PARAMS[name].help, hidden=hidden)
-
-
-def cli_tau(knn_temperature: float | None, temperature: float | None) -> float | None:
-    """--knn-temperature, or its hidden deprecated alias --temperature; both, differing: InvalidInput."""
-    from softknn.common.errors import InvalidInput
-
-    if temperature is not None and knn_temperature is not None and temperature != knn_temperature:
-        raise InvalidInput(f"--temperature is a deprecated name of --knn-temperature and the two differ "
-                           f"({temperature} vs {knn_temperature}): give --knn-temperature only", field="temperature")
-    return knn_temperature if knn_temperature is not None else temperature
-
-
-TAU_ALIAS_HELP = "deprecated: use --knn-temperature"
-
-
-class InferDefaults(BaseModel):
-    """The settings section `defaults` (SOFTKNN_DEFAULTS__*): PARAMS' defaults, bounds and descriptions."""
-
-    alpha: float = param_field("alpha")
-    mixing: Literal["fixed", "joint"] = param_field("mixing")
-    k: int = param_field("k")
-    knn_temperature: float | None = param_field("knn_temperature", validation_alias=AliasChoices(
-        "knn_temperature", *PARAMS["knn_temperature"].aliases))  # SOFTKNN_DEFAULTS__TEMPERATURE still read
-    retrieval: Literal["hybrid", "dense", "lexical"] | None = param_field("retrieval")
-    lexical_weight: float | None = param_field("lexical_weight")
-    candidates: int = param_field("candidates")
-    kernel: Literal["softmax", "epanechnikov", "uniform"] = param_field("kernel")
-    evidence: int = param_field("evidence")
-    spans: int = param_field("spans")
-    hybrid_pool: int = param_field("hybrid_pool")
+if TYPE_CHECKING:
+    InferDefaults = Section
+    GenDefaults = Section
+else:
+    InferDefaults = section(InferParams, "InferDefaults", "The settings section `defaults` (SOFTKNN_DEFAULTS__*): "
+                            "what an inference request (/v1/infer, /v1/embeddings, /v1/rerank, softknn query) leaves "
+                            "unset.")
+    GenDefaults = section(GenParams, "GenDefaults", "The settings section `generate` (SOFTKNN_GENERATE__*): what a "
+                          "generation request (/v1/generate, /v1/chat/completions, softknn generate) leaves unset.")
 
 
 class Limits(BaseModel):
@@ -297,6 +186,7 @@ class Settings(BaseSettings):
                                     "shard verified and mapped) instead of through the shard actor")
     model: ModelSettings = Field(default_factory=ModelSettings)
     defaults: InferDefaults = Field(default_factory=InferDefaults)
+    generate: GenDefaults = Field(default_factory=GenDefaults)
     limits: Limits = Field(default_factory=Limits)
     batching: Batching = Field(default_factory=Batching)
     auth: Auth = Field(default_factory=Auth)
@@ -325,34 +215,60 @@ class Settings(BaseSettings):
             out = {DEFAULT_KB: self.bundle, **out}
         return out
 
-    def device(self) -> str:
-        if self.model.device != "auto":
-            return self.model.device
-        import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def encoder_options(settings: Settings, threads: int) -> dict:
-    """Encoder keyword arguments for the model runtime (threads: what apply_threads set)."""
-    m = settings.model
-    return {"runtime": m.runtime, "precision": m.precision, "onnx_cache": m.onnx_cache, "threads": threads,
-            "onnx_optimization": m.onnx_optimization}
-
-
-SERVING_THREADS = 1  # model.threads = 0 in the service: per inference worker (docs/benchmarks.md, contention)
+def settings_from(**overrides: Any) -> Settings:
+    """A command's Settings: from the environment, then the options given (`section__name=value`; None = unset)."""
+    s = Settings()
+    for key, value in overrides.items():
+        if value is not None:
+            section_name, _, name = key.partition("__")
+            if name:
+                setattr(getattr(s, section_name), name, value)
+            else:
+                setattr(s, section_name, value)
+    return s
 
 
-def apply_threads(settings: Settings, *, serving: bool = False) -> int:
-    """Set torch's and faiss's intra-op threads from settings; returns the number set (ONNX Runtime
-    gets it through encoder_options). model.threads = 0: SERVING_THREADS in the service (`serving`),
-    the CPU cores elsewhere (build, query, eval: one process with the machine to itself)."""
-    import os
+# --- the one step from what a request or a command gives to the core's parameters --------------------
+def limit(settings: Settings, path: str) -> int:
+    """The value of setting `path` ("limits.max_k", a Param's `limit`)."""
+    section, _, name = path.partition(".")
+    return getattr(getattr(settings, section), name)
 
-    import faiss
-    import torch
 
-    n = settings.model.threads or (SERVING_THREADS if serving else os.cpu_count() or 1)
-    torch.set_num_threads(n)
-    faiss.omp_set_num_threads(n)  # faiss has its own OpenMP pool; flat and IVF scans use it
-    return n
+def _capped(p: Any, settings: Settings) -> Any:
+    """`p` with a declared default above this server's limit lowered to it (e.g. evidence 5 where
+    limits.max_evidence is 2); a value given or set explicitly is checked against the limit instead
+    (the request schemas; check_limits at start)."""
+    cls: Any = type(p)  # a parameter dataclass of softknn.common.table
+    src = dict(p.sources)
+    low = {e.attr: cap for e in entries(cls) if e.param.limit and src.get(e.name) == "default"
+           and getattr(p, e.attr) is not None and getattr(p, e.attr) > (cap := limit(settings, e.param.limit))}
+    return replace(p, **low) if low else p
+
+
+def infer_params(settings: Settings, given: Mapping[str, Any]) -> InferParams:
+    """An inference's parameters: each from `given` (a request's fields, a command's options; None =
+    unset), else from what the settings section `defaults` sets, else the table's default (at most
+    the server's limit); the bundle fills what is still unset (InferParams.resolved). `sources` names
+    where each value came from."""
+    out: InferParams = _capped(fill(InferParams, given, settings.defaults), settings)
+    return out
+
+
+def gen_params(settings: Settings, given: Mapping[str, Any]) -> GenParams:
+    """A generation's parameters, as infer_params from the section `generate`; the bundle fills k and
+    β (GenEngine.resolve)."""
+    out: GenParams = _capped(fill(GenParams, given, settings.generate), settings)
+    return out
+
+
+def check_limits(settings: Settings) -> None:
+    """Refuse a setting above the limit its parameter has (defaults.k > limits.max_k, ...): a request
+    that leaves the parameter unset would get it. ValueError naming both."""
+    for section, cls in (("defaults", InferParams), ("generate", GenParams)):
+        values = getattr(settings, section)
+        for e in entries(cls):
+            if e.param.limit and e.name in values.model_fields_set and getattr(values, e.name) is not None:
+                if getattr(values, e.name) > (cap := limit(settings, e.param.limit)):
+                    raise ValueError(f"{section}.{e.name} = {getattr(values, e.name)} exceeds {e.param.limit} = {cap}")

@@ -1,7 +1,7 @@
 """One installed package, `softknn`, in three layers:
 
-- the core: softknn/params.py and the subpackages common/ (errors, the commands' shared helpers,
-  file locks, KB names), model/ (the seams, the encoder and its runtimes, the fused attention),
+- the core: softknn/params.py (the Settings, over common/ alone) and the subpackages common/ (errors,
+  the parameter table, the commands' shared helpers, file locks, KB names, locations, filters), model/ (the seams, the encoder and its runtimes, the fused attention),
   retrieval/, storage/, infer/ and generate/, which import no app and no loop among themselves:
   neither between two modules (an import inside a function body counts: that is where loops hide)
   nor between two subpackages, but for the edges listed in ALLOWED, each with why;
@@ -29,17 +29,10 @@ APPS = ("service", "index_builder", "evaluation")
 CORE = ("common", "model", "retrieval", "storage", "infer", "generate")  # the core's subpackages; params.py beside them
 ROOT_FILES = ["__init__.py", "__main__.py", "cli.py", "params.py"]
 
-# Core imports that go against the subpackage order (common < model < retrieval < storage < params
-# < infer < generate), each with why it stays. Only the subpackage graph skips them: the module
-# graph has no loop at all.
+# Core imports that go against the subpackage order (common < params < model < retrieval < storage
+# < infer < generate), each with why it stays. Only the subpackage graph skips them: the module graph
+# has no loop at all. params.py imports common/ alone (test_params_imports_only_common).
 ALLOWED = {
-    ("softknn.common.console", "softknn.params"):
-        "settings_from builds a command's Settings from its options (inside the function, so that "
-        "`softknn --help` loads no pydantic-settings); params.py sits above storage and retrieval, whose "
-        "Location and retrieval defaults type its fields, and common/ is where the commands' helpers live",
-    ("softknn.model.runtime", "softknn.params"):
-        "runtime.py is the one place that opens the encoder the Settings ask for (encoder_for, open_encoder): "
-        "it reads model.* settings, which params.py types with the layers above the model",
     ("softknn.retrieval.search", "softknn.storage.layout"):
         "type-only (TYPE_CHECKING): a Retriever is typed by the Bundle it searches, which storage builds "
         "from retrieval's indexes",
@@ -241,12 +234,21 @@ def test_no_import_loop_among_the_core_modules():
     assert find_cycle(graph) is None, f"core import loop: {' -> '.join(find_cycle(graph) or [])}"
 
 
+def test_params_imports_only_common():
+    """The settings and the parameter table sit under the rest of the core: params.py imports nothing of
+    softknn but common/, so `softknn --help` reads them before numpy, and no core module needs an
+    edge to it against the order."""
+    own = [m for _, m in imported_names(PKG / "params.py") if m.split(".")[0] == PKG.name]
+    assert own and [m for m in own if not m.startswith("softknn.common.")] == []
+    assert len(ALLOWED) <= 2
+
+
 def test_no_import_loop_among_the_core_subpackages_but_the_allowed_edges():
     modules = core_module_graph()
     assert [edge for edge in ALLOWED if edge[1] not in modules.get(edge[0], ())] == []  # none stale
     graph = subpackage_graph(modules)
     assert sorted(graph) == sorted((*CORE, "params"))
-    assert graph["common"] == set() and graph["model"] == {"common"}
+    assert graph["common"] == set() and graph["params"] == {"common"} and graph["model"] == {"common", "params"}
     assert find_cycle(graph) is None, f"core subpackage loop: {' -> '.join(find_cycle(graph) or [])}"
 
 

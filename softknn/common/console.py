@@ -1,6 +1,7 @@
-"""What every command shares (softknn/cli.py, softknn/evaluation/cli.py): Settings from the options, the
-error exit, the preconditions checked before anything loads. Its own module so the command modules
-import it, never each other; their encoder comes from softknn.model.runtime.encoder_for."""
+"""What every command shares (softknn/cli.py, softknn/evaluation/cli.py): the error exit, the
+preconditions checked before anything loads. Its own module so the command modules import it, never
+each other; their Settings come from softknn.params.settings_from, their encoder from
+softknn.model.runtime.encoder_for, their parameters' options from softknn.common.options."""
 
 from __future__ import annotations
 
@@ -9,22 +10,6 @@ from pathlib import Path
 from typing import NoReturn
 
 import typer
-
-
-def settings_from(**overrides):
-    """Settings from the environment, then the options given (`section__name=value`; None = unset)."""
-    from softknn.params import Settings, apply_threads
-
-    s = Settings()
-    for key, value in overrides.items():
-        if value is not None:
-            section, _, name = key.partition("__")
-            if name:
-                setattr(getattr(s, section), name, value)
-            else:
-                setattr(s, section, value)
-    apply_threads(s)
-    return s
 
 
 def fail(e: Exception | str) -> NoReturn:

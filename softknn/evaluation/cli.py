@@ -15,9 +15,11 @@ from typing import Annotated
 
 import typer
 
-from softknn.common.console import fail, settings_from
+from softknn.common.console import fail
 from softknn.common.errors import SoftKNNError
-from softknn.params import TAU_ALIAS_HELP, cli_tau, param_option
+from softknn.common.options import table_options
+from softknn.common.table import InferParams
+from softknn.params import infer_params, settings_from
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,7 @@ def print_report(rep: dict) -> None:
 Opt = typer.Option
 
 
+@table_options(InferParams, "alpha", "mixing", "k", "knn_temperature", "kernel", "retrieval", "lexical_weight")
 def eval_command(
     bundle: Annotated[Path, typer.Argument(help="bundle directory")],
     queries: Annotated[Path, typer.Argument(help="query set: .jsonl/.json/.csv file or folder (builder formats)")],
@@ -66,14 +69,6 @@ def eval_command(
     limit: Annotated[int | None, Opt(help="evaluate a seeded random subset of this many queries")] = None,
     seed: Annotated[int, Opt(help="seed of --limit and of the calibration split")] = 0,
     model: Annotated[str | None, Opt("--model", help="sentence-transformers model path")] = None,
-    alpha: Annotated[float | None, param_option("alpha")] = None,
-    mixing: Annotated[str | None, param_option("mixing")] = None,
-    k: Annotated[int | None, param_option("k")] = None,
-    knn_temperature: Annotated[float | None, param_option("knn_temperature")] = None,
-    temperature: Annotated[float | None, param_option("knn_temperature", hidden=True, help=TAU_ALIAS_HELP)] = None,
-    kernel: Annotated[str | None, param_option("kernel")] = None,
-    retrieval: Annotated[str | None, param_option("retrieval")] = None,
-    lexical_weight: Annotated[float | None, param_option("lexical_weight")] = None,
     compare: Annotated[str, Opt(help="retrievals reported side by side in the same run (comma-separated; "
                                      "'' for none)")] = "dense,lexical,hybrid",
     rounds: Annotated[int, Opt(help="2: retrieve again with the fused embedding (labels + evidence from round 2)")] = 1,
@@ -90,6 +85,7 @@ def eval_command(
     kb_label_field: Annotated[str, Opt(help="KB label field (with --calibrate-kb)")] = "label",
     batch_size: Annotated[int, Opt(help="queries per batch")] = 32,
     progress: Annotated[bool, Opt(help="show progress bars")] = True,
+    given: dict | None = None,
 ) -> None:
     """Evaluate BUNDLE on QUERIES beside the plain embedding k-NN baseline: accuracy, macro-F1, abstain
     trade-off, OOD rejection, recall@k / nDCG@10 / MRR@10 of the evidence. Writes a JSON report and plots."""
@@ -100,16 +96,13 @@ def eval_command(
     from softknn.evaluation.report import write_report
     from softknn.evaluation.run import Strategy, baseline_outcomes, evaluate, read_queries, sample
     from softknn.index_builder.reader import Fields
-    from softknn.infer.engine import Engine, InferParams
+    from softknn.infer.engine import Engine
     from softknn.model.runtime import encoder_for
     from softknn.storage.bundle import load_bundle
 
     try:
         settings = settings_from(model__name=model)
-        tau = cli_tau(knn_temperature, temperature)
-        params = InferParams.from_defaults(  # an empty --mixing/--kernel/--retrieval or a 0 --k/--knn-temperature: the default
-            settings.defaults, alpha=alpha, mixing=mixing or None, k=k or None, temperature=tau or None,
-            kernel=kernel or None, retrieval=retrieval or None, lexical_weight=lexical_weight)
+        params = infer_params(settings, given or {})
         wanted = [r.strip() for r in compare.split(",") if r.strip()]
         strategy = Strategy(rounds, requery).validate()
         qs = sample(read_queries(queries, Fields(id_field, text_field, label_field), gold_field), limit, seed)
@@ -169,7 +162,6 @@ def calibrate_command(
     need_bundle(bundle)
     from softknn.evaluation.holdout import calibrate
     from softknn.index_builder.reader import Fields
-    from softknn.infer.engine import InferParams
     from softknn.model.runtime import encoder_for
     from softknn.storage.layout import read_manifest
 
@@ -178,7 +170,7 @@ def calibrate_command(
         fields = Fields(id_field or built.get("id", "id"), text_field or built.get("text", "text"),
                         label_field or built.get("label", "label"))
         settings = settings_from(model__name=model)
-        params = InferParams.from_defaults(settings.defaults)
+        params = infer_params(settings, {})
         record = calibrate(bundle, kb, fields, encoder_for(settings), params,
                            work=work, fraction=fraction, seed=seed, target_loss=target_loss, progress=progress,
                            min_n=min_validation_n)

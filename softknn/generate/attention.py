@@ -28,9 +28,9 @@ from typing import Protocol
 
 import torch
 
+from softknn.common.table import MIXING, POSITIONS  # noqa: F401 (re-exported)
+
 GEN_ATTN_IMPLEMENTATION = "softknn_gen"
-MIXING = ("fixed", "joint")
-POSITIONS = ("composite", "reordered")
 
 _HOOK: contextvars.ContextVar = contextvars.ContextVar("softknn_gen_hook", default=None)
 

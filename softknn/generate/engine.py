@@ -1,8 +1,8 @@
 """Generation with the KB in attention: retrieve R (the sentence encoder, FAISS + BM25, w_db) →
 place R's generator keys/values → decode with the memory hook → evidence per answer.
 
-`GenEngine` holds an Engine (the bundle's retrieval) and a Generator whose fingerprint the bundle's
-generator memory was built with. `stream` yields each token as it is chosen, then the answer.
+`GenEngine` holds the bundle's retrieval (a Retriever), the encoder that embeds the question for it,
+and a Generator whose fingerprint the bundle's generator memory was built with. `stream` yields each token as it is chosen, then the answer.
 """
 
 from __future__ import annotations
@@ -17,62 +17,15 @@ import numpy as np
 import torch
 
 from softknn.common.errors import BundleError, InvalidInput
-from softknn.generate.attention import MIXING, POSITIONS, GenMemory, place_memory
+from softknn.common.table import FIXED_K, FIXED_PRIOR, GenParams, with_sources
+from softknn.generate.attention import GenMemory, place_memory
 from softknn.generate.batch import PackedMemory, decode_loop, job_for, pack_chunks
 from softknn.generate.memory import ChunkKV, GeneratorStore
 from softknn.generate.model import Generation, Generator, Sampling, Step
 from softknn.generate.refusal import REFUSAL_TEXT, Grounding, judge
-from softknn.infer.engine import Engine, InferParams
-from softknn.retrieval.filters import FilterNode
-
-FIXED_K = 4  # k and β of a bundle without a generator calibration: chosen together on the sample-KB
-FIXED_PRIOR = 4.0  # QA validation split (docs/benchmarks.md, "Generation")
-
-
-@dataclass(frozen=True)
-class GenParams:
-    """One generation's parameters: sampling, retrieval (as /v1/infer's), and how the memory is mixed."""
-
-    max_tokens: int = 64
-    temperature: float = 0.0  # 0: greedy
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
-    ignore_eos: bool = False  # keep decoding past EOS to max_tokens (vLLM's and llama-server's ignore_eos)
-    k: int | None = None  # None: the bundle's calibrated k (softknn.generate.calibration), else FIXED_K
-    retrieval: str | None = None  # hybrid | dense | lexical; None: the bundle's default
-    lexical_weight: float | None = None
-    knn_temperature: float | None = None  # τ of w_db
-    exact: bool = False  # exact search, and R's K/V recomputed in float32 after this prompt's own prefix
-    mixing: str = "joint"
-    alpha: float = 0.7  # fixed mixing only
-    prior: float | None = None  # joint only: β of the w_db prior (softknn.generate.attention); None: the bundle's, else FIXED_PRIOR
-    positions: str = "composite"
-    use_kb: bool = True  # False: the plain model (the explorer's side-by-side answer)
-    context: str = "memory"  # memory: the KB in attention; prompt: the same chunks' text in the prompt (baseline)
-    evidence: int = 5
-    spans: int = 3
-    filter: FilterNode | None = None  # the chunks R may come from (softknn.retrieval.filters)
-    refuse: bool = True  # below the bundle's refusal threshold: REFUSAL_TEXT, no decoding (softknn.generate.refusal)
-
-    def validate(self) -> GenParams:
-        if self.mixing not in MIXING:
-            raise InvalidInput(f"mixing must be one of {MIXING}", field="mixing")
-        if self.positions not in POSITIONS:
-            raise InvalidInput(f"positions must be one of {POSITIONS}", field="positions")
-        if self.context not in ("memory", "prompt"):
-            raise InvalidInput("context must be memory or prompt", field="context")
-        if self.prior is not None and not 0.0 <= self.prior <= 16.0:
-            raise InvalidInput("prior must be in [0, 16]", field="prior")
-        if self.k is not None and self.k < 1:
-            raise InvalidInput("k must be at least 1", field="k")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise InvalidInput("alpha must be in [0, 1]", field="alpha")
-        if self.max_tokens < 1:
-            raise InvalidInput("max_tokens must be at least 1", field="max_tokens")
-        if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise InvalidInput("temperature must be ≥ 0 and top_p in (0, 1]", field="temperature")
-        return self
+from softknn.infer.results import EvidenceItem, QueryToken, Span
+from softknn.model.backends import ModelForward
+from softknn.retrieval.search import InferParams, Retriever
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,24 +34,6 @@ class ResolvedGenParams(GenParams):
 
     k: int
     prior: float
-
-
-@dataclass(frozen=True)
-class GenEvidence:
-    rank: int
-    chunk_id: str
-    doc_id: str
-    text: str
-    start: int
-    end: int
-    label: str | None
-    similarity: float  # s_c, what R was ranked and weighted by
-    dense_similarity: float
-    bm25: float | None
-    weight: float  # w_db(c)
-    mass_share: float  # mean over generated tokens of the memory mass g_c the answer put on c
-    spans: list[dict[str, Any]]  # the chunk's words that drew the most mass: text, char span in the doc, weight
-    tokens: list[int]  # the generated tokens (indexes into `tokens` of the answer) that drew on c the most
 
 
 @dataclass(frozen=True)
@@ -114,7 +49,7 @@ class GenAnswer:
     text: str
     finish_reason: str
     usage: dict[str, int]
-    evidence: list[GenEvidence]
+    evidence: list[EvidenceItem]
     diagnostics: dict[str, Any]
     tokens: list[GenToken]
     bundle_version: str
@@ -178,18 +113,19 @@ class GenEngine:
     ONNX Runtime threads, `max_batch` the most sequences a step decodes); fixed α mixing, `exact`
     requests and runtime "torch" run the model in torch with the memory hook (the reference)."""
 
-    def __init__(self, engine: Engine, generator: Generator, *, runtime: str = "graph", weights: str = "auto",
-                 threads: int = 1, max_batch: int = 16, torch_concurrent: int = 2):
-        rec = engine.bundle.manifest.generator
+    def __init__(self, retriever: Retriever, encoder: ModelForward, generator: Generator, *, runtime: str = "graph",
+                 weights: str = "auto", threads: int = 1, max_batch: int = 16, torch_concurrent: int = 2):
+        bundle = retriever.bundle
+        rec = bundle.manifest.generator
         if rec is None:
-            raise BundleError(f"{engine.bundle.path}: built without a generator (softknn build --generator MODEL)",
+            raise BundleError(f"{bundle.path}: built without a generator (softknn build --generator MODEL)",
                               field="bundle")
         if rec.fingerprint != generator.info.fingerprint:
-            raise BundleError(f"{engine.bundle.path}: generator memory built with other weights than "
+            raise BundleError(f"{bundle.path}: generator memory built with other weights than "
                               f"{generator.info.name}", field="bundle")
-        self.engine = engine
+        self.retriever, self.encoder, self.bundle = retriever, encoder, bundle
         self.generator = generator
-        self.store = GeneratorStore(engine.bundle.path, rec.model_dump(), len(engine.bundle))
+        self.store = GeneratorStore(bundle.path, rec.model_dump(), len(bundle))
         self.layers = list(rec.layers)
         self._local = threading.local()
         if runtime not in RUNTIMES:
@@ -218,10 +154,10 @@ class GenEngine:
         p = self.resolve(p)
         ip = InferParams(k=p.k, retrieval=p.retrieval, lexical_weight=p.lexical_weight, temperature=p.knn_temperature,
                          exact=p.exact, evidence=0, filter=p.filter)
-        ip = self.engine.resolve([ip])[0]
-        enc = self.engine.encoder
+        ip = self.retriever.resolve([ip])[0]
+        enc = self.encoder
         plain = enc.forward_plain(enc.tokenize([query], truncate=[True]))
-        return self.engine.retrieve(plain.embedding.float().cpu().numpy(), [ip], [query])
+        return self.retriever.retrieve(plain.embedding.float().cpu().numpy(), [ip], [query])
 
     def chunk_kv(self, rows: list[int], prefix: list[int], exact: bool, positions: str
                  ) -> tuple[list[ChunkKV], int | list[int], str]:
@@ -257,10 +193,14 @@ class GenEngine:
         """p validated, with k and prior filled in from `defaults` where the request left them unset."""
         if isinstance(p, ResolvedGenParams):
             return p
-        k, prior, _ = self.defaults()
+        k, prior, where = self.defaults()
         p = p.validate()
         values = {f.name: getattr(p, f.name) for f in fields(p)}
-        return ResolvedGenParams(**{**values, "k": k if p.k is None else p.k, "prior": prior if p.prior is None else p.prior})
+        src = {name: "bundle" if where == "calibrated" else "default" for name in ("k", "prior") if values[name] is None}
+        retrieval = InferParams(retrieval=p.retrieval, lexical_weight=p.lexical_weight, temperature=p.knn_temperature)
+        src |= dict(self.retriever.resolve([retrieval])[0].sources)  # what the bundle's retrieval filled in
+        return with_sources(ResolvedGenParams(**{**values, "k": k if p.k is None else p.k,
+                                                 "prior": prior if p.prior is None else p.prior}), **src)
 
     def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None) -> _Prepared:
         p = self.resolve(p)
@@ -271,7 +211,7 @@ class GenEngine:
             return _Prepared(prefix, rest, None)
         retr = self.retrieve(query, p)
         rows, w = retr.rows[0], retr.weights[0]
-        chunks = self.engine.bundle.chunks
+        chunks = self.bundle.chunks
         if p.context == "prompt" or not rows:
             prefix, rest = gen.layout(prompt, messages, context=[chunks[r]["text"] for r in rows] if rows else None)
             return _Prepared(prefix, rest, None, rows, retr, "prompt" if rows else "none")
@@ -361,9 +301,9 @@ class GenEngine:
         pieces = [gen.tokenizer.decode([t], skip_special_tokens=True) for t in g.token_ids]
         n = len(g.token_ids)
         trace = g.trace
-        chunks = self.engine.bundle.chunks
+        chunks = self.bundle.chunks
         rows = prep.rows
-        evidence: list[GenEvidence] = []
+        evidence: list[EvidenceItem] = []
         tokens: list[GenToken] = []
         mass = torch.stack(trace.mass[:n]) if trace is not None and n and trace.mass else None  # (n, S)
         share = torch.stack(trace.share[:n]) if mass is not None and trace is not None else None  # mass implies trace
@@ -376,17 +316,24 @@ class GenEngine:
         retr = prep.retr
         if retr is not None and rows:
             per_chunk = mass.mean(0) if mass is not None else torch.zeros(len(rows))
-            order = sorted(range(len(rows)), key=lambda s: (-float(per_chunk[s]), -retr.weights[0][s]))
-            for rank, s in enumerate(order[: p.evidence], 1):
+            order = sorted(range(len(rows)), key=lambda s: (-float(per_chunk[s]), -retr.weights[0][s]))[: p.evidence]
+            ends = np.cumsum([len(x) for x in pieces]).tolist()  # each token's end in the answer's text
+            matched = self.retriever.matched_words_rows(retr, 0, [rows[s] for s in order])
+            bm25 = retr.bm25[0]
+            for rank, (s, words) in enumerate(zip(order, matched, strict=True)):
                 c = chunks[rows[s]]
                 kept = prep.kept[s] if prep.kept else None
-                spans = self._spans(c, trace, s, p.spans, kept) if trace is not None and n else []
+                spans = self._spans(c, trace, s, p.spans, kept, float(per_chunk[s])) if trace is not None and n else []
                 drew = [] if share is None else [int(i) for i in share[:, s].argsort(descending=True)[:3]]
-                bm25 = retr.bm25[0]
-                evidence.append(GenEvidence(rank, c["chunk_id"], c["doc_id"], c["text"], c["start"], c["end"], c.get("label"),
-                                            float(retr.scores[0][s]), float(retr.dense[0][s]),
-                                            None if bm25 is None else float(bm25[s]), float(retr.weights[0][s]),
-                                            float(per_chunk[s]), spans, drew))
+                evidence.append(EvidenceItem(
+                    rank=rank, chunk_id=c["chunk_id"], doc_id=c["doc_id"], text=c["text"], start=c["start"],
+                    end=c["end"], label=c.get("label"), metadata=c.get("metadata") or {},
+                    similarity=float(retr.scores[0][s]), dense_similarity=float(retr.dense[0][s]),
+                    bm25=None if bm25 is None else float(bm25[s]), matched_terms=words,
+                    weight=float(retr.weights[0][s]), mass_share=float(per_chunk[s]), influence=None, spans=spans,
+                    query_tokens=[QueryToken(t, pieces[t], ends[t] - len(pieces[t]), ends[t], float(mass[t, s]))
+                                  for t in drew] if mass is not None else [],
+                    tokens=drew))
         w = np.asarray(retr.weights[0]) if retr is not None and rows else np.zeros(0)
         h_w = float(-(w[w > 0] * np.log(w[w > 0])).sum()) if w.size else 0.0
         h_att = float(np.mean(trace.attention_entropy[:n])) if trace is not None and n and trace.attention_entropy else 0.0
@@ -396,7 +343,8 @@ class GenEngine:
             "alpha": p.alpha if p.mixing == "fixed" else None, "positions": p.positions,
             "prior": p.prior if p.mixing == "joint" else None,
             "defaults": self.defaults()[2],
-            "retrieval": retr.searched[0] and _mode(self.engine, p) if retr is not None else None,
+            "sources": dict(p.sources),
+            "retrieval": retr.searched[0] and _mode(self.retriever, p) if retr is not None else None,
             "memory_layers": len(self.layers) if prep.placed is not None else 0,
             "memory_tokens": prep.memory_tokens,
             "memory_source": prep.memory_source,
@@ -408,12 +356,13 @@ class GenEngine:
             "filtered": retr.filtered[0] if retr is not None else None,
         }
         usage = {"prompt_tokens": g.prompt_tokens, "completion_tokens": n, "total_tokens": g.prompt_tokens + n}
-        return GenAnswer(g.text, g.finish_reason, usage, evidence, diag, tokens, self.engine.bundle.version,
+        return GenAnswer(g.text, g.finish_reason, usage, evidence, diag, tokens, self.bundle.version,
                          self.generator.info.name)
 
-    def _spans(self, c: dict, trace, s: int, top: int, kept: np.ndarray | None) -> list[dict[str, Any]]:
-        """The chunk's tokens with the most mass, as char spans in the chunk's document (`kept`: the
-        chunk token each memory slot position holds, where the store kept only some)."""
+    def _spans(self, c: dict, trace, s: int, top: int, kept: np.ndarray | None, mass_share: float) -> list[Span]:
+        """The chunk's words whose tokens drew the most mass, as char spans in the chunk's document: each
+        its share of the chunk's mass, and that share of `mass_share` as its weight (`kept`: the chunk
+        token each memory slot position holds, where the store kept only some)."""
         tm = trace.token_mass[s]  # (Lm,)
         offsets = self.generator.chunk_offsets(c["text"])
         where = np.arange(len(offsets)) if kept is None else np.asarray(kept)
@@ -421,7 +370,7 @@ class GenEngine:
         if nt == 0:
             return []
         total = float(tm[:nt].sum()) or 1.0
-        out: list[dict[str, Any]] = []
+        out: list[Span] = []
         seen: set[str] = set()
         for i in tm[:nt].argsort(descending=True).tolist():
             if where[i] >= len(offsets):
@@ -431,8 +380,9 @@ class GenEngine:
             if not any(ch.isalnum() for ch in word) or word.lower() in _FUNCTION_WORDS or word.lower() in seen:
                 continue  # punctuation, function words and repeats draw mass but tell a reader nothing
             seen.add(word.lower())
-            out.append({"text": word, "start": c["start"] + a, "end": c["start"] + b,
-                        "weight": float(tm[i]) / total})
+            part = float(tm[i]) / total
+            out.append(Span(start=c["start"] + a, end=c["start"] + b, text=word, weight=part * mass_share, share=part,
+                            query_tokens=[]))
             if len(out) == top:
                 break
         return out
@@ -448,8 +398,8 @@ def _last_user(messages: list[dict] | None) -> str:
     raise InvalidInput("messages need a user message", field="messages")
 
 
-def _mode(engine: Engine, p: GenParams) -> str:
-    return engine.resolve([InferParams(retrieval=p.retrieval)])[0].retrieval or "dense"
+def _mode(retriever: Retriever, p: GenParams) -> str:
+    return retriever.resolve([InferParams(retrieval=p.retrieval)])[0].retrieval or "dense"
 
 
-__all__ = ["GenAnswer", "GenEngine", "GenEvidence", "GenParams", "GenToken", "replace"]
+__all__ = ["EvidenceItem", "GenAnswer", "GenEngine", "GenParams", "GenToken", "replace"]

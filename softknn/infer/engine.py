@@ -197,6 +197,7 @@ class Engine:
             filtered=retr.filtered[b],
             n_tokens=int(batch.n_tokens[b]),
             truncated=bool(batch.truncated[b]),
+            sources=dict(p.sources),
         )
         common = dict(batch=batch, bundle=self.bundle, rows=rows, scores=retr.scores[b], weights=weights, alpha=p.alpha,
                       joint=p.mixing == "joint", n_items=p.evidence, n_spans=p.spans)

@@ -1,4 +1,5 @@
-"""What `Engine.infer` returns: one `InferResult` per input, typed and immutable.
+"""What `Engine.infer` returns: one `InferResult` per input, typed and immutable; and the one evidence
+type, `EvidenceItem` with its `Span`s, that a generated answer carries too (softknn.generate.engine).
 
 The same object `softknn query --json` prints and `POST /v1/infer` returns; softknn/service/schemas/infer.py
 documents every field for the OpenAPI schema (tests/service/test_contract.py checks the two agree
@@ -9,7 +10,7 @@ derives a new one (`InferResult.truncated`) where it knows more than the engine.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 # frozen, not slotted: orjson reads a dataclass's __dict__ directly; with slots=True it goes field
@@ -19,9 +20,11 @@ _FROZEN = {"frozen": True}
 
 @dataclass(**_FROZEN)
 class QueryToken:
-    index: int  # position in the input's tokenization
-    text: str  # the token's text in the input ('[special]' for [CLS]/[SEP])
-    start: int  # char span [start, end) in the input
+    """A token of the input (inference) or of the answer (generation) that drew on a chunk or span."""
+
+    index: int  # position in the input's tokenization; generation: in the answer's tokens
+    text: str  # the token's text in the input ('[special]' for [CLS]/[SEP]); generation: the text it added
+    start: int  # char span [start, end) in the input; generation: in the answer's text
     end: int
     weight: float  # mean over heads of g_c·p_c mass this query token put on the chunk or span
 
@@ -40,7 +43,8 @@ class Span:
 
 @dataclass(**_FROZEN)
 class EvidenceItem:
-    """One retrieved chunk, ranked by its share of the memory layer's attention mass."""
+    """One retrieved chunk, ranked by its share of the memory's attention mass (0 = the most): of the
+    memory layer over the input (inference), or of the memory layers over the answer's tokens (generation)."""
 
     rank: int
     chunk_id: str
@@ -56,9 +60,10 @@ class EvidenceItem:
     matched_terms: list[str] | None
     weight: float  # w_db(c)
     mass_share: float
-    influence: float
+    influence: float | None  # None: not computed (generation)
     spans: list[Span]
     query_tokens: list[QueryToken]
+    tokens: list[int] | None = None  # generation: query_tokens' indexes (the name the answer first had); else None
 
 
 @dataclass(**_FROZEN)
@@ -87,6 +92,7 @@ class Diagnostics:
     n_tokens: int
     truncated: bool
     filtered: int | None = None  # chunks that pass the request's filter; None: no filter
+    sources: dict[str, str] = field(default_factory=dict)  # parameter → request | settings | bundle | default
 
 
 @dataclass(**_FROZEN)

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-KERNELS = ("softmax", "epanechnikov", "uniform")
+from softknn.common.table import KERNELS  # noqa: F401 (re-exported)
 
 
 @dataclass

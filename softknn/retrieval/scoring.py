@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from softknn.retrieval.defaults import CANDIDATES, DEFAULT_TEMPERATURE, LEXICAL_WEIGHT, RETRIEVALS  # noqa: F401 (re-exported)
-
-
-def default_mode(has_lexical: bool, calibrated: dict | None = None) -> str:
-    """The retrieval a request without `retrieval` gets: hybrid where there is a lexical index,
-    unless the bundle's calibration (its retrieval_defaults) chose dense alone (a labelled KB whose
-    hybrid cells do not beat dense: softknn.retrieval.calibration.choose_cell)."""
-    cal = calibrated or {}
-    return "hybrid" if has_lexical and not ("dense" in cal and "hybrid" not in cal) else "dense"
+from softknn.common.table import (  # noqa: F401 (re-exported: the fallbacks are the parameter table's)
+    CANDIDATES,
+    DEFAULT_TEMPERATURE,
+    LEXICAL_WEIGHT,
+    RETRIEVALS,
+    default_mode,
+)
 
 
 def kth_largest(x: np.ndarray, m: int) -> float:

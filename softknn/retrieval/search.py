@@ -8,123 +8,28 @@ The Engine (softknn.infer.engine) holds one and adds the model: the embedding be
 
 from __future__ import annotations
 
-import math
 import threading
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from softknn.common.errors import InvalidInput
-from softknn.model.attention import KERNELS, knn_weights_row, truncation_bound_row
+from softknn.common.table import MIXING, InferParams, ResolvedParams  # noqa: F401 (re-exported)
+from softknn.model.attention import knn_weights_row, truncation_bound_row
 from softknn.model.backends import ChunkSearch
 from softknn.retrieval.filters import ChunkTable, FilterNode
-from softknn.retrieval.scoring import (
-    CANDIDATES,
-    DEFAULT_TEMPERATURE,
-    LEXICAL_WEIGHT,
-    RETRIEVALS,
-    best,
-    default_mode,
-    topk_candidates,
-    topk_fast,
-    topk_reference,
-)
+from softknn.retrieval.scoring import best, topk_candidates, topk_fast, topk_reference
 
 if TYPE_CHECKING:
     from softknn.storage.layout import Bundle
     from softknn.storage.shards import ShardedBundle
 
-MIXING = ("fixed", "joint")
 # A filtered search scores the passing chunks by brute force up to this many (the flat index's own
 # auto limit: such a scan costs a fraction of the forward pass), and past it when they are under
 # this share of an HNSW or IVF index, whose graph or lists, searched for the passing ids only, lose
 # recall as the share falls; otherwise the index searches restricted to them (an ID selector).
 FILTER_SCAN_MAX = 20_000
-# A setting's name where it is not the InferParams attribute's (softknn.params.PARAMS: τ is knn_temperature
-# in the settings, the requests and the CLI; `temperature` here, the retrieval code's name)
-SETTING_ATTRS = {"knn_temperature": "temperature"}
 FILTER_INDEX_SHARE = 0.1
-
-
-@dataclass(frozen=True)
-class InferParams:
-    alpha: float = 0.7  # seed 000 §4.3: internal attention is the more reliable, the KB a supplement
-    mixing: str = "fixed"
-    k: int = 8
-    temperature: float | None = None  # None: DEFAULT_TEMPERATURE of the retrieval
-    kernel: str = "softmax"
-    exact: bool = False
-    threshold: float | None = None  # hybrid top-k + threshold (seed 000 §5.3)
-    hybrid_pool: int = 64  # candidates searched when a threshold is set
-    evidence: int = 5
-    spans: int = 5
-    return_tokens: bool = False
-    truncate: bool = False
-    abstain_threshold: float | None = None  # None: the bundle's calibrated value
-    retrieval: str | None = None  # hybrid | dense | lexical; None: hybrid where the bundle has a lexical index
-    lexical_weight: float | None = None  # λ of the hybrid similarity; None: the λ the bundle's build chose (softknn.retrieval.calibration), else LEXICAL_WEIGHT
-    candidates: int = CANDIDATES  # m: each retriever's top m are the hybrid candidates and its normalisation
-    filter: FilterNode | None = None  # the chunks R may come from (softknn.retrieval.filters); None: every chunk
-
-    @classmethod
-    def from_defaults(cls, defaults, **given) -> InferParams:
-        """The settings' request defaults (`Settings.defaults`, softknn.params.InferDefaults) with
-        the `given` values that are not None on top, validated: how every command builds its
-        parameters (the service's request model bakes the same defaults in, softknn/service/schemas/infer.py)."""
-        known = {f.name for f in fields(cls)}
-        values = {SETTING_ATTRS.get(name, name): v for name, v in defaults.model_dump().items()}
-        values = {name: v for name, v in values.items() if name in known}
-        values.update({name: v for name, v in given.items() if v is not None})
-        return cls(**values).validate()
-
-    def resolved(self, has_lexical: bool, calibrated: dict | None = None) -> ResolvedParams:
-        """With `retrieval`, `temperature` and `lexical_weight` filled in for a bundle with or without
-        a lexical index; `calibrated`: the bundle's calibration.retrieval_defaults (softknn.retrieval.calibration)."""
-        mode = self.retrieval or default_mode(has_lexical, calibrated)
-        if mode != "dense" and not has_lexical:
-            raise InvalidInput(f"retrieval {mode!r} needs a lexical index, and this bundle was built without one "
-                               "(`softknn add-lexical` adds it); use retrieval 'dense'", field="retrieval")
-        own = (calibrated or {}).get(mode, {})
-        tau = self.temperature if self.temperature is not None else own.get("temperature", DEFAULT_TEMPERATURE[mode])
-        lam = self.lexical_weight if self.lexical_weight is not None else own.get("lexical_weight", LEXICAL_WEIGHT)
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
-        return ResolvedParams(**{**values, "retrieval": mode, "temperature": tau, "lexical_weight": lam})
-
-    def search_size(self, n: int) -> int:
-        """How many ranked chunks R is chosen from: k, or the pool when a threshold is set (≤ n)."""
-        return min(n, max(self.k, self.hybrid_pool) if self.threshold is not None else self.k)
-
-    def validate(self) -> InferParams:
-        if not (0.0 <= self.alpha <= 1.0) or math.isnan(self.alpha):
-            raise InvalidInput(f"alpha must be in [0, 1], got {self.alpha}", field="alpha")
-        if self.mixing not in MIXING:
-            raise InvalidInput(f"mixing must be one of {MIXING}, got {self.mixing!r}", field="mixing")
-        if self.kernel not in KERNELS:
-            raise InvalidInput(f"kernel must be one of {KERNELS}, got {self.kernel!r}", field="kernel")
-        if self.k < 1:
-            raise InvalidInput(f"k must be ≥ 1, got {self.k}", field="k")
-        if self.temperature is not None and not (self.temperature > 0 and math.isfinite(self.temperature)):
-            raise InvalidInput(f"temperature must be > 0 and finite, got {self.temperature}", field="temperature")
-        if self.retrieval is not None and self.retrieval not in RETRIEVALS:
-            raise InvalidInput(f"retrieval must be one of {RETRIEVALS}, got {self.retrieval!r}", field="retrieval")
-        if self.lexical_weight is not None and (not (0.0 <= self.lexical_weight <= 1.0) or math.isnan(self.lexical_weight)):
-            raise InvalidInput(f"lexical_weight must be in [0, 1], got {self.lexical_weight}", field="lexical_weight")
-        if self.candidates < 1:
-            raise InvalidInput(f"candidates must be ≥ 1, got {self.candidates}", field="candidates")
-        if self.threshold is not None and not (0.0 < self.threshold < 1.0):
-            raise InvalidInput(f"threshold must be in (0, 1), got {self.threshold}", field="threshold")
-        return self
-
-
-@dataclass(frozen=True, kw_only=True)
-class ResolvedParams(InferParams):
-    """InferParams as a bundle serves them (InferParams.resolved): the retrieval, its temperature
-    and λ are set, so the retrieval code reads them without a None check."""
-
-    temperature: float
-    retrieval: str
-    lexical_weight: float
 
 
 @dataclass

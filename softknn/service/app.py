@@ -24,9 +24,10 @@ from fastapi_offline import FastAPIOffline
 
 import softknn
 from softknn.model.encoder import Encoder
-from softknn.params import DEFAULT_KB, Settings
+from softknn.params import DEFAULT_KB, Settings, check_limits
 from softknn.service import errors
 from softknn.service.auth import require_admin, require_api_key
+from softknn.service.deps import bind_settings
 from softknn.service.kbs import KBs
 from softknn.service.metrics import Metrics
 from softknn.service.middleware import BodyLimitMiddleware, RequestContextMiddleware
@@ -43,13 +44,6 @@ from softknn.service.routes import (
     rerank,
 )
 from softknn.service.runtime.core import Runtime
-from softknn.service.schemas import (
-    chat_request_model,
-    embedding_request_model,
-    generate_request_model,
-    infer_request_model,
-    rerank_request_model,
-)
 
 log = logging.getLogger("softknn.service")
 
@@ -58,12 +52,10 @@ output names the KB entries it drew on. Errors: `{"error": {"type", "message", "
 
 
 def check_settings(settings: Settings) -> None:
-    """Refuse settings whose defaults break their own limits (the request schema relies on both)."""
-    d, lim = settings.defaults, settings.limits
-    if d.k > lim.max_k:
-        raise ValueError(f"defaults.k = {d.k} exceeds limits.max_k = {lim.max_k}")
-    if d.evidence > lim.max_evidence:
-        raise ValueError(f"defaults.evidence = {d.evidence} exceeds limits.max_evidence = {lim.max_evidence}")
+    """Refuse settings whose defaults break their own limits (a request that leaves a parameter unset
+    gets the setting, and the limit is checked on what requests send)."""
+    lim = settings.limits
+    check_limits(settings)
     if lim.max_tokens is not None and lim.max_tokens < 3:
         raise ValueError(f"limits.max_tokens = {lim.max_tokens}: need room for two special tokens and one more")
 
@@ -136,12 +128,9 @@ def create_app(settings: Settings, *, encoder: Encoder | None = None, shard_back
 
     app.include_router(health.router)
     app.include_router(metrics.router)
-    app.include_router(infer.build_router(infer_request_model(settings)), dependencies=[Depends(require_api_key)])
-    app.include_router(index.router, dependencies=[Depends(require_api_key)])
-    app.include_router(generate.build_router(generate_request_model(settings)), dependencies=[Depends(require_api_key)])
-    app.include_router(rerank.build_router(rerank_request_model(settings)), dependencies=[Depends(require_api_key)])
-    app.include_router(openai.build_router(chat_request_model(settings), embedding_request_model(settings)),
-                       dependencies=[Depends(require_api_key)])
+    reader = [Depends(bind_settings), Depends(require_api_key)]  # the settings first: the body's limits read them
+    for router in (infer.router, index.router, generate.router, rerank.router, openai.router):
+        app.include_router(router, dependencies=reader)
     app.include_router(admin.router, dependencies=[Depends(require_admin)])
     app.include_router(documents.router)  # per route: writes need the admin token, reads the API key
     app.include_router(explorer.router)

@@ -17,7 +17,7 @@ def split_bundles(values: list[str]) -> tuple[Path | str | None, dict[str, Path 
     needs a valid KB name before the first '=' (no '/': so ./a=b is a directory). A URI
     (s3://bucket/kb) stays a string (softknn.storage.remote)."""
     from softknn.common.kb_names import KB_NAME  # not softknn.params: it imports numpy
-    from softknn.storage.remote import is_remote
+    from softknn.common.location import is_remote
 
     def location(v: str) -> Path | str:
         return v if is_remote(v) else Path(v)
@@ -83,7 +83,7 @@ def serve(
         given = [os.environ["SOFTKNN_BUNDLE"]]
     if given:  # answered before FastAPI, torch and the model load
         from softknn.common.console import need_bundle
-        from softknn.storage.remote import is_remote
+        from softknn.common.location import is_remote
 
         for path in given:
             if not is_remote(path):  # a URI is read by the service (its errors exit it, with the reason)

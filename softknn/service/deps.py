@@ -18,11 +18,17 @@ from softknn.infer.engine import Engine
 from softknn.params import Settings
 from softknn.service.kbs import KBs
 from softknn.service.runtime.core import Runtime
-from softknn.service.schemas import KB_DOC
+from softknn.service.schemas import KB_DOC, bind
 
 
 async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
+
+
+async def bind_settings(request: Request) -> None:
+    """The app's settings for the request models' limit validators (softknn.service.schemas.table): a
+    router dependency, so FastAPI runs it before it validates the body."""
+    bind(request.app.state.settings)
 
 
 async def get_runtime(request: Request) -> Runtime:
@@ -56,9 +62,9 @@ Endpoint = TypeVar("Endpoint", bound=Callable[..., Any])
 
 def body_model(model: type[BaseModel], param: str = "body") -> Callable[[Endpoint], Endpoint]:
     """Under a route decorator: FastAPI validates the endpoint's `param` against `model`, a request
-    model made per app at run time (schemas.infer_request_model and the like). The endpoint
-    annotates `param` with the model's base class (schemas.InferRequestBase, ...), the static type
-    a type checker can read; the model must subclass it."""
+    model whose parameter fields are derived from the parameter table (schemas.InferRequest and the
+    like). The endpoint annotates `param` with the model's base class (schemas.InferBody, ...), the
+    static type a type checker can read; the model must subclass it."""
 
     def annotate(endpoint: Endpoint) -> Endpoint:
         base = endpoint.__annotations__[param]

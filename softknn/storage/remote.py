@@ -21,40 +21,42 @@ damaged since is refused there. One lock file per version serialises the process
 file system's own configuration (for S3: the AWS_* environment, AWS_ENDPOINT_URL for MinIO and
 other S3-compatible stores); fsspec and the protocol's package (s3fs, gcsfs) must be installed.
 
-This module stays light at import (its softknn imports are inside the functions that use them): the
-Settings (a bundle's `Location`) and `softknn serve` use it to tell a URI from a path before numpy,
-torch or FAISS load.
+What a location is (`Location`, `is_remote`) is softknn.common.location, re-exported here: the
+settings and `softknn serve` read it before numpy, torch or FAISS load.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated
-
-from pydantic import StringConstraints
 
 from softknn.common.errors import BundleError
 from softknn.common.file_lock import exclusive_lock
+from softknn.common.location import URI, URI_PATTERN, Location, RemoteURI, is_remote  # noqa: F401 (re-exported)
+from softknn.storage.layout import (
+    FORMAT_VERSION,
+    MANIFEST,
+    atomic_write_bytes,
+    data_files,
+    fsync_dir,
+    read_manifest,
+    replica_files,
+    verify_bundle,
+    version_id,
+)
+from softknn.storage.manifest import Manifest
 
-URI_PATTERN = r"^[A-Za-z][A-Za-z0-9+.-]*://"
-URI = re.compile(URI_PATTERN)
-RemoteURI = Annotated[str, StringConstraints(pattern=URI_PATTERN)]
-Location = Path | RemoteURI  # where a bundle is: a local directory or a URI in object storage
 SOURCE = "source.json"  # in a cached copy: the URI it came from (not part of the bundle; not checksummed)
 CACHE_ENV = "SOFTKNN_CACHE_DIR"
 KEEP_ENV, DEFAULT_KEEP = "SOFTKNN_CACHE_KEEP", 3
 VERSION = re.compile(r"[0-9a-f]{16}")  # a version id (softknn.storage.layout.version_id): a cache folder's name
 CHUNK = 1 << 22
-
-
-def is_remote(location: str | Path | None) -> bool:
-    """A URI with a scheme (`s3://…`, `gs://…`, `file://…`), not a local path."""
-    return isinstance(location, str) and URI.match(location) is not None
 
 
 def cache_root() -> Path:
@@ -78,7 +80,6 @@ def _join(root: str, name: str) -> str:
 
 def read_remote_manifest(uri: str) -> dict:
     """The manifest of the bundle at `uri`, checked as read_manifest checks a local one."""
-    from softknn.storage.layout import FORMAT_VERSION, MANIFEST
 
     fs, root = _fs(uri)
     try:
@@ -99,7 +100,6 @@ def read_remote_manifest(uri: str) -> dict:
 
 def holds_bundle(uri: str) -> bool:
     """Whether `uri` holds a bundle's top manifest (what `push` writes last)."""
-    from softknn.storage.layout import MANIFEST
 
     fs, root = _fs(uri)
     try:
@@ -117,14 +117,12 @@ def staging_dir() -> Path:
 
 
 def read_location_manifest(location: str | Path) -> dict:
-    from softknn.storage.layout import read_manifest
 
     return read_remote_manifest(str(location)) if is_remote(location) else read_manifest(Path(location))
 
 
 def replica_names(m) -> list[str]:
     """What a serving process opens of the bundle with manifest `m` (softknn.storage.manifest.Manifest)."""
-    from softknn.storage.layout import data_files, replica_files
 
     if m.sharded:
         return replica_files(m)
@@ -134,7 +132,6 @@ def replica_names(m) -> list[str]:
 
 def _download(fs, src: str, dst: Path, want_bytes: int, want_sha: str | None, uri: str) -> None:
     """src → dst through a temporary file, hashed as it streams; refuse a wrong size or sha256."""
-    from softknn.storage.layout import fsync_dir
 
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_name(f".{dst.name}.part-{os.getpid()}")
@@ -173,9 +170,6 @@ def evict(folder: Path, keep: int, current: Path) -> list[Path]:
     `current`, nor one whose lock another process holds: it is being fetched); the ones removed.
     A process serving a removed version keeps its open and memory-mapped files (POSIX unlinks them
     when the last map goes); a later open fetches it again."""
-    import fcntl
-    import shutil
-
     if keep <= 0:
         return []
     others = sorted((d for d in folder.iterdir() if d.is_dir() and VERSION.fullmatch(d.name) and d != current),
@@ -198,7 +192,6 @@ def evict(folder: Path, keep: int, current: Path) -> list[Path]:
 def _materialize(uri: str, names: list[str], raw: dict, local: Path) -> None:
     """Download each of `names` (checksummed in manifest `raw`) not yet in `local`, the manifest
     last; mark `local` as just opened and evict the folder's least recently opened versions."""
-    from softknn.storage.layout import MANIFEST, atomic_write_bytes
 
     files = raw.get("files") or {}
     fs, root = _fs(uri)
@@ -221,8 +214,6 @@ def _materialize(uri: str, names: list[str], raw: dict, local: Path) -> None:
 
 def _checked_manifest(uri: str):
     """The manifest at `uri`, raw and typed, its version_id the hash of its content (it names a cache folder)."""
-    from softknn.storage.layout import version_id
-    from softknn.storage.manifest import Manifest
 
     raw = read_remote_manifest(uri)
     m = Manifest.of(raw, _join(uri, "manifest.json"))
@@ -245,7 +236,6 @@ def localize(location: str | Path, cache: Path | None = None) -> Path:
 
 def fetch(uri: str, cache: Path | None = None) -> Path:
     """A shard directory's URI (`…/kb/shard-0001`) as a node-local directory with all its files."""
-    from softknn.storage.layout import data_files
 
     uri = uri.rstrip("/")
     raw, m = _checked_manifest(uri)
@@ -267,8 +257,6 @@ def source_of(directory: Path) -> str | None:
 def push(directory: Path, uri: str) -> int:
     """Upload the bundle in `directory` to `uri` (every file the manifests list, then the shard
     manifests, then the top manifest); the number of files uploaded. Refuses an unverified bundle."""
-    from softknn.storage.layout import MANIFEST, verify_bundle
-    from softknn.storage.manifest import Manifest
 
     directory = Path(directory)
     raw = verify_bundle(directory)

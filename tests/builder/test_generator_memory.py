@@ -16,7 +16,7 @@ from softknn.generate.memory import ChunkKV, GeneratorStore
 from softknn.generate.model import Generator, Sampling
 from softknn.index_builder.generator_memory import BATCH
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
-from softknn.infer.engine import Engine
+from softknn.retrieval.search import Retriever
 from softknn.storage.bundle import load_bundle
 from softknn.storage.layout import generator_files, verify_bundle
 
@@ -120,14 +120,14 @@ def test_a_generator_of_other_weights_is_refused(fp32_bundle, encoder, gen):
     other = Generator(gen.model, gen.tokenizer, name="x")
     object.__setattr__(other, "info", type(gen.info)(**{**gen.info.__dict__, "fingerprint": "0" * 64}))
     with pytest.raises(BundleError, match="other weights"):
-        GenEngine(Engine(encoder, b), other)
+        GenEngine(Retriever(b), encoder, other)
 
 
 def test_exact_answers_equal_the_masked_reference_over_the_retrieved_chunks(tmp_path, kb20, encoder, gen):
     """GenEngine with exact: R's K/V recomputed after the prompt's own prefix: the masked concatenation."""
     out = tmp_path / "rc"
     _build(kb20, out, encoder, gen, memory="recompute", layers="all")
-    ge = GenEngine(Engine(encoder, load_bundle(out)), gen)
+    ge = GenEngine(Retriever(load_bundle(out)), encoder, gen)
     msgs = [{"role": "user", "content": "How much is an adult single on the Amber Line?"}]
     for positions in ("composite", "reordered"):
         p = GenParams(max_tokens=4, k=3, exact=True, mixing="joint", prior=0.0, positions=positions)
@@ -240,11 +240,11 @@ def test_the_lru_serves_hot_chunks_from_ram_within_its_bytes_and_recomputes_what
 
 
 def test_generation_over_a_selected_store_names_spans_of_kept_tokens(q2_bundle, encoder, gen):
-    ge = GenEngine(Engine(encoder, load_bundle(q2_bundle)), gen)
+    ge = GenEngine(Retriever(load_bundle(q2_bundle)), encoder, gen)
     a = ge.answer(GenParams(max_tokens=6, k=2), messages=[{"role": "user", "content": "How much is a bicycle?"}])
     assert a.diagnostics["memory_source"] == "stored q2" and a.evidence
     for ev in a.evidence:
-        kept = ge.store.decode(next(r for r in range(20) if ge.engine.bundle.chunks[r]["chunk_id"] == ev.chunk_id)).kept
+        kept = ge.store.decode(next(r for r in range(20) if ge.bundle.chunks[r]["chunk_id"] == ev.chunk_id)).kept
         offsets = gen.chunk_offsets(ev.text)
         allowed = {(ev.start + offsets[i][0], ev.start + offsets[i][1]) for i in kept}
-        assert all((s["start"], s["end"]) in allowed for s in ev.spans)
+        assert all((s.start, s.end) in allowed for s in ev.spans)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from softknn.common.table import MAX_SPANS
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.infer.engine import Engine, InferParams
 from softknn.infer.evidence import _word_spans
@@ -248,7 +249,7 @@ def test_spans_are_words_a_reader_can_use_never_markup(encoder, tmp_path):
     texts = [c["text"][s - c["start"] : e - c["start"]] for s, e in merged]
     readable = sorted(t for t in texts if any(ch.isalnum() for ch in t))
     assert len(readable) < len(texts) and "===============" in texts  # the chunk has markup runs
-    (r,) = Engine(encoder, bundle).infer(["when does the amber ferry depart?"], InferParams(evidence=2, spans=1000))
+    (r,) = Engine(encoder, bundle).infer(["when does the amber ferry depart?"], InferParams(evidence=2, spans=MAX_SPANS))
     ev = next(e for e in r.evidence if e.doc_id == "timetable")
     assert sorted(sp.text for sp in ev.spans) == readable
     assert sum(sp.weight for sp in ev.spans) < ev.mass_share  # the markup's mass counts in the share only

@@ -109,7 +109,7 @@ def test_a_generator_build_records_its_choice_and_serves_it(tmp_path, sample_kb,
     from softknn.generate.engine import GenEngine, GenParams
     from softknn.generate.model import Generator
     from softknn.index_builder.pipeline import BuildConfig, build_bundle
-    from softknn.infer.engine import Engine
+    from softknn.retrieval.search import Retriever
     from softknn.storage.bundle import load_bundle, verify_bundle
 
     monkeypatch.setattr(cal, "GEN_KS", (1, 2))
@@ -125,7 +125,7 @@ def test_a_generator_build_records_its_choice_and_serves_it(tmp_path, sample_kb,
     assert c["k"] in (1, 2) and c["prior"] in (0.0, 4.0) and c["questions"] == 24
     assert [(x["k"], x["prior"]) for x in c["grid"]] == [(1, 0.0), (1, 4.0), (2, 0.0), (2, 4.0)]
     assert c["rule"].startswith("the smallest (k, then β)") and json.dumps(c)
-    ge = GenEngine(Engine(encoder, load_bundle(tmp_path / "b")), gen)
+    ge = GenEngine(Retriever(load_bundle(tmp_path / "b")), encoder, gen)
     assert ge.defaults() == (c["k"], c["prior"], "calibrated")
     a = ge.answer(GenParams(max_tokens=2), messages=[{"role": "user", "content": "How much is a bicycle?"}])
     assert (a.diagnostics["k"], a.diagnostics["prior"], a.diagnostics["defaults"]) == (c["k"], c["prior"], "calibrated")

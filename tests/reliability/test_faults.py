@@ -33,9 +33,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from softknn.infer.engine import Engine
-from softknn.params import Settings
-from softknn.service.schemas import infer_request_model
+from softknn.infer.engine import Engine, InferParams
+from softknn.params import Settings, infer_params
+from softknn.service.schemas import InferRequest, given
 from softknn.storage.bundle import load_bundle
 from tests.harness import ADMIN_TOKEN, API_KEY, LiveServer, latency_summary
 from tests.reliability.conftest import QUERIES, bearer
@@ -62,9 +62,8 @@ def corrupt_copy(src: Path, dst: Path) -> Path:
 @pytest.fixture(scope="module")
 def solo(encoder, sample_bundle_path, small_bundle) -> dict[str, dict[str, dict]]:
     """version_id → query → the engine's answer for that query alone (the request's parameters)."""
-    defaults = Settings().defaults  # the parameters exactly as softknn/service/routes/infer.py builds them
-    params = infer_request_model(Settings()).model_validate({"inputs": ["x"], **BODY}).to_params(
-        defaults.hybrid_pool, defaults.candidates)[0]
+    body = InferRequest.model_validate({"inputs": ["x"], **BODY})  # as softknn/service/routes/infer.py builds them
+    params = infer_params(Settings(), given(body, InferParams))
     out = {}
     for path in (sample_bundle_path, small_bundle):
         engine = Engine(encoder, load_bundle(path, expected_fingerprint=encoder.info.fingerprint))

@@ -53,7 +53,8 @@ def test_threads_default_to_one_per_worker_in_the_service_and_the_cores_elsewher
     import faiss
     import torch
 
-    from softknn.params import Settings, apply_threads
+    from softknn.model.runtime import apply_threads
+    from softknn.params import Settings
 
     before, before_faiss = torch.get_num_threads(), faiss.omp_get_max_threads()
     try:

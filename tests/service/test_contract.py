@@ -118,7 +118,9 @@ def test_health_ready_metrics_and_the_explorer_page(api, engine):
 def test_openapi_documents_the_limits_and_the_result_fields(api):
     doc = api.get("/openapi.json").json()
     req = doc["components"]["schemas"]["InferRequest"]["properties"]
-    assert req["k"]["maximum"] == MAX_K and req["inputs"]["maxItems"] == 64 and req["alpha"]["default"] == 0.7
+    # a server's limit is said, not in the static schema (its value is this server's settings'); unset: null
+    assert "at most the server's limits.max_k (256 by default)" in req["k"]["description"]
+    assert "limits.max_inputs (64 by default)" in req["inputs"]["description"] and req["alpha"].get("default") is None
     result = doc["components"]["schemas"]["InferResult"]["properties"]
     assert {"embedding", "evidence", "diagnostics", "label_scores", "prediction", "abstained", "tokens",
             "token_embeddings", "head_memory_share"} <= set(result)
@@ -137,8 +139,10 @@ def test_request_defaults_come_from_settings(running_app, make_settings):
         res = client.post("/v1/infer", json={"inputs": ["is the cafe open?"]}).json()["results"][0]
         d = res["diagnostics"]
         assert (d["alpha"], d["k"], d["knn_temperature"], len(res["evidence"])) == (0.5, 3, 0.1, 2)
-        schema = client.get("/openapi.json").json()["components"]["schemas"]["InferRequest"]["properties"]
-        assert (schema["alpha"]["default"], schema["k"]["default"]) == (0.5, 3)
+        assert {d["sources"][n] for n in ("alpha", "k", "mixing", "evidence", "knn_temperature")} == {"settings"}
+        assert (d["sources"]["kernel"], d["sources"]["lexical_weight"]) == ("default", "bundle")
+        res = client.post("/v1/infer", json={"inputs": ["is the cafe open?"], "k": 4}).json()["results"][0]
+        assert (res["diagnostics"]["k"], res["diagnostics"]["sources"]["k"]) == (4, "request")
 
 
 def test_cors_is_off_unless_origins_are_configured(inproc, running_app, make_settings):

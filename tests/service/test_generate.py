@@ -22,7 +22,7 @@ from softknn.generate.engine import GenEngine, GenParams
 from softknn.generate.model import Sampling
 from softknn.generate.refusal import REFUSAL_TEXT, calibrate_refusal
 from softknn.index_builder.pipeline import BuildConfig, build_bundle, embed_texts
-from softknn.infer.engine import Engine
+from softknn.retrieval.search import Retriever
 from softknn.service.app import create_app
 from softknn.storage.bundle import load_bundle
 from tests.harness import threaded_server, wait_ready
@@ -37,7 +37,7 @@ TOKENS = 8
 
 @pytest.fixture(scope="module")
 def ge(gen_bundle, encoder, generator) -> GenEngine:
-    return GenEngine(Engine(encoder, load_bundle(gen_bundle, expected_fingerprint=encoder.info.fingerprint)), generator)
+    return GenEngine(Retriever(load_bundle(gen_bundle, expected_fingerprint=encoder.info.fingerprint)), encoder, generator)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_greedy_generate_is_the_engines_answer(client, ge):
     assert [e["chunk_id"] for e in got["evidence"]] == [e.chunk_id for e in want.evidence]
     assert [t["text"] for t in got["tokens"]] == [t.text for t in want.tokens]
     assert got["usage"] == want.usage and got["generator"] == "smollm2-135m-instruct"
-    assert got["bundle_version"] == ge.engine.bundle.version and got["request_id"]
+    assert got["bundle_version"] == ge.bundle.version and got["request_id"]
     # a prompt is one user turn (the chat template); raw: true is text the model continues
     turn = generate(client, prompt=QUESTION, k=2)
     assert turn["text"] == got["text"] and turn["usage"] == got["usage"]
@@ -104,8 +104,8 @@ def test_a_filter_limits_what_generation_draws_on(client, ge):
     want = ge.answer(GenParams(max_tokens=TOKENS, k=2, filter=parse_filter(flt)), messages=MESSAGES)
     assert got["text"] == want.text and [e["chunk_id"] for e in got["evidence"]] == [e.chunk_id for e in want.evidence]
     assert {e["label"] for e in got["evidence"]} == {"schedules_and_delays"}
-    n = sum(c.get("label") == "schedules_and_delays" for c in ge.engine.bundle.chunks)
-    assert got["diagnostics"]["filtered"] == n and 2 <= n < len(ge.engine.bundle)
+    n = sum(c.get("label") == "schedules_and_delays" for c in ge.bundle.chunks)
+    assert got["diagnostics"]["filtered"] == n and 2 <= n < len(ge.bundle)
     plain = generate(client, messages=MESSAGES, k=2)
     assert plain["diagnostics"]["filtered"] is None and "schedules_and_delays" not in {e["label"] for e in plain["evidence"]}
     chat = client.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": TOKENS, "k": 2, "filter": flt})
@@ -312,7 +312,7 @@ def _s1(ge, question: str) -> float:
 def test_the_build_records_a_refusal_threshold_from_its_held_out_sentences(ge, gen_bundle, encoder):
     """generator_calibrate False skips the decoded k/β grid, not the refusal threshold (retrieval only)."""
     cal = ge.store.record["calibration"]
-    texts = [c["text"] for c in ge.engine.bundle.chunks]
+    texts = [c["text"] for c in ge.bundle.chunks]
     want = calibrate_refusal(np.load(gen_bundle / "embeddings.npy"), texts, lambda t: embed_texts(encoder, t, 32))
     assert set(cal) == {"refusal"} and {k: v for k, v in cal["refusal"].items() if k != "seconds"} == want
     assert want["threshold"] is not None and want["questions"] >= 20 and ge.defaults()[2] == "fixed"
@@ -330,7 +330,7 @@ def test_a_question_far_from_the_kb_gets_the_refusal_text_and_the_evidence_found
     d = got["diagnostics"]
     assert (d["runtime"], d["memory_source"], d["memory_tokens"], d["memory_share"], d["mixing"]) == (None, "none", 0, 0.0, None)
     retr = ge.retrieve(FAR, GenParams(k=2))
-    assert [e["chunk_id"] for e in got["evidence"]] == [ge.engine.bundle.chunks[r]["chunk_id"] for r in retr.rows[0]]
+    assert [e["chunk_id"] for e in got["evidence"]] == [ge.bundle.chunks[r]["chunk_id"] for r in retr.rows[0]]
     assert "".join(x["text"] for x in got["tokens"]) == REFUSAL_TEXT
     assert got["usage"]["completion_tokens"] == len(got["tokens"]) == len(ge.generator._ids(REFUSAL_TEXT))
     chat = client.post("/v1/chat/completions", json={"messages": FAR_MESSAGES})
@@ -373,7 +373,7 @@ def test_a_bundle_without_the_refusal_record_never_refuses(tmp_path, encoder, ge
     (tmp_path / "kb.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     build_bundle(tmp_path / "kb.jsonl", tmp_path / "b", BuildConfig(calibrate=False), encoder, progress=False,
                  generator=generator)
-    old = GenEngine(Engine(encoder, load_bundle(tmp_path / "b")), generator)
+    old = GenEngine(Retriever(load_bundle(tmp_path / "b")), encoder, generator)
     assert old.store.record.get("calibration") is None
     a = old.answer(GenParams(max_tokens=4, k=2), messages=FAR_MESSAGES)
     assert a.text != REFUSAL_TEXT and a.usage["completion_tokens"] <= 4 and a.grounded is None

@@ -1,6 +1,6 @@
-"""softknn.params.PARAMS is the one declaration of the retrieval and mixing parameters: the settings,
-the request schemas and the CLI are built from it; τ is `knn_temperature` everywhere, `temperature`
-its deprecated alias in /v1/infer, /v1/embeddings and the CLI (issue 37 item 2)."""
+"""The parameter table (softknn.common.table) is the one declaration of every request parameter: the
+settings, the request schemas and the CLI are derived from it; τ is `knn_temperature` everywhere,
+`temperature` its deprecated alias in /v1/infer, /v1/embeddings and the CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from softknn.params import PARAMS, InferDefaults, Settings
+from softknn.common.table import GenParams, InferParams, entries
+from softknn.params import Settings
 
 # JSON Schema's names of the table's bounds
 BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
@@ -18,64 +19,54 @@ def _bounds(prop: dict) -> dict[str, float]:
     """A property's numeric bounds, from it or from its non-null anyOf branch."""
     for branch in [prop, *prop.get("anyOf", [])]:
         found = {k: branch[v] for k, v in BOUNDS.items() if v in branch}
-        found |= {k: branch[k] for k in BOUNDS if k in branch}  # an Annotated int in a union keeps pydantic's names
         if found:
             return found
     return {}
 
 
-def _schemas(settings: Settings) -> dict[str, dict]:
-    from softknn.service.schemas.embeddings import embedding_request_model
-    from softknn.service.schemas.generate import generate_request_model
-    from softknn.service.schemas.infer import infer_request_model
-    from softknn.service.schemas.rerank import rerank_request_model
+def _schemas() -> dict[str, tuple[type, dict]]:
+    from softknn.service.schemas import ChatRequest, EmbeddingRequest, GenerateRequest, InferRequest, RerankRequest
 
-    emb = embedding_request_model(settings).model_json_schema()
-    return {"infer": infer_request_model(settings).model_json_schema()["properties"],
-            "embeddings": emb["$defs"]["EmbeddingOptions"]["properties"],
-            "rerank": rerank_request_model(settings).model_json_schema()["properties"],
-            "generate": generate_request_model(settings).model_json_schema()["properties"]}
+    emb = EmbeddingRequest.model_json_schema()
+    return {"infer": (InferParams, InferRequest.model_json_schema()["properties"]),
+            "embeddings": (InferParams, emb["$defs"]["EmbeddingOptions"]["properties"]),
+            "rerank": (InferParams, RerankRequest.model_json_schema()["properties"]),
+            "generate": (GenParams, GenerateRequest.model_json_schema()["properties"]),
+            "chat": (GenParams, ChatRequest.model_json_schema()["properties"])}
 
 
-def test_every_param_is_a_setting_with_the_tables_default_bounds_and_description():
-    import dataclasses
-
-    from softknn.infer.engine import InferParams
-    from softknn.retrieval.search import SETTING_ATTRS
-
-    assert {n for n, p in PARAMS.items() if p.setting} == set(InferDefaults.model_fields)
-    defaults = InferDefaults()
-    props = InferDefaults.model_json_schema()["properties"]
-    attrs = {f.name: f.default for f in dataclasses.fields(InferParams)}
-    for name, p in PARAMS.items():
-        assert attrs[SETTING_ATTRS.get(name, name)] == p.default, name  # InferParams' own defaults agree
-        if not p.setting:
-            continue
-        assert getattr(defaults, name) == p.default, name
-        assert _bounds(props[name]) == p.bounds(), name
-        assert props[name]["description"] == p.description, name
-
-
-def test_the_request_schemas_take_their_bounds_and_defaults_from_the_table():
-    settings = Settings()
-    lim = settings.limits
-    # where a request's bound is the service's limit rather than the table's
-    limit = {"k": {"le": lim.max_k}, "evidence": {"le": lim.max_evidence}}
+def test_every_request_field_of_a_parameter_is_the_tables_unset_by_default():
     seen = 0
-    for route, props in _schemas(settings).items():
-        for name, p in PARAMS.items():
-            if name not in props:
+    for route, (cls, props) in _schemas().items():
+        for e in entries(cls):
+            if e.name not in props:
                 continue
             seen += 1
-            assert _bounds(props[name]) == {**p.bounds(), **limit.get(name, {})}, (route, name)
-            if route in ("infer", "embeddings"):
-                want = min(p.default, lim.max_evidence) if name == "evidence" else p.default
-                assert props[name].get("default") == want, (route, name)
-    assert seen >= 25
+            prop = props[e.name]
+            assert "default" not in prop, (route, e.name)  # left out: the settings, then the bundle decide
+            assert ("anyOf" in prop) == (e.optional or e.name in ("stop", "max_tokens") and route == "chat"
+                                         or e.name == "stop"), (route, e.name)  # null only where it means unset
+            assert _bounds(prop) == e.param.bounds(), (route, e.name)
+            assert prop["description"].startswith(e.param.description) or route == "rerank", (route, e.name)
+            if e.param.limit:  # a server's limit: said, not in the static schema
+                assert f"at most the server's {e.param.limit}" in prop["description"], (route, e.name)
+            if e.choices:
+                branch = next(b for b in prop.get("anyOf", [prop]) if b.get("type") != "null")
+                assert tuple(branch["enum"]) == e.choices, (route, e.name)
+    assert seen >= 45
     for route in ("infer", "embeddings"):  # the deprecated name has τ's bounds and says it is deprecated
-        tau = _schemas(settings)[route]["temperature"]
+        tau = _schemas()[route][1]["temperature"]
         assert tau["deprecated"] is True and "deprecated: use knn_temperature" in tau["description"]
-        assert _bounds(tau) == PARAMS["knn_temperature"].bounds()
+        assert _bounds(tau) == next(e for e in entries(InferParams) if e.name == "knn_temperature").param.bounds()
+
+
+def test_a_limit_of_the_serving_app_is_checked_against_its_own_settings(running_app, make_settings):
+    with running_app(make_settings(limits={"max_k": 3, "max_evidence": 2}, defaults={"k": 2, "evidence": 1})) as client:
+        r = client.post("/v1/infer", json={"inputs": ["dogs?"], "k": 4})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "k" and "3" in r.json()["error"]["message"]
+        r = client.post("/v1/infer", json={"inputs": ["dogs?"], "evidence": 3})
+        assert r.status_code == 422 and r.json()["error"]["field"] == "evidence"
+        assert client.post("/v1/infer", json={"inputs": ["dogs?"], "k": 3, "evidence": 2}).status_code == 200
 
 
 def test_the_old_env_var_name_of_tau_is_still_read(monkeypatch):

@@ -180,7 +180,7 @@ class _SlowCluster:
 
         await asyncio.sleep(self.wait_s)
         engine = await runtime.open(self.path)
-        runtime._install(engine, await runtime.open_generation(engine))
+        runtime.install(engine, await runtime.generation.open(engine))
 
     def stop(self) -> None:
         self.stopped = True

@@ -258,7 +258,7 @@ class ReplicaLink:
         if engine.bundle.version != state["version"]:
             raise BundleError(f"{state['path']}: holds version {engine.bundle.version}, the deployment serves "
                               f"{state['version']} (rebuilt in place?); POST /v1/admin/reload it", field="bundle")
-        return engine, await runtime.open_generation(engine)
+        return engine, await runtime.generation.open(engine)
 
     async def start(self, runtime) -> None:
         """Load what the deployment serves and install it, then follow the coordinator (also when
@@ -270,7 +270,7 @@ class ReplicaLink:
                 runtime.status, runtime.error = "no_bundle", "no bundle configured; POST /v1/admin/reload one"
                 return
             engine, generation = await self._open(runtime, state)
-            runtime._install(engine, generation)
+            runtime.install(engine, generation)
             self.served = state["gen"]
         finally:
             self._task = asyncio.create_task(self._follow(runtime))
@@ -301,7 +301,7 @@ class ReplicaLink:
                 if self.prepared is None or self.prepared[0] != gen:  # not prepared (started meanwhile)
                     self.prepared = (gen, *await self._open(runtime, msg))
                 _, engine, generation = self.prepared
-                runtime._install(engine, generation)
+                runtime.install(engine, generation)
                 self.served, self.prepared = gen, None
         except Exception as e:  # noqa: BLE001 - reported to the coordinator, which fails the reload
             error = {"kind": getattr(e, "kind", "bundle_error"), "message": getattr(e, "message", None) or

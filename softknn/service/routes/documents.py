@@ -40,7 +40,7 @@ async def put_document(doc_id: str, body: DocumentRequest, kbs: KBsDep, who: Wri
     """Chunked, encoded and indexed by the builder's own code; its chunks replace the document's old
     ones (it keeps its place in the KB; a new id goes to the end). 409 for a bundle that does not
     take writes (sharded, generator memory)."""
-    engine, result = await kbs.pick(kb, who, "write").write("put", doc_id, body.model_dump())
+    engine, result = await kbs.pick(kb, who, "write").writes.write("put", doc_id, body.model_dump())
     return _write(engine, request_id, result)
 
 
@@ -49,7 +49,7 @@ async def put_document(doc_id: str, body: DocumentRequest, kbs: KBsDep, who: Wri
 async def delete_document(doc_id: str, kbs: KBsDep, who: WriterDep, request_id: RequestIdDep,
                           kb: KBQuery = None) -> dict:
     """Every chunk of the document leaves the KB, and its terms the BM25 statistics. 404 if absent."""
-    engine, result = await kbs.pick(kb, who, "write").write("delete", doc_id)
+    engine, result = await kbs.pick(kb, who, "write").writes.write("delete", doc_id)
     return _write(engine, request_id, result)
 
 
@@ -57,13 +57,13 @@ async def delete_document(doc_id: str, kbs: KBsDep, who: WriterDep, request_id: 
             summary="One KB document and its chunks")
 async def get_document(doc_id: str, kbs: KBsDep, who: ReaderDep, request_id: RequestIdDep,
                        kb: KBQuery = None) -> dict:
-    engine, doc = kbs.pick(kb, who).document(doc_id)
+    engine, doc = kbs.pick(kb, who).writes.document(doc_id)
     return {**served(request_id, engine), "document": {k: v for k, v in doc.items() if k != "bundle_version"}}
 
 
 @router.post("/admin/compact", response_model=CompactResponse, responses=ERRORS,
              summary="Fold logged KB writes into a new base bundle")
 async def compact(kbs: KBsDep, who: AdminDep, request_id: RequestIdDep, kb: KBQuery = None) -> dict:
-    engine, result = await kbs.pick(kb, who).compact()
+    engine, result = await kbs.pick(kb, who).writes.compact()
     return {**served(request_id, engine), "writes_folded": result["writes_folded"],
             "recalibrated": result["recalibrated"], "index": engine.bundle.summary()}

@@ -1,5 +1,5 @@
 """POST /v1/generate: generation with the KB in the generator's attention, one JSON answer or
-server-sent events. The body model carries this app's limits, so the router is built per app."""
+server-sent events; the body's parameters filled by the one step every door shares (softknn.params.gen_params)."""
 
 # No `from __future__ import annotations`: FastAPI must see the body model class itself (deps.body_model).
 
@@ -10,58 +10,59 @@ from fastapi import APIRouter
 
 from softknn.common.errors import SoftKNNError
 from softknn.generate.engine import GenAnswer
+from softknn.params import gen_params
 from softknn.service.auth import ReaderDep
-from softknn.service.deps import KBsDep, RequestIdDep, body_model
+from softknn.service.deps import KBsDep, RequestIdDep, SettingsDep, body_model
 from softknn.service.errors import ServiceError, status_of
 from softknn.service.responses import DONE, EventStream, FastJSONResponse, error_event, first_item, sse
 from softknn.service.schemas import (
     ErrorResponse,
-    GenerateRequestBase,
+    GenerateBody,
+    GenerateRequest,
     GenerateResponse,
     generation_payload,
 )
 
 ERRORS: dict[int | str, dict[str, Any]] = {s: {"model": ErrorResponse} for s in (400, 401, 404, 409, 413, 422, 429, 503)}
-def build_router(GenerateRequest: type[GenerateRequestBase]) -> APIRouter:
-    router = APIRouter(prefix="/v1", tags=["generation"])
 
-    @router.post("/generate", response_model=GenerateResponse, responses={
-        **ERRORS, 200: {"content": {"text/event-stream": {"schema": {"type": "string", "description":
-                        'stream: one `data: {"token": id, "text": piece}` event per token, then `data: <the answer '
-                        'object>`, then `data: [DONE]`'}}}}},
-                 summary="Generate with the KB in the generator's attention, with evidence")
-    @body_model(GenerateRequest)
-    async def generate(body: GenerateRequestBase, kbs: KBsDep, who: ReaderDep, request_id: RequestIdDep):
-        """409 generator_unavailable when the bundle was built without a generator; 429 when
-        `generator.max_concurrent` generations run and `generator.max_queue` wait."""
-        runtime = kbs.pick(body.kb, who)
-        ge = runtime.generation()
-        params = body.gen_params(body.max_tokens)
-        prompt, messages = body.chat()
-        if not body.stream:
-            answer = await runtime.answer(ge, params, prompt, messages, request_id=request_id)
-            return FastJSONResponse(generation_payload(request_id, ge, answer))
-        stream = runtime.generate(ge, params, prompt, messages, request_id=request_id)
-        first = await first_item(stream)
-
-        async def events() -> AsyncGenerator[bytes, None]:
-            try:
-                item = first
-                while True:
-                    if isinstance(item, GenAnswer):
-                        yield sse(generation_payload(request_id, ge, item))
-                        break
-                    yield sse({"token": item.token_id, "text": item.text})
-                    item = await anext(stream)
-            except (SoftKNNError, ServiceError) as e:
-                yield error_event(e)
-            finally:
-                await stream.aclose()
-            yield DONE
-
-        return EventStream(events())
-
-    return router
+router = APIRouter(prefix="/v1", tags=["generation"])
 
 
-__all__ = ["DONE", "EventStream", "build_router", "error_event", "first_item", "sse", "status_of"]
+@router.post("/generate", response_model=GenerateResponse, responses={
+    **ERRORS, 200: {"content": {"text/event-stream": {"schema": {"type": "string", "description":
+                    'stream: one `data: {"token": id, "text": piece}` event per token, then `data: <the answer '
+                    'object>`, then `data: [DONE]`'}}}}},
+             summary="Generate with the KB in the generator's attention, with evidence")
+@body_model(GenerateRequest)
+async def generate(body: GenerateBody, kbs: KBsDep, who: ReaderDep, settings: SettingsDep, request_id: RequestIdDep):
+    """409 generator_unavailable when the bundle was built without a generator; 429 when
+    `generator.max_concurrent` generations run and `generator.max_queue` wait."""
+    runtime = kbs.pick(body.kb, who)
+    ge = runtime.generation.current()
+    params = gen_params(settings, body.given())
+    prompt, messages = body.chat()
+    if not body.stream:
+        answer = await runtime.generation.answer(ge, params, prompt, messages, request_id=request_id)
+        return FastJSONResponse(generation_payload(request_id, ge, answer))
+    stream = runtime.generation.generate(ge, params, prompt, messages, request_id=request_id)
+    first = await first_item(stream)
+
+    async def events() -> AsyncGenerator[bytes, None]:
+        try:
+            item = first
+            while True:
+                if isinstance(item, GenAnswer):
+                    yield sse(generation_payload(request_id, ge, item))
+                    break
+                yield sse({"token": item.token_id, "text": item.text})
+                item = await anext(stream)
+        except (SoftKNNError, ServiceError) as e:
+            yield error_event(e)
+        finally:
+            await stream.aclose()
+        yield DONE
+
+    return EventStream(events())
+
+
+__all__ = ["DONE", "EventStream", "error_event", "first_item", "router", "sse", "status_of"]

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 
 from softknn.common.errors import InvalidInput
 from softknn.service.auth import ReaderDep
-from softknn.service.deps import KBQuery, KBsDep, RequestIdDep
+from softknn.service.deps import KBQuery, KBsDep, RequestIdDep, SettingsDep
 from softknn.service.errors import NotFound
 from softknn.service.schemas import (
     EntryResponse,
@@ -43,9 +43,11 @@ async def list_kbs(kbs: KBsDep, who: ReaderDep, request_id: RequestIdDep) -> dic
 
 
 @router.get("/index", response_model=IndexResponse, responses=ERRORS, summary="The served bundle's summary")
-async def index(kbs: KBsDep, who: ReaderDep, request_id: RequestIdDep, kb: KBQuery = None) -> dict:
+async def index(kbs: KBsDep, who: ReaderDep, settings: SettingsDep, request_id: RequestIdDep,
+                kb: KBQuery = None) -> dict:
     engine = kbs.pick(kb, who).current()
-    return {**served(request_id, engine), "index": engine.bundle.summary(), "runtime": runtime_payload(engine.encoder)}
+    return {**served(request_id, engine), "index": engine.bundle.summary(), "runtime": runtime_payload(engine.encoder),
+            "defaults": {"infer": settings.defaults.model_dump(), "generate": settings.generate.model_dump()}}
 
 
 # chunk ids may contain '/', e.g. "handbook/01_crew_safety_drills.md#0" (a '#' must be sent as %23)

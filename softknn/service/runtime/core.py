@@ -2,8 +2,9 @@
 
 `Runtime` is one KB served. This module holds its core (start, open, reload, install, close, the
 engine serving now, admission and the requests through the batcher); its generation
-(softknn.service.runtime.generation) and KB writes (softknn.service.runtime.writes) are mixins of it,
-and what the app's KBs share is softknn.service.runtime.shared.
+(`runtime.generation`, softknn.service.runtime.generation.Generation) and KB writes (`runtime.writes`,
+softknn.service.runtime.writes.Writes) are objects it makes with their dependencies named, and what
+the app's KBs share is softknn.service.runtime.shared.
 
 `start` runs once, from the lifespan, in the background: model and bundle (checksums verified) in a
 thread, then a warm-up pass; only then is the runtime ready. `reload` opens another bundle the same way, off the
@@ -16,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -29,14 +29,14 @@ from softknn.index_builder.documents import BuilderDocuments
 from softknn.infer.engine import Engine, InferParams
 from softknn.infer.results import InferResult
 from softknn.model.encoder import Encoder
-from softknn.model.runtime import open_encoder
-from softknn.params import Settings, apply_threads
+from softknn.model.runtime import apply_threads, open_encoder
+from softknn.params import Settings
 from softknn.retrieval.rerank import Reranker
 from softknn.service.errors import Conflict, InferenceFailed, NotReady, ServiceError
 from softknn.service.metrics import Metrics
-from softknn.service.runtime.generation import RuntimeGeneration
+from softknn.service.runtime.generation import Generation
 from softknn.service.runtime.shared import PlainEmbed, Shared, token_counter
-from softknn.service.runtime.writes import RuntimeWrites
+from softknn.service.runtime.writes import Writes
 from softknn.storage.bundle import load_bundle
 from softknn.storage.remote import Location, is_remote, localize, source_of
 from softknn.storage.writes import (
@@ -59,7 +59,7 @@ WARMUP_TEXT = "softknn warm-up: how are the ferries today?"
 INLINE_ADMIT_CHARS = 2048
 
 
-class Runtime(RuntimeGeneration, RuntimeWrites):
+class Runtime:
     """One KB served: its engine, version, reloads, write store and generation. `kb` is its name
     (requests' `kb`, the metrics' label); `bundle` what it opens at start (default settings.bundle);
     `shared` what it shares with the app's other KBs (made here when not given)."""
@@ -88,19 +88,12 @@ class Runtime(RuntimeGeneration, RuntimeWrites):
         self.model_created = 0  # when the model was loaded (Unix seconds; /v1/models)
         self._reranker: Reranker | None = None  # /v1/rerank over the bundle serving now (Runtime.rerank)
         self._reload_lock = asyncio.Lock()  # reloads, KB writes and compactions: one at a time
-        self._stores: weakref.WeakKeyDictionary[Engine, KBStore] = weakref.WeakKeyDictionary()  # engines serving a KB with writes
-        # engines serving a cached copy of a bundle in object storage: the URI (no writes into a cache)
-        self._sources: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
-        self._compaction: asyncio.Task | None = None
-        self._write_pool = self.shared.write_pool
         self.batcher = self.shared.batcher
-        # generation: the GenEngine of the bundle serving now (None: why not, in _gen_reason)
-        self._generators = self.shared.generators
-        self._gen: GenEngine | None = None
-        self.generation_created = 0  # when the served generator was installed (Unix seconds; /v1/models)
-        self._gen_reason = "the model and bundle are still loading"
-        self.gen_slots = self.shared.gen_slots
-        self._gen_pool = self.shared.gen_pool
+        sh = self.shared
+        self.generation = Generation(settings, metrics, slots=sh.gen_slots, pool=sh.gen_pool,
+                                     generators=sh.generators, ready=self.current)
+        self.writes = Writes(settings, metrics, kb=kb, pool=sh.write_pool, lock=self._reload_lock,
+                             model=lambda: self.model, ready=self.current, swap=self.install)
 
     @property
     def model(self) -> Encoder:
@@ -130,7 +123,7 @@ class Runtime(RuntimeGeneration, RuntimeWrites):
                 log.warning(self.error)
                 return
             engine = await self.open(self.bundle_path)
-            self._install(engine, await self.open_generation(engine))
+            self.install(engine, await self.generation.open(engine))
         except Exception as e:
             self.status, self.error = "failed", f"{type(e).__name__}: {e}"
             log.error("startup failed: %s", self.error, exc_info=not isinstance(e, SoftKNNError))
@@ -188,7 +181,7 @@ class Runtime(RuntimeGeneration, RuntimeWrites):
             if has_pending_writes(path):  # acknowledged writes in its log: serve them (replayed), never the base alone
                 store = KBStore(path, self.model, documents=BuilderDocuments(), use_gpu=self.settings.use_gpu_index)
                 engine = Engine(self.model, store.bundle)
-                self._stores[engine] = store
+                self.writes.stores[engine] = store
                 return engine
             bundle = load_bundle(path, expected_fingerprint=self.model.info.fingerprint,
                                  use_gpu=self.settings.use_gpu_index, shard_backend=self.shard_backend)
@@ -197,19 +190,18 @@ class Runtime(RuntimeGeneration, RuntimeWrites):
             engine.retriever.warm_filters()  # at open, not on the first filtered request
             source = str(location) if is_remote(location) else source_of(path)  # a cache folder named directly too
             if source is not None:
-                self._sources[engine] = source
+                self.writes.sources[engine] = source
             return engine
         except SoftKNNError:
             raise
         except Exception as e:  # a bundle that verifies but does not load is still the bundle's fault
             raise BundleError(f"{location}: cannot be loaded: {type(e).__name__}: {e}", field="bundle") from e
 
-    def _install(self, engine: Engine, generation: tuple[GenEngine | None, str] = (None, "no generator")) -> None:
-        self._gen, self._gen_reason = generation  # before the engine: a request that sees the new engine sees it
-        if generation[0] is not None:
-            self.generation_created = int(time.time())
-        info = generation[0].generator.info if generation[0] is not None else None
-        self.metrics.generator.info({"name": info.name, "fingerprint": info.fingerprint} if info else {})
+    def install(self, engine: Engine, generation: tuple[GenEngine | None, str] | None = None) -> None:
+        """Serve `engine` from now on, and `generation` with it (Generation.open's answer; None: the
+        generation stays as it is, a KB write's new version)."""
+        if generation is not None:  # before the engine: a request that sees the new engine sees it
+            self.generation.install(generation)
         self.engine = engine  # the atomic swap: one reference assignment
         self.status, self.error = "ready", None
         self.metrics.set_bundle(self.kb, engine.bundle.summary(), engine.encoder.info.name)
@@ -218,10 +210,9 @@ class Runtime(RuntimeGeneration, RuntimeWrites):
     def close(self) -> None:
         """At shutdown, after the batcher: release what the bundle holds outside this process (a
         sharded bundle's Ray shard actors; a plain bundle holds nothing to release)."""
-        self._gen_pool.shutdown(wait=False, cancel_futures=True)  # running generations end with the process
-        self._write_pool.shutdown(wait=True)  # a write in progress finishes (its client may still get the answer)
-        for store in list(self._stores.values()):
-            store.close()
+        self.shared.gen_pool.shutdown(wait=False, cancel_futures=True)  # running generations end with the process
+        self.shared.write_pool.shutdown(wait=True)  # a write in progress finishes (its client may still get the answer)
+        self.writes.close()
         if self.cluster is not None:
             self.cluster.stop()
         for bundle in [*self._retired, *([self.engine.bundle] if self.engine is not None else [])]:
@@ -378,7 +369,7 @@ class Runtime(RuntimeGeneration, RuntimeWrites):
         async with self._reload_lock:
             try:
                 engine = await self.open(path)
-                generation = await self.open_generation(engine)
+                generation = await self.generation.open(engine)
             except BundleError as e:
                 self.metrics.reloads.labels(self.kb, "refused").inc()
                 e.field = e.field or "bundle"  # the request field that named it
@@ -388,7 +379,7 @@ class Runtime(RuntimeGeneration, RuntimeWrites):
                 raise
             old = self.engine
             previous = old.bundle.version if old is not None else None
-            self._install(engine, generation)
+            self.install(engine, generation)
             if old is not None:
                 self._retire(old.bundle)
             self.metrics.reloads.labels(self.kb, "ok").inc()

@@ -1,8 +1,9 @@
-"""A KB's generation (Runtime's part, softknn.service.runtime.core): the GenEngine of the bundle serving
-now, opened beside it, and the generate/answer streaming.
+"""A KB's generation (`Generation`, an object of its Runtime, softknn.service.runtime.core): the GenEngine
+of the bundle serving now, opened beside it, and the generate/answer streaming.
 
 When the bundle's manifest has a generator record, its causal LM is loaded (once per name, kept
-across reloads) and a GenEngine over the same Engine is installed with it. At most
+across reloads: softknn.generate.serving) and a GenEngine over the same retriever and encoder is
+installed with it. At most
 `settings.generator.max_concurrent` generations run (`max_queue` wait, past it 429, GenSlots): each
 retrieves on a generation thread, then decodes in the generator's decode loop, one batched step for
 every running generation (softknn.generate.batch; fixed α and exact ones in torch on their thread);
@@ -16,13 +17,13 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from softknn.common.errors import SoftKNNError
 from softknn.generate.engine import GenAnswer, GenEngine, GenParams
 from softknn.generate.model import Generator, Step
+from softknn.generate.serving import gen_engine_for
 from softknn.infer.engine import Engine
 from softknn.params import Settings
 from softknn.service.errors import DeadlineExceeded, GeneratorUnavailable, InferenceFailed, QueueFull, ServiceError
@@ -70,21 +71,20 @@ class _Failed:
         self.exc = exc
 
 
-class RuntimeGeneration:
-    """Runtime's generation methods (a mixin of softknn.service.runtime.core.Runtime, which sets these)."""
+class Generation:
+    """One KB's generation, with its dependencies given: the settings, the metrics, what the app's KBs
+    share (`slots`, the generation threads `pool`, the loaded `generators`) and `ready`, the KB's engine
+    serving now (503 until there is one). Holds the GenEngine serving now, or why there is none."""
 
-    settings: Settings
-    metrics: Metrics
-    gen_slots: GenSlots
-    _generators: dict[str, Generator]
-    _gen: GenEngine | None
-    _gen_reason: str
-    _gen_pool: ThreadPoolExecutor
+    def __init__(self, settings: Settings, metrics: Metrics, *, slots: GenSlots, pool: ThreadPoolExecutor,
+                 generators: dict[str, Generator], ready: Callable[[], Engine]):
+        self.settings, self.metrics = settings, metrics
+        self.slots, self.pool, self.generators, self.ready = slots, pool, generators, ready
+        self.engine: GenEngine | None = None
+        self.reason = "the model and bundle are still loading"
+        self.created = 0  # when the served generator was installed (Unix seconds; /v1/models)
 
-    if TYPE_CHECKING:
-        def current(self) -> Engine: ...
-
-    async def open_generation(self, engine: Engine) -> tuple[GenEngine | None, str]:
+    async def open(self, engine: Engine) -> tuple[GenEngine | None, str]:
         """The GenEngine for `engine`'s bundle, or (None, why not). Never raises: a generator that does
         not load leaves /v1/infer serving and the generation routes answering generator_unavailable."""
         rec = engine.bundle.manifest.generator
@@ -92,48 +92,44 @@ class RuntimeGeneration:
             return None, (f"bundle {engine.bundle.version} was built without a generator "
                           "(softknn build KB --out DIR --generator smollm2-135m-instruct)")
         try:
-            ge = await asyncio.to_thread(self._load_generation, engine)
+            ge = await asyncio.to_thread(self._load, engine)
         except Exception as e:
             reason = f"generator {self.settings.generator.name or rec.name} did not load: {type(e).__name__}: {e}"
             log.error(reason, exc_info=not isinstance(e, SoftKNNError))
             return None, reason
         return ge, ""
 
-    def _load_generation(self, engine: Engine) -> GenEngine:
+    def _load(self, engine: Engine) -> GenEngine:
         t0 = time.perf_counter()
-        rec = engine.bundle.manifest.generator
-        if rec is None:
-            raise GeneratorUnavailable(f"bundle {engine.bundle.version} was built without a generator")
-        name = self.settings.generator.name or rec.name
-        gen = self._generators.get(name)
-        if gen is None and not self.settings.generator.name:  # a shared generator with the bundle's weights
-            gen = next((g for g in self._generators.values() if g.info.fingerprint == rec.fingerprint), None)
-        if gen is None:
-            gen = Generator.load(name, cache_dir=self.settings.generator.cache_dir)
-            self._generators[name] = gen
-        g = self.settings.generator
-        ge = GenEngine(engine, gen, runtime=g.runtime, weights=g.weights, threads=g.threads, max_batch=g.max_concurrent,
-                       torch_concurrent=g.torch_concurrent)
-        if g.runtime == "graph":  # the decode graph built and run once before /readyz, not on the first request
+        ge = gen_engine_for(self.settings, engine.retriever, engine.encoder, self.generators)
+        if self.settings.generator.runtime == "graph":  # the decode graph built and run once before /readyz
             ge.warm_up()
-        log.info("generator loaded", extra={"generator": gen.info.name, "layers": len(ge.layers),
+        log.info("generator loaded", extra={"generator": ge.generator.info.name, "layers": len(ge.layers),
                                             "memory": ge.store.kind, "seconds": round(time.perf_counter() - t0, 2)})
         return ge
 
-    # --- generation ---------------------------------------------------------------------------
-    @property
-    def served_generator(self) -> GenEngine | None:
-        """The GenEngine serving now, or None (no generator, or it did not load)."""
-        return self._gen
+    def install(self, generation: tuple[GenEngine | None, str]) -> None:
+        """Serve `generation` (open's answer) from now on."""
+        self.engine, self.reason = generation
+        if self.engine is not None:
+            self.created = int(time.time())
+        info = self.engine.generator.info if self.engine is not None else None
+        self.metrics.generator.info({"name": info.name, "fingerprint": info.fingerprint} if info else {})
 
-    def generation(self) -> GenEngine:
+    @property
+    def served(self) -> GenEngine | None:
+        """The GenEngine serving now, or None (no generator, or it did not load)."""
+        return self.engine
+
+    def current(self) -> GenEngine:
         """The GenEngine serving now; 503 until ready, 409 generator_unavailable without one."""
-        self.current()
-        ge = self._gen
+        self.ready()
+        ge = self.engine
         if ge is None:
-            raise GeneratorUnavailable(f"no generator is served: {self._gen_reason}")
+            raise GeneratorUnavailable(f"no generator is served: {self.reason}")
         return ge
 
+    # --- generation ---------------------------------------------------------------------------
     async def generate(self, ge: GenEngine, params: GenParams, prompt: str | None, messages: list[dict] | None,
                        *, request_id: str | None = None) -> AsyncGenerator[Step | GenAnswer, None]:
         """Wait for a slot (429 past the queue), then run `ge.stream` on a generation thread: yields
@@ -141,7 +137,7 @@ class RuntimeGeneration:
         cancels the generation at its next token; the slot frees when its thread ends."""
         params = params.validate()  # 422 here, before a slot is taken
         start = time.monotonic()
-        await self.gen_slots.acquire(self.settings.batching.request_timeout_s)
+        await self.slots.acquire(self.settings.batching.request_timeout_s)
         loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
@@ -173,11 +169,11 @@ class RuntimeGeneration:
                 put(_END)
 
         try:
-            done = loop.run_in_executor(self._gen_pool, work)
+            done = loop.run_in_executor(self.pool, work)
         except BaseException:
-            self.gen_slots.release()
+            self.slots.release()
             raise
-        done.add_done_callback(lambda _: self.gen_slots.release())
+        done.add_done_callback(lambda _: self.slots.release())
         try:
             while (item := await items.get()) is not _END:
                 if isinstance(item, _Failed):

@@ -1,5 +1,5 @@
-"""A KB's writes (Runtime's part, softknn.service.runtime.core): put, delete and read documents, and
-compaction, through the KB's write store (softknn.storage.writes.KBStore; the builder's document
+"""A KB's writes (`Writes`, an object of its Runtime, softknn.service.runtime.core): put, delete and read
+documents, and compaction, through the KB's write store (softknn.storage.writes.KBStore; the builder's document
 reading and encoding, softknn.index_builder.documents). Each write is durable before it returns and
 swaps its new version in like a reload; writes run on the app's one low-priority write thread."""
 
@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
 from softknn.common.errors import DocumentNotFound, SoftKNNError, WriteRefused
-from softknn.generate.engine import GenEngine
 from softknn.index_builder.documents import BuilderDocuments
 from softknn.infer.engine import Engine
 from softknn.model.encoder import Encoder
@@ -23,48 +22,44 @@ from softknn.storage.writes import KBStore, WriteResult, writable
 log = logging.getLogger("softknn.service")
 
 
-class RuntimeWrites:
-    """Runtime's KB-write methods (a mixin of softknn.service.runtime.core.Runtime, which sets these)."""
+class Writes:
+    """One KB's writes, with their dependencies given: the settings, the metrics, the KB's name, the
+    app's one write thread (`pool`), the KB's lock that reloads take too, and from its Runtime:
+    `model` (the loaded encoder), `ready` (the engine serving now) and `swap` (serve a new engine
+    of the same KB: a KB with writes has no generator, so its generation stays as it is)."""
 
-    settings: Settings
-    metrics: Metrics
-    kb: str
-    encoder: Encoder | None
-    _reload_lock: asyncio.Lock
-    _write_pool: ThreadPoolExecutor
-    _stores: weakref.WeakKeyDictionary[Engine, KBStore]
-    _sources: weakref.WeakKeyDictionary[Engine, str]
-    _compaction: asyncio.Task | None
-    _gen: GenEngine | None
-    _gen_reason: str
+    def __init__(self, settings: Settings, metrics: Metrics, *, kb: str, pool: ThreadPoolExecutor, lock: asyncio.Lock,
+                 model: Callable[[], Encoder], ready: Callable[[], Engine], swap: Callable[[Engine], None]):
+        self.settings, self.metrics, self.kb = settings, metrics, kb
+        self.pool, self.lock, self.model, self.ready, self.swap = pool, lock, model, ready, swap
+        self.stores: weakref.WeakKeyDictionary[Engine, KBStore] = weakref.WeakKeyDictionary()  # engines serving a KB with writes
+        # engines serving a cached copy of a bundle in object storage: the URI (no writes into a cache)
+        self.sources: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
+        self._compaction: asyncio.Task | None = None
 
-    if TYPE_CHECKING:
-        @property
-        def model(self) -> Encoder: ...
-
-        def current(self) -> Engine: ...
-
-        def _install(self, engine: Engine, generation: tuple[GenEngine | None, str] = ...) -> None: ...
+    def close(self) -> None:
+        for store in list(self.stores.values()):
+            store.close()
 
     # --- KB writes (softknn.storage.writes) -----------------------------------------------------
     def _store(self, engine: Engine) -> KBStore:
         """The KBStore of the KB `engine` serves (opened on the first write, over the loaded bundle)."""
-        store = self._stores.get(engine)
+        store = self.stores.get(engine)
         if store is None:
             if engine.bundle.manifest.sharded:
                 writable(engine.bundle.manifest)  # refuses, saying why
-            uri = self._sources.get(engine)
+            uri = self.sources.get(engine)
             if uri is not None:  # a write into the cache would be lost with it, and never reach the store
                 raise WriteRefused(f"this KB is a cached copy of {uri}: writes are not supported on a bundle "
                                    "served from object storage; build the new version and reload it")
-            store = KBStore(engine.bundle.path, self.encoder, documents=BuilderDocuments(),
+            store = KBStore(engine.bundle.path, self.model(), documents=BuilderDocuments(),
                             use_gpu=self.settings.use_gpu_index, base=engine.bundle)  # type: ignore[arg-type]  # not sharded: a Bundle
         return store
 
     def document(self, doc_id: str) -> tuple[Engine, dict]:
         """(the engine read, one document of its KB)."""
-        engine = self.current()
-        store = self._stores.get(engine)
+        engine = self.ready()
+        store = self.stores.get(engine)
         if store is not None and store.bundle is engine.bundle:
             return engine, store.document(doc_id)
         rows = [c for c in engine.bundle.chunks if c["doc_id"] == doc_id]
@@ -77,15 +72,15 @@ class RuntimeWrites:
     async def write(self, op: str, doc_id: str, record: dict | None = None) -> tuple[Engine, WriteResult]:
         """Put or delete one document: durable (logged, fsynced) before it returns; then the new version
         serves, swapped in like a reload (requests already admitted finish on the version they started with)."""
-        self.current()
-        async with self._reload_lock:
-            engine = self.current()  # after the wait: the version every earlier write left
+        self.ready()
+        async with self.lock:
+            engine = self.ready()  # after the wait: the version every earlier write left
             loop = asyncio.get_running_loop()
-            store = await loop.run_in_executor(self._write_pool, self._store, engine)
+            store = await loop.run_in_executor(self.pool, self._store, engine)
             if op == "put":
-                result = await loop.run_in_executor(self._write_pool, store.put, doc_id, record or {})
+                result = await loop.run_in_executor(self.pool, store.put, doc_id, record or {})
             else:
-                result = await loop.run_in_executor(self._write_pool, store.delete, doc_id)
+                result = await loop.run_in_executor(self.pool, store.delete, doc_id)
             new = self._install_version(store, engine)
         self.metrics.kb_writes.labels(self.kb, op).inc()
         limit = self.settings.writes.compact_after
@@ -94,19 +89,19 @@ class RuntimeWrites:
         return new, result
 
     def _install_version(self, store: KBStore, engine: Engine) -> Engine:
-        new = Engine(self.model, store.bundle)
-        self._stores[new] = store
-        self._install(new, (self._gen, self._gen_reason))  # writes refuse generator bundles: nothing to change
+        new = Engine(self.model(), store.bundle)
+        self.stores[new] = store
+        self.swap(new)
         return new
 
     async def compact(self) -> tuple[Engine, dict]:
         """Fold the KB's logged writes into a new base bundle (softknn.storage.writes.KBStore.compact)."""
-        self.current()
-        async with self._reload_lock:
-            engine = self.current()
+        self.ready()
+        async with self.lock:
+            engine = self.ready()
             loop = asyncio.get_running_loop()
-            store = await loop.run_in_executor(self._write_pool, self._store, engine)
-            result = await loop.run_in_executor(self._write_pool, store.compact)
+            store = await loop.run_in_executor(self.pool, self._store, engine)
+            result = await loop.run_in_executor(self.pool, store.compact)
             new = self._install_version(store, engine) if result["writes_folded"] else engine
         log.info("KB compacted", extra={"kb": self.kb, "version_id": new.bundle.version, "writes_folded": result["writes_folded"],
                                         "recalibrated": result["recalibrated"]})

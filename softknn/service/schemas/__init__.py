@@ -3,28 +3,31 @@ route group (common, infer, index, generate, embeddings, rerank, documents); eve
 re-exported here, so `from softknn.service.schemas import X` serves the routes and the tests.
 
 Requests are strict: unknown fields, wrong JSON types, NaN/±inf and out-of-range numbers are
-refused here, so the inference worker never sees a bad request. The bounds come from
-`settings.limits` and the defaults from `settings.defaults`, so the request model is built per
-app by `infer_request_model(settings)` (its OpenAPI schema shows the real bounds and defaults).
-Size limits (too many inputs, a text over `max_chars` without `truncate`) raise the core's
-`InputTooLarge`, which the one error map answers with 413.
+refused here, so the inference worker never sees a bad request. One model per route, its parameter
+fields derived from the parameter table (softknn.service.schemas.table), unset (null) by default:
+the one step softknn.params.infer_params / gen_params fills them from the settings and the bundle.
+The limits a server's settings set (`settings.limits`, generator.max_tokens) are checked against the
+serving app's settings and said in the descriptions. Size limits (too many inputs, a text over
+`max_chars` without `truncate`) raise the core's `InputTooLarge`, which the one error map answers with 413.
 
 Responses document every field of the engine's result object (softknn/infer/results.py) with
 `extra="forbid"`, so a field the core adds without documenting it fails the contract tests.
 """
 
 from softknn.service.schemas.common import (
-    FILTER_DOC,
     KB_DOC,
     MAX_SPANS,
     MAX_TEMPERATURE,
     MIN_TEMPERATURE,
+    SOURCES_DOC,
     STRICT,
+    ChunkRef,
     ErrorDetail,
     ErrorResponse,
     Int,
     Out,
     Served,
+    Stop,
     Text,
     check_text,
     integral,
@@ -42,22 +45,23 @@ from softknn.service.schemas.embeddings import (
     AUGMENT_FIELDS,
     EmbeddingData,
     EmbeddingExtra,
-    EmbeddingOptionsBase,
-    EmbeddingRequestBase,
+    EmbeddingOptions,
+    EmbeddingOptionsBody,
+    EmbeddingRequest,
     EmbeddingResponse,
     EmbeddingUsage,
-    embedding_request_model,
 )
 from softknn.service.schemas.generate import (
+    ChatBody,
     ChatChoice,
     ChatChoiceMessage,
     ChatCompletion,
     ChatCompletionMessage,
     ChatMessage,
-    ChatRequestBase,
+    ChatRequest,
     GenDiagnostics,
-    GenerateFields,
-    GenerateRequestBase,
+    GenerateBody,
+    GenerateRequest,
     GenerateResponse,
     GenEvidenceItem,
     GenSpan,
@@ -66,12 +70,9 @@ from softknn.service.schemas.generate import (
     ModelCard,
     ModelList,
     SoftknnExtra,
-    Stop,
     StreamOptions,
     TextPart,
     Usage,
-    chat_request_model,
-    generate_request_model,
     generation_payload,
 )
 from softknn.service.schemas.index import (
@@ -89,8 +90,10 @@ from softknn.service.schemas.index import (
 )
 from softknn.service.schemas.infer import (
     Diagnostics,
+    Evidence,
     EvidenceItem,
-    InferRequestBase,
+    InferBody,
+    InferRequest,
     InferResponse,
     InferResult,
     Neighbour,
@@ -98,23 +101,29 @@ from softknn.service.schemas.infer import (
     Span,
     Token,
     VersusPlain,
-    infer_request_model,
 )
 from softknn.service.schemas.rerank import (
     Rank,
-    RerankRequestBase,
-    rerank_request_model,
+    RerankBody,
+    RerankRequest,
+)
+from softknn.service.schemas.table import (
+    app_settings,
+    bind,
+    given,
 )
 
 __all__ = [
     "AUGMENT_FIELDS",
     "BundleSummary",
+    "ChatBody",
     "ChatChoice",
     "ChatChoiceMessage",
     "ChatCompletion",
     "ChatCompletionMessage",
     "ChatMessage",
-    "ChatRequestBase",
+    "ChatRequest",
+    "ChunkRef",
     "CompactResponse",
     "Diagnostics",
     "DocumentChunk",
@@ -123,26 +132,28 @@ __all__ = [
     "DocumentResponse",
     "EmbeddingData",
     "EmbeddingExtra",
-    "EmbeddingOptionsBase",
-    "EmbeddingRequestBase",
+    "EmbeddingOptions",
+    "EmbeddingOptionsBody",
+    "EmbeddingRequest",
     "EmbeddingResponse",
     "EmbeddingUsage",
     "Entry",
     "EntryResponse",
     "ErrorDetail",
     "ErrorResponse",
+    "Evidence",
     "EvidenceItem",
-    "FILTER_DOC",
     "GenDiagnostics",
     "GenEvidenceItem",
     "GenSpan",
     "GenTokenItem",
-    "GenerateFields",
-    "GenerateRequestBase",
+    "GenerateBody",
+    "GenerateRequest",
     "GenerateResponse",
     "GroundingDiagnostics",
     "IndexResponse",
-    "InferRequestBase",
+    "InferBody",
+    "InferRequest",
     "InferResponse",
     "InferResult",
     "Int",
@@ -161,7 +172,9 @@ __all__ = [
     "Rank",
     "ReloadRequest",
     "ReloadResponse",
-    "RerankRequestBase",
+    "RerankBody",
+    "RerankRequest",
+    "SOURCES_DOC",
     "STRICT",
     "Served",
     "SoftknnExtra",
@@ -174,15 +187,13 @@ __all__ = [
     "Usage",
     "VersusPlain",
     "WriteResponse",
-    "chat_request_model",
+    "app_settings",
+    "bind",
     "check_text",
-    "embedding_request_model",
     "entry_payload",
-    "generate_request_model",
     "generation_payload",
-    "infer_request_model",
+    "given",
     "integral",
-    "rerank_request_model",
     "runtime_payload",
     "served",
 ]

@@ -8,14 +8,9 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
-from softknn.params import MAX_SPANS, MAX_TEMPERATURE, MIN_TEMPERATURE  # noqa: F401 (re-exported)
-from softknn.retrieval.filters import MAX_DEPTH, MAX_NODES, MAX_VALUES
+from softknn.common.table import MAX_SPANS, MAX_TEMPERATURE, MIN_TEMPERATURE  # noqa: F401 (re-exported)
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-FILTER_DOC = ("R is drawn from the chunks that pass this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, "
-              "chunk_id, label or metadata.NAME, combined with {and: [...]}, {or: [...]}, {not: ...}; "
-              f"≤ {MAX_DEPTH} levels, ≤ {MAX_NODES} objects, ≤ {MAX_VALUES} `in` values; null = every chunk")
-
 
 def check_text(s: str) -> str:
     if not s.strip():
@@ -43,12 +38,37 @@ def integral(v: Any) -> Any:
 
 
 Int = Annotated[int, BeforeValidator(integral)]
+
+
+def _stop(v: Any) -> Any:
+    return [v] if isinstance(v, str) else v
+
+
+Stop = Annotated[list[Annotated[str, Field(min_length=1)]], BeforeValidator(_stop),
+                 Field(max_length=16, description="a string or up to 16 strings; the answer ends before the first")]
 KB_DOC = ("the KB to use, by name; empty = the only KB this key may use, else the one named `default` "
           "(a name this key may not use answers 404 as one that does not exist)")
 
 
 class Out(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class ChunkRef(Out):
+    """A KB chunk and where it comes from: what an evidence item and an entry both name."""
+
+    chunk_id: str
+    doc_id: str
+    text: str = Field(description="the chunk's text")
+    start: int = Field(description="char span [start, end) of the chunk in its document")
+    end: int
+    label: str | None
+    metadata: dict[str, Any]
+
+
+SOURCES_DOC = ("where each parameter's value came from: request (the request or the command's option), settings "
+               "(the server's SOFTKNN_DEFAULTS__* / SOFTKNN_GENERATE__*), bundle (its calibration or its indexes) or "
+               "default (the parameter's declared default)")
 
 
 class Served(Out):

@@ -1,51 +1,35 @@
-"""The OpenAI-compatible POST /v1/embeddings: the request model built per app
-(`embedding_request_model`; softknn's own fields in its `softknn` object) and the answer."""
+"""The OpenAI-compatible POST /v1/embeddings: the request model (OpenAI's fields, softknn's in its `softknn`
+object, those of the augmented embedding the table's: softknn.common.table.InferParams) and the answer."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from softknn.common.errors import InputTooLarge, InvalidInput
-from softknn.infer.engine import InferParams
-from softknn.params import Settings, merge_alias
+from softknn.common.table import InferParams
 from softknn.service.schemas.common import KB_DOC, STRICT, Int, Out, check_text
-from softknn.service.schemas.infer import infer_request_model
+from softknn.service.schemas.infer import cut_texts
+from softknn.service.schemas.table import app_settings, derived, given, request_fields
 
-AUGMENT_FIELDS = ("alpha", "mixing", "k", "knn_temperature", "temperature", "kernel", "exact", "threshold", "retrieval", "lexical_weight")
+# the /v1/infer parameters an augmented embedding takes (its evidence is not returned)
+AUGMENT_FIELDS = ("alpha", "mixing", "k", "knn_temperature", "kernel", "exact", "threshold", "retrieval", "lexical_weight")
 
 
-class EmbeddingOptionsBase(BaseModel):
-    """softknn's extension of an embeddings request (the `softknn` field); bounds set per app."""
-
+class EmbeddingOptionsBody(BaseModel):
     model_config = STRICT
 
-    augmented: bool
-    truncate: bool
-    alpha: float
-    mixing: Literal["fixed", "joint"]
-    k: int
-    knn_temperature: float | None
-    temperature: float | None  # deprecated name of knn_temperature: moved there after validation
-    kernel: Literal["softmax", "epanechnikov", "uniform"]
-    exact: bool
-    threshold: float | None
-    retrieval: Literal["hybrid", "dense", "lexical"] | None
-    lexical_weight: float | None
+    augmented: bool = Field(False, description="false: the plain model's embedding; true: the knowledge-augmented "
+                            "one (/v1/infer's `embedding` with the parameters below)")
 
-    @model_validator(mode="after")
-    def _tau_alias(self):
-        merge_alias(self, "knn_temperature", "temperature", where="softknn.")
-        return self
 
-    def to_params(self, hybrid_pool: int, candidates: int) -> InferParams:
-        """The /v1/infer parameters of the augmented embedding (no evidence: only the embedding is returned)."""
-        return InferParams(alpha=self.alpha, mixing=self.mixing, k=self.k, temperature=self.knn_temperature,
-                           kernel=self.kernel, exact=self.exact, threshold=self.threshold, hybrid_pool=hybrid_pool,
-                           evidence=0, spans=0, truncate=self.truncate, retrieval=self.retrieval,
-                           lexical_weight=self.lexical_weight, candidates=candidates)
+EmbeddingOptions = derived(
+    "EmbeddingOptions", EmbeddingOptionsBody,
+    "softknn's extension: `augmented: true` returns the knowledge-augmented embedding (the fused memory layer, as "
+    "/v1/infer's `embedding`) with these retrieval parameters; `truncate` cuts over-long inputs instead of "
+    "refusing them (413).", request_fields(InferParams, *AUGMENT_FIELDS, "truncate"))
 
 
 def _no_token_ids(v: Any) -> Any:
@@ -58,97 +42,73 @@ def _no_token_ids(v: Any) -> Any:
     return v
 
 
-class EmbeddingRequestBase(BaseModel):
+class EmbeddingRequest(BaseModel):
+    """OpenAI-compatible embeddings of one text or a list of texts."""
+
     model_config = STRICT
 
-    input: str | list[str] | list[int] | list[list[int]]
-    model: str | None
-    encoding_format: Literal["float", "base64"]
-    dimensions: int | None
-    user: str | None
-    softknn: EmbeddingOptionsBase | None
+    input: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a text or 1..limits.max_inputs (64 by default) texts, each non-empty and ≤ limits.max_chars "
+                    "(20000 by default) characters and the model's token limit (or softknn.truncate); token-id "
+                    "arrays are refused")
+    model: str | None = Field(None, description="the embedding model's id (GET /v1/models lists it); "
+                              "empty = it; another → 404 model_not_found")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="float: a list of numbers; base64: the little-endian float32 bytes, base64-encoded")
+    dimensions: Int | None = Field(None, description="the model's dimension or null: truncated (Matryoshka) "
+                                   "embeddings are not served, another value is refused (422)")
+    user: str | None = Field(None, max_length=256, description="accepted, not used")
+    softknn: EmbeddingOptions | None = Field(None, description="softknn's extension: the knowledge-augmented "  # type: ignore[valid-type]
+                                             "embedding, truncation")
     kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
     _cut: list[int] = PrivateAttr(default_factory=list)
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _count(cls, v: Any) -> Any:
+        v = _no_token_ids(v)
+        limit = app_settings().limits.max_inputs
+        if isinstance(v, list) and len(v) > limit:
+            raise InputTooLarge(f"{len(v)} inputs, more than the limit {limit}", field="input")
+        return v
 
     @property
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else list(self.input)  # type: ignore[arg-type]  # str only, after validation
 
     @property
+    def augmented(self) -> bool:
+        return self.softknn is not None and self.softknn.augmented
+
+    @property
     def truncate(self) -> bool:
-        return self.softknn is not None and self.softknn.truncate
+        return self.softknn is not None and bool(self.softknn.truncate)
 
+    def given(self) -> dict[str, Any]:
+        """The augmented embedding's parameters the request gives (none unless augmented)."""
+        return given(self.softknn, InferParams) if self.softknn is not None else {}
 
-def embedding_request_model(settings: Settings) -> type[EmbeddingRequestBase]:
-    """The POST /v1/embeddings body: OpenAI's fields, and softknn's in one `softknn` object
-    (the openai client's `extra_body={"softknn": {...}}`)."""
-    from pydantic import create_model
-
-    lim = settings.limits
-    infer = infer_request_model(settings).model_fields
-    options = create_model(
-        "EmbeddingOptions", __base__=EmbeddingOptionsBase,
-        __doc__="softknn's extension: `augmented: true` returns the knowledge-augmented embedding (the fused "
-                "memory layer, as /v1/infer's `embedding`) with these retrieval parameters; `truncate` cuts "
-                "over-long inputs instead of refusing them (413).",
-        augmented=(bool, Field(False, description="false: the plain model's embedding; true: the knowledge-"
-                               "augmented one (/v1/infer's `embedding` with the parameters below)")),
-        truncate=(bool, Field(False, description="cut inputs over the character or token limit instead of "
-                              "refusing them (413)")),
-        **{name: (infer[name].annotation, infer[name]) for name in AUGMENT_FIELDS},  # type: ignore[call-overload]
-    )
-
-    def count(v: Any) -> Any:
-        v = _no_token_ids(v)
-        if isinstance(v, list) and len(v) > lim.max_inputs:
-            raise InputTooLarge(f"{len(v)} inputs, more than the limit {lim.max_inputs}", field="input")
-        return v
-
-    class EmbeddingRequest(EmbeddingRequestBase):
-        """OpenAI-compatible embeddings of one text or a list of texts."""
-
-        model_config = ConfigDict(title="EmbeddingRequest")
-
-        input: Annotated[str | list[str] | list[int] | list[list[int]], BeforeValidator(count)] = Field(
-            description=f"a text or 1..{lim.max_inputs} texts, each non-empty and ≤ {lim.max_chars} characters "
-                        "and the model's token limit (or softknn.truncate); token-id arrays are refused")
-        model: str | None = Field(None, description="the embedding model's id (GET /v1/models lists it); "
-                                  "empty = it; another → 404 model_not_found")
-        encoding_format: Literal["float", "base64"] = Field(
-            "float", description="float: a list of numbers; base64: the little-endian float32 bytes, base64-encoded")
-        dimensions: Int | None = Field(None, description="the model's dimension or null: truncated (Matryoshka) "
-                                       "embeddings are not served, another value is refused (422)")
-        user: str | None = Field(None, max_length=256, description="accepted, not used")
-        softknn: options | None = Field(None, description="softknn's extension: the knowledge-augmented embedding, "  # type: ignore[valid-type]
-                                        "truncation")
-
-        @model_validator(mode="after")
-        def _texts(self) -> EmbeddingRequest:
-            texts = self.texts
-            if not texts:
-                raise InvalidInput("input is empty: send a text or a non-empty list of texts", field="input")
-            for i, t in enumerate(texts):
-                where = "input" if isinstance(self.input, str) else f"input[{i}]"
-                try:
-                    check_text(t)
-                except PydanticCustomError as e:
-                    raise InvalidInput(f"{where}: {e.message()}", field=where) from None
-                if len(t) > lim.max_chars:
-                    if not self.truncate:
-                        raise InputTooLarge(f"{where} has {len(t)} characters, more than the limit {lim.max_chars}; "
-                                            "send softknn.truncate=true to cut it", field=where)
-                    texts[i] = t[: lim.max_chars]
-                    self._cut.append(i)
-            if self._cut:
-                self.input = texts if isinstance(self.input, list) else texts[0]
-            if self.softknn is None or not self.softknn.augmented:
-                given = sorted(self.softknn.model_fields_set & set(AUGMENT_FIELDS)) if self.softknn else []
-                if given:
-                    raise InvalidInput(f"softknn.{given[0]} applies to the augmented embedding only: send "
-                                       "softknn.augmented=true, or leave it out", field=f"softknn.{given[0]}")
-            return self
-
-    return EmbeddingRequest
+    @model_validator(mode="after")
+    def _texts(self) -> EmbeddingRequest:
+        texts = self.texts
+        if not texts:
+            raise InvalidInput("input is empty: send a text or a non-empty list of texts", field="input")
+        field = "input" if isinstance(self.input, str) else "input[{i}]"
+        for i, t in enumerate(texts):
+            try:
+                check_text(t)
+            except PydanticCustomError as e:
+                where = field.format(i=i)
+                raise InvalidInput(f"{where}: {e.message()}", field=where) from None
+        self._cut = cut_texts(texts, self.truncate, field, "send softknn.truncate=true to cut it")
+        if self._cut:
+            self.input = texts if isinstance(self.input, list) else texts[0]
+        if not self.augmented:
+            sent: list[str] = sorted(self.softknn.model_fields_set - {"augmented", "truncate"}) if self.softknn else []
+            if sent:
+                raise InvalidInput(f"softknn.{sent[0]} applies to the augmented embedding only: send "
+                                   "softknn.augmented=true, or leave it out", field=f"softknn.{sent[0]}")
+        return self
 
 
 class EmbeddingData(Out):

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from softknn.service.schemas.common import KB_DOC, STRICT, Out, Served
+from softknn.service.schemas.common import KB_DOC, STRICT, ChunkRef, Out, Served
 
 
 class ReloadRequest(BaseModel):
@@ -67,6 +67,11 @@ class ModelRuntime(Out):
 class IndexResponse(Served):
     index: BundleSummary
     runtime: ModelRuntime = Field(description="the serving model runtime")
+    defaults: dict[str, dict[str, Any]] | None = Field(None, description="what this server gives a request "
+                                                       "parameter left unset, by route family (infer: /v1/infer, "
+                                                       "/v1/embeddings, /v1/rerank; generate: /v1/generate, chat "
+                                                       "completions): its settings SOFTKNN_DEFAULTS__*, "
+                                                       "SOFTKNN_GENERATE__*; null: the bundle's own")
 
 
 def runtime_payload(encoder) -> dict:
@@ -77,15 +82,8 @@ def runtime_payload(encoder) -> dict:
             "requested": getattr(info, "requested", info.runtime), "fallback": getattr(info, "fallback", None)}
 
 
-class Entry(Out):
+class Entry(ChunkRef):
     row: int = Field(description="row of the chunk in the bundle")
-    chunk_id: str
-    doc_id: str
-    text: str
-    start: int
-    end: int
-    label: str | None
-    metadata: dict[str, Any]
     token_spans: list[tuple[int, int]] = Field(description="char span in the document of each memory token")
 
 

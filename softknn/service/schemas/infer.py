@@ -1,54 +1,62 @@
-"""POST /v1/infer: the request model built per app (`infer_request_model`) and the response, which
-documents every field of the engine's result object (softknn/infer/results.py)."""
+"""POST /v1/infer: the request model (`InferRequest`, its parameters the table's: softknn.common.table.InferParams)
+and the response, which documents every field of the engine's result object (softknn/infer/results.py)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, PrivateAttr, model_validator
 
 from softknn.common.errors import InputTooLarge
-from softknn.infer.engine import InferParams
-from softknn.params import Settings, alias_field, merge_alias, param_field
-from softknn.retrieval.filters import CheckedFilter
+from softknn.common.table import InferParams, Mixing, Retrieval
 from softknn.service.schemas.common import (
-    FILTER_DOC,
     KB_DOC,
+    SOURCES_DOC,
     STRICT,
-    Int,
+    ChunkRef,
     Out,
     Served,
     Text,
 )
+from softknn.service.schemas.table import app_settings, derived, request_fields
 
 
-class InferRequestBase(BaseModel):
-    """Fields shared by every app's InferRequest; bounds and defaults are set by infer_request_model."""
+def count_inputs(v: Any) -> Any:
+    """Before item validation: a 10⁶-item list is refused without walking it."""
+    limit = app_settings().limits.max_inputs
+    if isinstance(v, list) and len(v) > limit:
+        raise InputTooLarge(f"{len(v)} inputs, more than the limit {limit}", field="inputs")
+    return v
+
+
+def cut_texts(texts: list[str], truncate: bool | None, field: str, hint: str) -> list[int]:
+    """Cut each text over the server's limits.max_chars in place (truncate), else InputTooLarge naming
+    it (`field` formatted with its index i); the indexes cut."""
+    limit, cut = app_settings().limits.max_chars, []
+    for i, t in enumerate(texts):
+        if len(t) > limit:
+            if not truncate:
+                where = field.format(i=i)
+                raise InputTooLarge(f"{where} has {len(t)} characters, more than the limit {limit}; {hint}", field=where)
+            texts[i] = t[:limit]
+            cut.append(i)
+    return cut
+
+
+class InferBody(BaseModel):
+    """The fields of /v1/infer that are not InferParams': the texts and the KB."""
 
     model_config = STRICT
 
-    inputs: list[Text]
-    alpha: float
-    mixing: Literal["fixed", "joint"]
-    k: int
-    knn_temperature: float | None
-    temperature: float | None  # deprecated name of knn_temperature: moved there after validation
-    kernel: Literal["softmax", "epanechnikov", "uniform"]
-    exact: bool
-    threshold: float | None
-    retrieval: Literal["hybrid", "dense", "lexical"] | None
-    lexical_weight: float | None
-    evidence: int
-    spans: int
-    return_tokens: bool
-    truncate: bool
-    filter: CheckedFilter | None
+    inputs: Annotated[list[Text], BeforeValidator(count_inputs)] = Field(
+        min_length=1, description="1..limits.max_inputs (64 by default) non-empty texts, each ≤ limits.max_chars "
+        "(20000 by default) characters (longer ones need `truncate`) and ≤ the model's token limit (or `truncate`)")
     kb: str | None = Field(None, min_length=1, max_length=256, description=KB_DOC)
     _cut: list[int] = PrivateAttr(default_factory=list)  # inputs cut to max_chars (truncate)
 
     @model_validator(mode="after")
-    def _tau_alias(self):
-        merge_alias(self, "knn_temperature", "temperature")
+    def _chars(self) -> InferBody:
+        self._cut = cut_texts(self.inputs, getattr(self, "truncate", None), "inputs[{i}]", "send truncate=true to cut it")
         return self
 
     @property
@@ -56,65 +64,11 @@ class InferRequestBase(BaseModel):
         """Indices of the inputs this model cut to the character limit."""
         return list(self._cut)
 
-    def to_params(self, hybrid_pool: int, candidates: int) -> list[InferParams]:
-        """One InferParams per input (a request's inputs share its parameters)."""
-        p = InferParams(alpha=self.alpha, mixing=self.mixing, k=self.k, temperature=self.knn_temperature,
-                        kernel=self.kernel, exact=self.exact, threshold=self.threshold, hybrid_pool=hybrid_pool,
-                        evidence=self.evidence, spans=self.spans, return_tokens=self.return_tokens,
-                        truncate=self.truncate, retrieval=self.retrieval, lexical_weight=self.lexical_weight,
-                        candidates=candidates, filter=self.filter)
-        return [p] * len(self.inputs)
 
-
-def infer_request_model(settings: Settings) -> type[InferRequestBase]:
-    """The POST /v1/infer body model with this app's limits and defaults baked in."""
-    d, lim = settings.defaults, settings.limits
-
-    def count(v: Any) -> Any:  # before item validation: a 10⁶-item list is refused without walking it
-        if isinstance(v, list) and len(v) > lim.max_inputs:
-            raise InputTooLarge(f"{len(v)} inputs, more than the limit {lim.max_inputs}", field="inputs")
-        return v
-
-    class InferRequest(InferRequestBase):
-        """Knowledge-augmented inference over one or more texts; every field but `inputs` is optional."""
-
-        model_config = ConfigDict(title="InferRequest")
-
-        inputs: Annotated[list[Text], BeforeValidator(count)] = Field(
-            min_length=1, json_schema_extra={"maxItems": lim.max_inputs},
-            description=f"1..{lim.max_inputs} non-empty texts, each ≤ {lim.max_chars} characters "
-                        "(longer ones need `truncate`) and ≤ the model's token limit (or `truncate`)")
-        alpha: float = param_field("alpha", d.alpha)
-        mixing: Literal["fixed", "joint"] = param_field("mixing", d.mixing)
-        k: Int = param_field("k", d.k, le=lim.max_k)
-        knn_temperature: float | None = param_field("knn_temperature", d.knn_temperature)
-        temperature: float | None = alias_field("knn_temperature", "temperature")
-        kernel: Literal["softmax", "epanechnikov", "uniform"] = param_field("kernel", d.kernel)
-        exact: bool = param_field("exact")
-        threshold: float | None = param_field("threshold", description="top-k + threshold: also keep chunks of "
-                                              f"the {d.hybrid_pool}-candidate pool whose weight is ≥ threshold")
-        retrieval: Literal["hybrid", "dense", "lexical"] | None = param_field("retrieval", d.retrieval)
-        lexical_weight: float | None = param_field("lexical_weight", d.lexical_weight)
-        evidence: Int = param_field("evidence", min(d.evidence, lim.max_evidence), le=lim.max_evidence)
-        spans: Int = param_field("spans", d.spans)
-        return_tokens: bool = Field(False, description="also return per-token outputs: tokens, token_embeddings, "
-                                    "head_memory_share, and versus_plain (the change against the plain model)")
-        truncate: bool = Field(False, description="cut inputs over the character or token limit instead of "
-                               "refusing them (413)")
-        filter: CheckedFilter | None = Field(None, description=FILTER_DOC)
-
-        @model_validator(mode="after")
-        def _chars(self) -> InferRequest:
-            for i, t in enumerate(self.inputs):
-                if len(t) > lim.max_chars:
-                    if not self.truncate:
-                        raise InputTooLarge(f"inputs[{i}] has {len(t)} characters, more than the limit "
-                                            f"{lim.max_chars}; send truncate=true to cut it", field=f"inputs[{i}]")
-                    self.inputs[i] = t[: lim.max_chars]
-                    self._cut.append(i)
-            return self
-
-    return InferRequest
+InferRequest = derived("InferRequest", InferBody, "Knowledge-augmented inference over one or more texts; every "
+                       "field but `inputs` is optional, and one left unset (null) takes the server's setting "
+                       "(SOFTKNN_DEFAULTS__*), else the bundle's own, else the default it names.",
+                       request_fields(InferParams))
 
 
 # --- responses -------------------------------------------------------------------------------
@@ -130,20 +84,18 @@ class Span(Out):
     start: int = Field(description="char span [start, end) of the word in the chunk's document")
     end: int
     text: str
-    weight: float = Field(description="memory mass on this word's tokens, mean over heads and query positions")
+    weight: float = Field(description="memory mass on this word's tokens, mean over heads and query positions "
+                          "(generation: over the answer's tokens)")
     share: float = Field(description="weight / the chunk's mass_share")
-    query_tokens: list[QueryToken] = Field(description="the input tokens that pulled this span most (≤ 3)")
+    query_tokens: list[QueryToken] = Field(description="the input tokens that pulled this span most (≤ 3; "
+                                           "generation: none)")
 
 
-class EvidenceItem(Out):
+class Evidence(ChunkRef):
+    """One retrieved chunk and why: softknn.infer.results.EvidenceItem, the one evidence type of an inference
+    (EvidenceItem) and of a generated answer (GenEvidenceItem), whose influence is null and tokens set."""
+
     rank: int = Field(description="0 = largest memory-mass share")
-    chunk_id: str
-    doc_id: str
-    text: str = Field(description="the chunk's text")
-    start: int = Field(description="char span [start, end) of the chunk in its document")
-    end: int
-    label: str | None
-    metadata: dict[str, Any]
     similarity: float = Field(description="k-NN score s_c the chunk was ranked and weighted by (dense: e_q·e_c; "
                               "hybrid: (1−λ)·dense + λ·BM25, normalised; lexical: BM25, normalised)")
     dense_similarity: float = Field(description="e_q·e_c, the dense similarity")
@@ -151,11 +103,18 @@ class EvidenceItem(Out):
     matched_terms: list[str] | None = Field(description="the input's words found in the chunk by the lexical "
                                             "index (after stemming; null: dense retrieval)")
     weight: float = Field(description="Nadaraya–Watson weight w_db(c) over the retrieved set R")
-    mass_share: float = Field(description="share of the layer's attention mass on this chunk (fixed: (1−α)·w_db)")
+    mass_share: float = Field(description="share of the layer's attention mass on this chunk (fixed: (1−α)·w_db); "
+                              "generation: its mean over the generated tokens")
+    query_tokens: list[QueryToken] = Field(description="the input tokens that pulled this chunk most (≤ 5); "
+                                           "generation: the generated tokens that drew on it most (≤ 3)")
+
+
+class EvidenceItem(Evidence):
     influence: float = Field(description="‖Δout‖/‖out‖ of the memory layer if this chunk were removed and the "
                              "weights renormalised (closed form)")
     spans: list[Span]
-    query_tokens: list[QueryToken] = Field(description="the input tokens that pulled this chunk most (≤ 5)")
+    tokens: list[int] | None = Field(None, description="null for an inference (a generated answer's: the indexes of "
+                                     "its query_tokens in the answer's `tokens`)")
 
 
 class Diagnostics(Out):
@@ -163,13 +122,13 @@ class Diagnostics(Out):
     retrieved: int = Field(description="|R|, chunks the fused layer attended")
     k: int
     alpha: float | None = Field(description="α used (null for joint mixing)")
-    mixing: Literal["fixed", "joint"]
+    mixing: Mixing
     knn_temperature: float = Field(description="τ used (the request's, else the bundle's or the retrieval's default)")
     temperature: float = Field(description="deprecated: use knn_temperature (the same τ, echoed under its old name)",
                                deprecated=True)
     kernel: str
     threshold: float | None
-    retrieval: Literal["hybrid", "dense", "lexical"] = Field(description="the similarity R was ranked by")
+    retrieval: Retrieval = Field(description="the similarity R was ranked by")
     lexical_weight: float | None = Field(description="λ used (hybrid only)")
     candidates: int | None = Field(description="hybrid/lexical: each retriever's top m considered")
     nearest_similarity: float = Field(description="largest e_q·e_c over the KB (the abstain rule's s_1)")
@@ -185,6 +144,7 @@ class Diagnostics(Out):
     truncated: bool = Field(description="true when the input was cut to the token or character limit")
     filtered: int | None = Field(description="chunks that pass the request's filter, the KB R was drawn from "
                                  "(null: no filter)")
+    sources: dict[str, str] = Field(default_factory=dict, description=SOURCES_DOC)
 
 
 class Token(Out):

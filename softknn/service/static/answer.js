@@ -24,7 +24,7 @@ function evidence(answer) {
       fmt(e.mass_share)),
     h("div", { class: "small muted" }, e.text),
     e.spans.length ? h("div", { class: "small" }, "drew on: ",
-      e.spans.flatMap((s, i) => [i ? ", " : "", h("mark", { class: "hl", title: `weight ${fmt(s.weight)}` }, s.text)])) : null)));
+      e.spans.flatMap((s, i) => [i ? ", " : "", h("mark", { class: "hl", title: `${fmt(s.share)} of its mass` }, s.text)])) : null)));
 }
 
 function answerPane(title, variant, answer) {

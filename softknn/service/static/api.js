@@ -83,7 +83,7 @@ export const indexSummary = () => call("v1/index");
 export const kbList = () => call("v1/kbs", { kbScoped: false });
 export const entry = (chunkId) => call(`v1/entries/${encodeURIComponent(chunkId)}`);
 
-/** Defaults and bounds of POST /v1/infer from the OpenAPI document (null when it can't be read). */
+/** The request fields of POST /v1/infer from the OpenAPI document, their bounds (null when it can't be read). */
 export async function inferSchema() {
   try {
     const res = await fetch("openapi.json", { headers: { Accept: "application/json" } });

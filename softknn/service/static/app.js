@@ -22,20 +22,29 @@ function params() {
   };
 }
 
-/** Bounds and defaults from the service's OpenAPI document, so the controls match this deployment. */
+/** Bounds from the service's OpenAPI document, and the values it gives a parameter a request leaves
+ * unset (GET v1/index `defaults.infer`, its settings), so the controls match this deployment. */
 async function applySchema() {
   const props = await inferSchema();
   if (!props) return;
+  let defaults = {};
+  try {
+    defaults = (await indexSummary()).defaults?.infer ?? {};
+  } catch {
+    // not ready yet, or no key: the page's own values stand
+  }
   for (const id of ["alpha", "k", "temperature", "lexical_weight"]) {
-    const p = props[id === "temperature" ? "knn_temperature" : id]; // the τ control sends knn_temperature
+    const name = id === "temperature" ? "knn_temperature" : id; // the τ control sends knn_temperature
+    const p = props[name];
     if (!p) continue;
-    if (p.default !== undefined) $(id).value = p.default === null ? "" : p.default; // null: "auto"
-    if (p.maximum !== undefined) $(id).max = p.maximum;
+    if (name in defaults) $(id).value = defaults[name] === null ? "" : defaults[name]; // null: "auto"
+    const branch = (p.anyOf ?? [p]).find((b) => b.type !== "null") ?? {};
+    if (branch.maximum !== undefined) $(id).max = branch.maximum;
   }
   // The mixing the service applies to a request that names none (defaults.mixing): the page opens on
   // the answer the CLI and the API give, and joint mixing is one choice away.
-  if (props.mixing?.default) $("mixing").value = props.mixing.default;
-  if (props.retrieval?.default) $("retrieval").value = props.retrieval.default;
+  if (defaults.mixing) $("mixing").value = defaults.mixing;
+  if (defaults.retrieval) $("retrieval").value = defaults.retrieval;
   syncAlpha("alpha");
   alphaHint();
 }

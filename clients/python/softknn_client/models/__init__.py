@@ -25,6 +25,7 @@ from .compact_response import CompactResponse
 from .diagnostics import Diagnostics
 from .diagnostics_mixing import DiagnosticsMixing
 from .diagnostics_retrieval import DiagnosticsRetrieval
+from .diagnostics_sources import DiagnosticsSources
 from .document_chunk import DocumentChunk
 from .document_out import DocumentOut
 from .document_out_metadata import DocumentOutMetadata
@@ -55,7 +56,9 @@ from .filter_or import FilterOr
 from .gen_diagnostics import GenDiagnostics
 from .gen_diagnostics_defaults_type_0 import GenDiagnosticsDefaultsType0
 from .gen_diagnostics_mixing_type_0 import GenDiagnosticsMixingType0
+from .gen_diagnostics_sources import GenDiagnosticsSources
 from .gen_evidence_item import GenEvidenceItem
+from .gen_evidence_item_metadata import GenEvidenceItemMetadata
 from .gen_span import GenSpan
 from .gen_token_item import GenTokenItem
 from .generate_request import GenerateRequest
@@ -68,6 +71,8 @@ from .generate_response_finish_reason import GenerateResponseFinishReason
 from .grounding_diagnostics import GroundingDiagnostics
 from .healthz_response_healthz import HealthzResponseHealthz
 from .index_response import IndexResponse
+from .index_response_defaults_type_0 import IndexResponseDefaultsType0
+from .index_response_defaults_type_0_additional_property import IndexResponseDefaultsType0AdditionalProperty
 from .infer_request import InferRequest
 from .infer_request_kernel import InferRequestKernel
 from .infer_request_mixing import InferRequestMixing
@@ -125,6 +130,7 @@ __all__ = (
     "Diagnostics",
     "DiagnosticsMixing",
     "DiagnosticsRetrieval",
+    "DiagnosticsSources",
     "DocumentChunk",
     "DocumentOut",
     "DocumentOutMetadata",
@@ -155,6 +161,7 @@ __all__ = (
     "GenDiagnostics",
     "GenDiagnosticsDefaultsType0",
     "GenDiagnosticsMixingType0",
+    "GenDiagnosticsSources",
     "GenerateRequest",
     "GenerateRequestContext",
     "GenerateRequestMixing",
@@ -163,11 +170,14 @@ __all__ = (
     "GenerateResponse",
     "GenerateResponseFinishReason",
     "GenEvidenceItem",
+    "GenEvidenceItemMetadata",
     "GenSpan",
     "GenTokenItem",
     "GroundingDiagnostics",
     "HealthzResponseHealthz",
     "IndexResponse",
+    "IndexResponseDefaultsType0",
+    "IndexResponseDefaultsType0AdditionalProperty",
     "InferRequest",
     "InferRequestKernel",
     "InferRequestMixing",

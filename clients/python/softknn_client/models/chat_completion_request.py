@@ -31,84 +31,92 @@ T = TypeVar("T", bound="ChatCompletionRequest")
 
 @_attrs_define
 class ChatCompletionRequest:
-    """OpenAI-compatible chat completion with the KB in the generator's attention.
+    """OpenAI-compatible chat completion with the KB in the generator's attention; softknn's generation parameters are
+    extra top-level fields (the openai client's `extra_body`), unset as /v1/generate's.
 
-    Attributes:
-        messages (list[ChatCompletionMessage]):
-        alpha (float | Unset): fixed mixing only: weight of the model's own context Default: 0.7.
-        context (ChatCompletionRequestContext | Unset): memory: the KB in attention; prompt: the same chunks' text in
-            the prompt (the RAG baseline) Default: 'memory'.
-        evidence (int | Unset): evidence items returned Default: 5.
-        exact (bool | Unset): exact search, and the chunks' keys/values recomputed in float32 after this prompt's own
-            prefix (the masked-concatenation contract) Default: False.
-        filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
-            this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
-            [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
-        ignore_eos (bool | Unset): true: decode max_tokens tokens, past the model's end of answer (vLLM's and llama-
-            server's ignore_eos; for benchmarks) Default: False.
-        k (int | None | Unset): KB chunks retrieved and placed in the generator's attention; null = the bundle's own
-            (chosen at build time from its pseudo-questions: GET /v1/index generator.calibration), else 4
-        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
-            `default` (a name this key may not use answers 404 as one that does not exist)
-        knn_temperature (float | None | Unset): k-NN bandwidth τ of w_db (/v1/infer's `knn_temperature`)
-        lexical_weight (float | None | Unset): λ of the hybrid similarity
-        max_completion_tokens (int | None | Unset): as max_tokens (wins)
-        max_tokens (int | None | Unset): tokens generated at most (default 64)
-        mixing (ChatCompletionRequestMixing | Unset): joint: one softmax over the prompt's and the KB's tokens; fixed:
-            out = α·attn_own + (1−α)·attn_kb Default: 'joint'.
-        model (None | str | Unset): the served generator's id (GET /v1/models); empty = it
-        n (int | Unset): choices per request: 1 only Default: 1.
-        positions (ChatCompletionRequestPositions | Unset): rotary placement of the chunks: side by side (composite) or
-            one after another Default: 'composite'.
-        prior (float | None | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax
-            times (k·w_db(c))^β; 0 = the plain joint softmax; null = the bundle's own (as k), else 4
-        refuse (bool | Unset): true: a question whose nearest KB chunk is less similar than the bundle's refusal
-            threshold (GET /v1/index generator.calibration.refusal) gets the refusal text 'The knowledge base does not hold
-            an answer to this question.' and grounded false, nothing decoded; false: answered anyway (grounded still
-            reported) Default: True.
-        retrieval (ChatCompletionRequestRetrievalType0 | None | Unset): similarity of the k-NN, as /v1/infer's; null =
-            the bundle's default
-        seed (int | None | Unset): seed of the sampler (temperature > 0): the same seed, the same answer
-        spans (int | Unset): highlighted word spans per evidence item Default: 3.
-        stop (list[str] | None | Unset):
-        stream (bool | Unset): server-sent events, one per token, instead of one JSON answer Default: False.
-        stream_options (None | StreamOptions | Unset): streaming: include_usage
-        temperature (float | Unset): sampling temperature; 0 = greedy (the default here, unlike OpenAI's 1) Default:
-            0.0.
-        top_p (float | Unset): nucleus sampling: the smallest set of tokens whose probability reaches top_p Default:
-            1.0.
-        use_kb (bool | Unset): false: the plain model, no retrieval Default: True.
-        user (None | str | Unset): accepted, not used
+        Attributes:
+            messages (list[ChatCompletionMessage]):
+            alpha (float | Unset): fixed mixing: weight of the input's own attention, out = α·attn_intra + (1−α)·attn_db
+                (seed 000 §4.3); ignored by joint mixing; left out: the server's setting, 0.7 by default
+            context (ChatCompletionRequestContext | Unset): memory: the KB in attention; prompt: the same chunks' text in
+                the prompt (the RAG baseline); left out: the server's setting, memory by default
+            evidence (int | Unset): evidence items returned per input; left out: the server's setting, 5 by default; at most
+                the server's limits.max_evidence (50 by default)
+            exact (bool | Unset): exact search, and the chunks' keys/values recomputed in float32 after this prompt's own
+                prefix (the masked-concatenation contract)
+            filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
+                this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
+                [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
+            ignore_eos (bool | Unset): true: decode max_tokens tokens, past the model's end of answer (vLLM's and llama-
+                server's ignore_eos; for benchmarks)
+            k (int | None | Unset): KB chunks retrieved and placed in the generator's attention; null = the bundle's own
+                (chosen at build time from its pseudo-questions: GET /v1/index generator.calibration), else 4; at most the
+                server's limits.max_k (256 by default)
+            kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
+                `default` (a name this key may not use answers 404 as one that does not exist)
+            knn_temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel (h² = τ for
+                the others); null = the bundle's calibrated τ, else the retrieval's own default (docs/quality.md)
+            lexical_weight (float | None | Unset): λ of the hybrid similarity (1−λ)·dense + λ·BM25; null = the λ the
+                bundle's build chose (labelled KBs by leave-one-out, unlabelled by pseudo-queries), else 0.6
+            max_completion_tokens (int | None | Unset): as max_tokens (wins); at most the server's generator.max_tokens (512
+                by default)
+            max_tokens (int | None | Unset): tokens generated at most; left out: the server's setting, 64 by default; at
+                most the server's generator.max_tokens (512 by default)
+            mixing (ChatCompletionRequestMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved
+                tokens (memory share is reported); left out: the server's setting, joint by default
+            model (None | str | Unset): the served generator's id (GET /v1/models); empty = it
+            n (int | Unset): choices per request: 1 only Default: 1.
+            positions (ChatCompletionRequestPositions | Unset): rotary placement of the chunks: side by side (composite) or
+                one after another; left out: the server's setting, composite by default
+            prior (float | None | Unset): joint mixing only: β of the k-NN prior, each chunk's share of the one softmax
+                times (k·w_db(c))^β; 0 = the plain joint softmax; null = the bundle's own (as k), else 4
+            refuse (bool | Unset): true: a question whose nearest KB chunk is less similar than the bundle's refusal
+                threshold (GET /v1/index generator.calibration.refusal) gets the refusal text and grounded false, nothing
+                decoded; false: answered anyway (grounded still reported); left out: the server's setting, True by default
+            retrieval (ChatCompletionRequestRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense
+                e_q·e_c, lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null =
+                hybrid where the bundle has a lexical index, else dense
+            seed (int | None | Unset): seed of the sampler (temperature > 0): the same seed, the same answer
+            spans (int | Unset): highlighted word spans per evidence item; left out: the server's setting, 5 by default
+            stop (list[str] | None | Unset): a string or up to 16 strings; the answer ends before the first
+            stream (bool | Unset): server-sent events, one per token, instead of one JSON answer Default: False.
+            stream_options (None | StreamOptions | Unset): streaming: include_usage
+            temperature (float | Unset): sampling temperature; 0 = greedy (the default here, unlike OpenAI's 1); left out:
+                the server's setting, 0.0 by default
+            top_p (float | Unset): nucleus sampling: the smallest set of tokens whose probability reaches top_p; left out:
+                the server's setting, 1.0 by default
+            use_kb (bool | Unset): false: the plain model, no retrieval
+            user (None | str | Unset): accepted, not used
     """
 
     messages: list[ChatCompletionMessage]
-    alpha: float | Unset = 0.7
-    context: ChatCompletionRequestContext | Unset = "memory"
-    evidence: int | Unset = 5
-    exact: bool | Unset = False
+    alpha: float | Unset = UNSET
+    context: ChatCompletionRequestContext | Unset = UNSET
+    evidence: int | Unset = UNSET
+    exact: bool | Unset = UNSET
     filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
-    ignore_eos: bool | Unset = False
+    ignore_eos: bool | Unset = UNSET
     k: int | None | Unset = UNSET
     kb: None | str | Unset = UNSET
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     max_completion_tokens: int | None | Unset = UNSET
     max_tokens: int | None | Unset = UNSET
-    mixing: ChatCompletionRequestMixing | Unset = "joint"
+    mixing: ChatCompletionRequestMixing | Unset = UNSET
     model: None | str | Unset = UNSET
     n: int | Unset = 1
-    positions: ChatCompletionRequestPositions | Unset = "composite"
+    positions: ChatCompletionRequestPositions | Unset = UNSET
     prior: float | None | Unset = UNSET
-    refuse: bool | Unset = True
+    refuse: bool | Unset = UNSET
     retrieval: ChatCompletionRequestRetrievalType0 | None | Unset = UNSET
     seed: int | None | Unset = UNSET
-    spans: int | Unset = 3
+    spans: int | Unset = UNSET
     stop: list[str] | None | Unset = UNSET
     stream: bool | Unset = False
     stream_options: None | StreamOptions | Unset = UNSET
-    temperature: float | Unset = 0.0
-    top_p: float | Unset = 1.0
-    use_kb: bool | Unset = True
+    temperature: float | Unset = UNSET
+    top_p: float | Unset = UNSET
+    use_kb: bool | Unset = UNSET
     user: None | str | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 
 from ..models.diagnostics_mixing import DiagnosticsMixing, check_diagnostics_mixing
 from ..models.diagnostics_retrieval import DiagnosticsRetrieval, check_diagnostics_retrieval
+from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.diagnostics_sources import DiagnosticsSources
+
 
 T = TypeVar("T", bound="Diagnostics")
 
@@ -39,6 +44,9 @@ class Diagnostics:
         truncation_bound (float): upper bound on the kernel mass lost to top-k truncation
         w_db_effective_k (float): exp(H(w_db))
         w_db_entropy (float): entropy H of w_db (nats)
+        sources (DiagnosticsSources | Unset): where each parameter's value came from: request (the request or the
+            command's option), settings (the server's SOFTKNN_DEFAULTS__* / SOFTKNN_GENERATE__*), bundle (its calibration or
+            its indexes) or default (the parameter's declared default)
     """
 
     alpha: float | None
@@ -65,6 +73,7 @@ class Diagnostics:
     truncation_bound: float
     w_db_effective_k: float
     w_db_entropy: float
+    sources: DiagnosticsSources | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         alpha: float | None
@@ -120,6 +129,10 @@ class Diagnostics:
 
         w_db_entropy = self.w_db_entropy
 
+        sources: dict[str, Any] | Unset = UNSET
+        if not isinstance(self.sources, Unset):
+            sources = self.sources.to_dict()
+
         field_dict: dict[str, Any] = {}
 
         field_dict.update(
@@ -150,11 +163,15 @@ class Diagnostics:
                 "w_db_entropy": w_db_entropy,
             }
         )
+        if sources is not UNSET:
+            field_dict["sources"] = sources
 
         return field_dict
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.diagnostics_sources import DiagnosticsSources  # noqa: PLC0415
+
         d = dict(src_dict)
 
         def _parse_alpha(data: object) -> float | None:
@@ -230,6 +247,13 @@ class Diagnostics:
 
         w_db_entropy = d.pop("w_db_entropy")
 
+        _sources = d.pop("sources", UNSET)
+        sources: DiagnosticsSources | Unset
+        if isinstance(_sources, Unset):
+            sources = UNSET
+        else:
+            sources = DiagnosticsSources.from_dict(_sources)
+
         diagnostics = cls(
             alpha=alpha,
             attention_effective_k=attention_effective_k,
@@ -255,6 +279,7 @@ class Diagnostics:
             truncation_bound=truncation_bound,
             w_db_effective_k=w_db_effective_k,
             w_db_entropy=w_db_entropy,
+            sources=sources,
         )
 
         return diagnostics

@@ -24,41 +24,42 @@ class EmbeddingOptions:
 
         Attributes:
             alpha (float | Unset): fixed mixing: weight of the input's own attention, out = α·attn_intra + (1−α)·attn_db
-                (seed 000 §4.3); ignored by joint mixing Default: 0.7.
+                (seed 000 §4.3); ignored by joint mixing; left out: the server's setting, 0.7 by default
             augmented (bool | Unset): false: the plain model's embedding; true: the knowledge-augmented one (/v1/infer's
                 `embedding` with the parameters below) Default: False.
             exact (bool | Unset): exact (brute-force) search instead of the ANN index; with hybrid or lexical retrieval, the
-                similarity computed over every chunk Default: False.
-            k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
-            kernel (EmbeddingOptionsKernel | Unset): k-NN kernel (seed 001), bandwidth h² = τ Default: 'softmax'.
+                similarity computed over every chunk
+            k (int | Unset): KB chunks retrieved by the external k-NN; left out: the server's setting, 8 by default; at most
+                the server's limits.max_k (256 by default)
+            kernel (EmbeddingOptionsKernel | Unset): k-NN kernel (seed 001), bandwidth h² = τ; left out: the server's
+                setting, softmax by default
             knn_temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel (h² = τ for
-                the others); null = the retrieval's own default (docs/quality.md)
+                the others); null = the bundle's calibrated τ, else the retrieval's own default (docs/quality.md)
             lexical_weight (float | None | Unset): λ of the hybrid similarity (1−λ)·dense + λ·BM25; null = the λ the
                 bundle's build chose (labelled KBs by leave-one-out, unlabelled by pseudo-queries), else 0.6
             mixing (EmbeddingOptionsMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
-                (memory share is reported) Default: 'fixed'.
+                (memory share is reported); left out: the server's setting, fixed by default
             retrieval (EmbeddingOptionsRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,
                 lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid
                 where the bundle has a lexical index, else dense
             temperature (float | None | Unset): deprecated: use knn_temperature
-            threshold (float | None | Unset): top-k + threshold: also keep chunks of the 64-candidate pool whose weight is ≥
-                threshold
-            truncate (bool | Unset): cut inputs over the character or token limit instead of refusing them (413) Default:
-                False.
+            threshold (float | None | Unset): top-k + threshold: also keep chunks of the hybrid_pool candidates whose weight
+                is ≥ threshold (seed 000 §5.3)
+            truncate (bool | Unset): cut inputs over the character or token limit instead of refusing them (413)
     """
 
-    alpha: float | Unset = 0.7
+    alpha: float | Unset = UNSET
     augmented: bool | Unset = False
-    exact: bool | Unset = False
-    k: int | Unset = 8
-    kernel: EmbeddingOptionsKernel | Unset = "softmax"
+    exact: bool | Unset = UNSET
+    k: int | Unset = UNSET
+    kernel: EmbeddingOptionsKernel | Unset = UNSET
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
-    mixing: EmbeddingOptionsMixing | Unset = "fixed"
+    mixing: EmbeddingOptionsMixing | Unset = UNSET
     retrieval: EmbeddingOptionsRetrievalType0 | None | Unset = UNSET
     temperature: float | None | Unset = UNSET
     threshold: float | None | Unset = UNSET
-    truncate: bool | Unset = False
+    truncate: bool | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         alpha = self.alpha

@@ -23,8 +23,9 @@ class EmbeddingRequest:
     """OpenAI-compatible embeddings of one text or a list of texts.
 
     Attributes:
-        input_ (list[int] | list[list[int]] | list[str] | str): a text or 1..64 texts, each non-empty and ≤ 20000
-            characters and the model's token limit (or softknn.truncate); token-id arrays are refused
+        input_ (list[int] | list[list[int]] | list[str] | str): a text or 1..limits.max_inputs (64 by default) texts,
+            each non-empty and ≤ limits.max_chars (20000 by default) characters and the model's token limit (or
+            softknn.truncate); token-id arrays are refused
         dimensions (int | None | Unset): the model's dimension or null: truncated (Matryoshka) embeddings are not
             served, another value is refused (422)
         encoding_format (EmbeddingRequestEncodingFormat | Unset): float: a list of numbers; base64: the little-endian

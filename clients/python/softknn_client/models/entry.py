@@ -22,8 +22,8 @@ class Entry:
         label (None | str):
         metadata (EntryMetadata):
         row (int): row of the chunk in the bundle
-        start (int):
-        text (str):
+        start (int): char span [start, end) of the chunk in its document
+        text (str): the chunk's text
         token_spans (list[list[int]]): char span in the document of each memory token
     """
 

@@ -5,6 +5,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 
+from ..types import UNSET, Unset
+
 if TYPE_CHECKING:
     from ..models.evidence_item_metadata import EvidenceItemMetadata
     from ..models.query_token import QueryToken
@@ -26,11 +28,13 @@ class EvidenceItem:
         influence (float): ‖Δout‖/‖out‖ of the memory layer if this chunk were removed and the weights renormalised
             (closed form)
         label (None | str):
-        mass_share (float): share of the layer's attention mass on this chunk (fixed: (1−α)·w_db)
+        mass_share (float): share of the layer's attention mass on this chunk (fixed: (1−α)·w_db); generation: its mean
+            over the generated tokens
         matched_terms (list[str] | None): the input's words found in the chunk by the lexical index (after stemming;
             null: dense retrieval)
         metadata (EvidenceItemMetadata):
-        query_tokens (list[QueryToken]): the input tokens that pulled this chunk most (≤ 5)
+        query_tokens (list[QueryToken]): the input tokens that pulled this chunk most (≤ 5); generation: the generated
+            tokens that drew on it most (≤ 3)
         rank (int): 0 = largest memory-mass share
         similarity (float): k-NN score s_c the chunk was ranked and weighted by (dense: e_q·e_c; hybrid: (1−λ)·dense +
             λ·BM25, normalised; lexical: BM25, normalised)
@@ -38,6 +42,8 @@ class EvidenceItem:
         start (int): char span [start, end) of the chunk in its document
         text (str): the chunk's text
         weight (float): Nadaraya–Watson weight w_db(c) over the retrieved set R
+        tokens (list[int] | None | Unset): null for an inference (a generated answer's: the indexes of its query_tokens
+            in the answer's `tokens`)
     """
 
     bm25: float | None
@@ -57,6 +63,7 @@ class EvidenceItem:
     start: int
     text: str
     weight: float
+    tokens: list[int] | None | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         bm25: float | None
@@ -106,6 +113,15 @@ class EvidenceItem:
 
         weight = self.weight
 
+        tokens: list[int] | None | Unset
+        if isinstance(self.tokens, Unset):
+            tokens = UNSET
+        elif isinstance(self.tokens, list):
+            tokens = self.tokens
+
+        else:
+            tokens = self.tokens
+
         field_dict: dict[str, Any] = {}
 
         field_dict.update(
@@ -129,6 +145,8 @@ class EvidenceItem:
                 "weight": weight,
             }
         )
+        if tokens is not UNSET:
+            field_dict["tokens"] = tokens
 
         return field_dict
 
@@ -207,6 +225,23 @@ class EvidenceItem:
 
         weight = d.pop("weight")
 
+        def _parse_tokens(data: object) -> list[int] | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, list):
+                    raise TypeError()
+                tokens_type_0 = cast(list[int], data)
+
+                return tokens_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(list[int] | None | Unset, data)
+
+        tokens = _parse_tokens(d.pop("tokens", UNSET))
+
         evidence_item = cls(
             bm25=bm25,
             chunk_id=chunk_id,
@@ -225,6 +260,7 @@ class EvidenceItem:
             start=start,
             text=text,
             weight=weight,
+            tokens=tokens,
         )
 
         return evidence_item

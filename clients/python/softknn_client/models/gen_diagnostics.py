@@ -10,6 +10,7 @@ from ..models.gen_diagnostics_mixing_type_0 import GenDiagnosticsMixingType0, ch
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
+    from ..models.gen_diagnostics_sources import GenDiagnosticsSources
     from ..models.grounding_diagnostics import GroundingDiagnostics
 
 
@@ -41,6 +42,9 @@ class GenDiagnostics:
         prior (float | None | Unset): β of the k-NN prior (joint mixing; null otherwise)
         runtime (None | str | Unset): what decoded: `graph q4` (the decode graph and its weights) or `torch` (the memory
             hook: fixed α, exact)
+        sources (GenDiagnosticsSources | Unset): where each parameter's value came from: request (the request or the
+            command's option), settings (the server's SOFTKNN_DEFAULTS__* / SOFTKNN_GENERATE__*), bundle (its calibration or
+            its indexes) or default (the parameter's declared default)
     """
 
     alpha: float | None
@@ -62,6 +66,7 @@ class GenDiagnostics:
     grounding: GroundingDiagnostics | None | Unset = UNSET
     prior: float | None | Unset = UNSET
     runtime: None | str | Unset = UNSET
+    sources: GenDiagnosticsSources | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         from ..models.grounding_diagnostics import GroundingDiagnostics  # noqa: PLC0415
@@ -131,6 +136,10 @@ class GenDiagnostics:
         else:
             runtime = self.runtime
 
+        sources: dict[str, Any] | Unset = UNSET
+        if not isinstance(self.sources, Unset):
+            sources = self.sources.to_dict()
+
         field_dict: dict[str, Any] = {}
 
         field_dict.update(
@@ -160,11 +169,14 @@ class GenDiagnostics:
             field_dict["prior"] = prior
         if runtime is not UNSET:
             field_dict["runtime"] = runtime
+        if sources is not UNSET:
+            field_dict["sources"] = sources
 
         return field_dict
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.gen_diagnostics_sources import GenDiagnosticsSources  # noqa: PLC0415
         from ..models.grounding_diagnostics import GroundingDiagnostics  # noqa: PLC0415
 
         d = dict(src_dict)
@@ -279,6 +291,13 @@ class GenDiagnostics:
 
         runtime = _parse_runtime(d.pop("runtime", UNSET))
 
+        _sources = d.pop("sources", UNSET)
+        sources: GenDiagnosticsSources | Unset
+        if isinstance(_sources, Unset):
+            sources = UNSET
+        else:
+            sources = GenDiagnosticsSources.from_dict(_sources)
+
         gen_diagnostics = cls(
             alpha=alpha,
             attention_effective_k=attention_effective_k,
@@ -299,6 +318,7 @@ class GenDiagnostics:
             grounding=grounding,
             prior=prior,
             runtime=runtime,
+            sources=sources,
         )
 
         return gen_diagnostics

@@ -6,7 +6,9 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from attrs import define as _attrs_define
 
 if TYPE_CHECKING:
+    from ..models.gen_evidence_item_metadata import GenEvidenceItemMetadata
     from ..models.gen_span import GenSpan
+    from ..models.query_token import QueryToken
 
 
 T = TypeVar("T", bound="GenEvidenceItem")
@@ -14,22 +16,32 @@ T = TypeVar("T", bound="GenEvidenceItem")
 
 @_attrs_define
 class GenEvidenceItem:
-    """
-    Attributes:
-        bm25 (float | None):
-        chunk_id (str):
-        dense_similarity (float):
-        doc_id (str):
-        end (int):
-        label (None | str):
-        mass_share (float): mean over generated tokens of the memory mass g_c on this chunk
-        rank (int): 1 = most memory mass over the answer
-        similarity (float): s_c, what R was ranked and weighted by
-        spans (list[GenSpan]): the chunk's words that drew the most mass
-        start (int):
-        text (str):
-        tokens (list[int]): indexes into `tokens` of the generated tokens that drew on it most
-        weight (float): w_db(c) over the retrieved set
+    """The evidence of a generated answer: EvidenceItem's fields, rank from 0 (this name kept for the clients
+    that use it).
+
+        Attributes:
+            bm25 (float | None): BM25 score of the chunk for the input (null: dense retrieval)
+            chunk_id (str):
+            dense_similarity (float): e_q·e_c, the dense similarity
+            doc_id (str):
+            end (int):
+            influence (float | None): null: no closed form over the decode
+            label (None | str):
+            mass_share (float): share of the layer's attention mass on this chunk (fixed: (1−α)·w_db); generation: its mean
+                over the generated tokens
+            matched_terms (list[str] | None): the input's words found in the chunk by the lexical index (after stemming;
+                null: dense retrieval)
+            metadata (GenEvidenceItemMetadata):
+            query_tokens (list[QueryToken]): the input tokens that pulled this chunk most (≤ 5); generation: the generated
+                tokens that drew on it most (≤ 3)
+            rank (int): 0 = largest memory-mass share
+            similarity (float): k-NN score s_c the chunk was ranked and weighted by (dense: e_q·e_c; hybrid: (1−λ)·dense +
+                λ·BM25, normalised; lexical: BM25, normalised)
+            spans (list[GenSpan]):
+            start (int): char span [start, end) of the chunk in its document
+            text (str): the chunk's text
+            tokens (list[int]): indexes into `tokens` of the generated tokens that drew on it most (query_tokens' indexes)
+            weight (float): Nadaraya–Watson weight w_db(c) over the retrieved set R
     """
 
     bm25: float | None
@@ -37,8 +49,12 @@ class GenEvidenceItem:
     dense_similarity: float
     doc_id: str
     end: int
+    influence: float | None
     label: None | str
     mass_share: float
+    matched_terms: list[str] | None
+    metadata: GenEvidenceItemMetadata
+    query_tokens: list[QueryToken]
     rank: int
     similarity: float
     spans: list[GenSpan]
@@ -59,10 +75,27 @@ class GenEvidenceItem:
 
         end = self.end
 
+        influence: float | None
+        influence = self.influence
+
         label: None | str
         label = self.label
 
         mass_share = self.mass_share
+
+        matched_terms: list[str] | None
+        if isinstance(self.matched_terms, list):
+            matched_terms = self.matched_terms
+
+        else:
+            matched_terms = self.matched_terms
+
+        metadata = self.metadata.to_dict()
+
+        query_tokens = []
+        for query_tokens_item_data in self.query_tokens:
+            query_tokens_item = query_tokens_item_data.to_dict()
+            query_tokens.append(query_tokens_item)
 
         rank = self.rank
 
@@ -90,8 +123,12 @@ class GenEvidenceItem:
                 "dense_similarity": dense_similarity,
                 "doc_id": doc_id,
                 "end": end,
+                "influence": influence,
                 "label": label,
                 "mass_share": mass_share,
+                "matched_terms": matched_terms,
+                "metadata": metadata,
+                "query_tokens": query_tokens,
                 "rank": rank,
                 "similarity": similarity,
                 "spans": spans,
@@ -106,7 +143,9 @@ class GenEvidenceItem:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.gen_evidence_item_metadata import GenEvidenceItemMetadata  # noqa: PLC0415
         from ..models.gen_span import GenSpan  # noqa: PLC0415
+        from ..models.query_token import QueryToken  # noqa: PLC0415
 
         d = dict(src_dict)
 
@@ -125,6 +164,13 @@ class GenEvidenceItem:
 
         end = d.pop("end")
 
+        def _parse_influence(data: object) -> float | None:
+            if data is None:
+                return data
+            return cast(float | None, data)
+
+        influence = _parse_influence(d.pop("influence"))
+
         def _parse_label(data: object) -> None | str:
             if data is None:
                 return data
@@ -133,6 +179,30 @@ class GenEvidenceItem:
         label = _parse_label(d.pop("label"))
 
         mass_share = d.pop("mass_share")
+
+        def _parse_matched_terms(data: object) -> list[str] | None:
+            if data is None:
+                return data
+            try:
+                if not isinstance(data, list):
+                    raise TypeError()
+                matched_terms_type_0 = cast(list[str], data)
+
+                return matched_terms_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(list[str] | None, data)
+
+        matched_terms = _parse_matched_terms(d.pop("matched_terms"))
+
+        metadata = GenEvidenceItemMetadata.from_dict(d.pop("metadata"))
+
+        query_tokens = []
+        _query_tokens = d.pop("query_tokens")
+        for query_tokens_item_data in _query_tokens:
+            query_tokens_item = QueryToken.from_dict(query_tokens_item_data)
+
+            query_tokens.append(query_tokens_item)
 
         rank = d.pop("rank")
 
@@ -159,8 +229,12 @@ class GenEvidenceItem:
             dense_similarity=dense_similarity,
             doc_id=doc_id,
             end=end,
+            influence=influence,
             label=label,
             mass_share=mass_share,
+            matched_terms=matched_terms,
+            metadata=metadata,
+            query_tokens=query_tokens,
             rank=rank,
             similarity=similarity,
             spans=spans,

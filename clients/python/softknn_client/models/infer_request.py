@@ -22,59 +22,62 @@ T = TypeVar("T", bound="InferRequest")
 
 @_attrs_define
 class InferRequest:
-    """Knowledge-augmented inference over one or more texts; every field but `inputs` is optional.
+    """Knowledge-augmented inference over one or more texts; every field but `inputs` is optional, and one left unset
+    (null) takes the server's setting (SOFTKNN_DEFAULTS__*), else the bundle's own, else the default it names.
 
-    Attributes:
-        inputs (list[str]): 1..64 non-empty texts, each ≤ 20000 characters (longer ones need `truncate`) and ≤ the
-            model's token limit (or `truncate`)
-        alpha (float | Unset): fixed mixing: weight of the input's own attention, out = α·attn_intra + (1−α)·attn_db
-            (seed 000 §4.3); ignored by joint mixing Default: 0.7.
-        evidence (int | Unset): evidence items returned per input Default: 5.
-        exact (bool | Unset): exact (brute-force) search instead of the ANN index; with hybrid or lexical retrieval, the
-            similarity computed over every chunk Default: False.
-        filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
-            this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
-            [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
-        k (int | Unset): KB chunks retrieved by the external k-NN Default: 8.
-        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
-            `default` (a name this key may not use answers 404 as one that does not exist)
-        kernel (InferRequestKernel | Unset): k-NN kernel (seed 001), bandwidth h² = τ Default: 'softmax'.
-        knn_temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel (h² = τ for
-            the others); null = the retrieval's own default (docs/quality.md)
-        lexical_weight (float | None | Unset): λ of the hybrid similarity (1−λ)·dense + λ·BM25; null = the λ the
-            bundle's build chose (labelled KBs by leave-one-out, unlabelled by pseudo-queries), else 0.6
-        mixing (InferRequestMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
-            (memory share is reported) Default: 'fixed'.
-        retrieval (InferRequestRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,
-            lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid
-            where the bundle has a lexical index, else dense
-        return_tokens (bool | Unset): also return per-token outputs: tokens, token_embeddings, head_memory_share, and
-            versus_plain (the change against the plain model) Default: False.
-        spans (int | Unset): highlighted word spans per evidence item Default: 5.
-        temperature (float | None | Unset): deprecated: use knn_temperature
-        threshold (float | None | Unset): top-k + threshold: also keep chunks of the 64-candidate pool whose weight is ≥
-            threshold
-        truncate (bool | Unset): cut inputs over the character or token limit instead of refusing them (413) Default:
-            False.
+        Attributes:
+            inputs (list[str]): 1..limits.max_inputs (64 by default) non-empty texts, each ≤ limits.max_chars (20000 by
+                default) characters (longer ones need `truncate`) and ≤ the model's token limit (or `truncate`)
+            alpha (float | Unset): fixed mixing: weight of the input's own attention, out = α·attn_intra + (1−α)·attn_db
+                (seed 000 §4.3); ignored by joint mixing; left out: the server's setting, 0.7 by default
+            evidence (int | Unset): evidence items returned per input; left out: the server's setting, 5 by default; at most
+                the server's limits.max_evidence (50 by default)
+            exact (bool | Unset): exact (brute-force) search instead of the ANN index; with hybrid or lexical retrieval, the
+                similarity computed over every chunk
+            filter_ (FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset): R is drawn from the chunks that pass
+                this filter only: {field, eq|in|gt|gte|lt|lte} on doc_id, chunk_id, label or metadata.NAME, combined with {and:
+                [...]}, {or: [...]}, {not: ...}; ≤ 8 levels, ≤ 64 objects, ≤ 10000 `in` values; null = every chunk
+            k (int | Unset): KB chunks retrieved by the external k-NN; left out: the server's setting, 8 by default; at most
+                the server's limits.max_k (256 by default)
+            kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
+                `default` (a name this key may not use answers 404 as one that does not exist)
+            kernel (InferRequestKernel | Unset): k-NN kernel (seed 001), bandwidth h² = τ; left out: the server's setting,
+                softmax by default
+            knn_temperature (float | None | Unset): k-NN bandwidth τ: w_db = softmax(s/τ) for the softmax kernel (h² = τ for
+                the others); null = the bundle's calibrated τ, else the retrieval's own default (docs/quality.md)
+            lexical_weight (float | None | Unset): λ of the hybrid similarity (1−λ)·dense + λ·BM25; null = the λ the
+                bundle's build chose (labelled KBs by leave-one-out, unlabelled by pseudo-queries), else 0.6
+            mixing (InferRequestMixing | Unset): fixed: the α rule; joint: one softmax over input and retrieved tokens
+                (memory share is reported); left out: the server's setting, fixed by default
+            retrieval (InferRequestRetrievalType0 | None | Unset): similarity s_c of the external k-NN: dense e_q·e_c,
+                lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid
+                where the bundle has a lexical index, else dense
+            return_tokens (bool | Unset): also return per-token outputs: tokens, token_embeddings, head_memory_share, and
+                versus_plain (the change against the plain model)
+            spans (int | Unset): highlighted word spans per evidence item; left out: the server's setting, 5 by default
+            temperature (float | None | Unset): deprecated: use knn_temperature
+            threshold (float | None | Unset): top-k + threshold: also keep chunks of the hybrid_pool candidates whose weight
+                is ≥ threshold (seed 000 §5.3)
+            truncate (bool | Unset): cut inputs over the character or token limit instead of refusing them (413)
     """
 
     inputs: list[str]
-    alpha: float | Unset = 0.7
-    evidence: int | Unset = 5
-    exact: bool | Unset = False
+    alpha: float | Unset = UNSET
+    evidence: int | Unset = UNSET
+    exact: bool | Unset = UNSET
     filter_: FilterAnd | FilterMatch | FilterNot | FilterOr | None | Unset = UNSET
-    k: int | Unset = 8
+    k: int | Unset = UNSET
     kb: None | str | Unset = UNSET
-    kernel: InferRequestKernel | Unset = "softmax"
+    kernel: InferRequestKernel | Unset = UNSET
     knn_temperature: float | None | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
-    mixing: InferRequestMixing | Unset = "fixed"
+    mixing: InferRequestMixing | Unset = UNSET
     retrieval: InferRequestRetrievalType0 | None | Unset = UNSET
-    return_tokens: bool | Unset = False
-    spans: int | Unset = 5
+    return_tokens: bool | Unset = UNSET
+    spans: int | Unset = UNSET
     temperature: float | None | Unset = UNSET
     threshold: float | None | Unset = UNSET
-    truncate: bool | Unset = False
+    truncate: bool | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         from ..models.filter_and import FilterAnd  # noqa: PLC0415

@@ -17,38 +17,39 @@ T = TypeVar("T", bound="RerankRequest")
 
 @_attrs_define
 class RerankRequest:
-    """Score texts against a query with softknn's retrieval similarity (docs/design.md, "Rerank").
+    """Score texts against a query with softknn's retrieval similarity (docs/design.md, "Rerank"); the similarity's
+    parameters left unset (null) take the server's settings, else the bundle's own.
 
-    Attributes:
-        query (str): the query: non-empty, ≤ 20000 characters (or truncate)
-        texts (list[str]): 1..64 non-empty texts to score
-        exact (bool | Unset): the dense range over every chunk instead of the ANN index's top m Default: False.
-        kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
-            `default` (a name this key may not use answers 404 as one that does not exist)
-        lexical_weight (float | None | Unset): λ of the hybrid similarity; null = the λ the bundle's build chose or the
-            default
-        raw_scores (bool | Unset): false: s_t, in [0, 1] (a KB chunk's text scores its retrieval similarity); true: the
-            same affine scores unclipped (hybrid and lexical) Default: False.
-        retrieval (None | RerankRequestRetrievalType0 | Unset): the similarity: hybrid, dense or lexical, as
-            /v1/infer's; null = hybrid where the bundle has a lexical index, else dense
-        return_text (bool | Unset): return each text with its score Default: False.
-        top_n (int | None | Unset): return the n best only (all: null)
-        truncate (bool | Unset): cut texts over the character or token limit instead of refusing them (413) Default:
-            False.
-        truncation_direction (RerankRequestTruncationDirection | Unset): only right: a cut keeps the beginning Default:
-            'right'.
+        Attributes:
+            query (str): the query: non-empty, ≤ limits.max_chars (20000 by default) characters (or truncate)
+            texts (list[str]): 1..limits.max_inputs (64 by default) non-empty texts to score
+            exact (bool | Unset): the dense range over every chunk instead of the ANN index's top m
+            kb (None | str | Unset): the KB to use, by name; empty = the only KB this key may use, else the one named
+                `default` (a name this key may not use answers 404 as one that does not exist)
+            lexical_weight (float | None | Unset): λ of the hybrid similarity (1−λ)·dense + λ·BM25; null = the λ the
+                bundle's build chose (labelled KBs by leave-one-out, unlabelled by pseudo-queries), else 0.6
+            raw_scores (bool | Unset): false: s_t, in [0, 1] (a KB chunk's text scores its retrieval similarity); true: the
+                same affine scores unclipped (hybrid and lexical) Default: False.
+            retrieval (None | RerankRequestRetrievalType0 | Unset): similarity s_c of the external k-NN: dense e_q·e_c,
+                lexical BM25, or hybrid (1−λ)·dense + λ·BM25, each min-max normalised over its top candidates; null = hybrid
+                where the bundle has a lexical index, else dense
+            return_text (bool | Unset): return each text with its score Default: False.
+            top_n (int | None | Unset): return the n best only (all: null)
+            truncate (bool | Unset): cut inputs over the character or token limit instead of refusing them (413)
+            truncation_direction (RerankRequestTruncationDirection | Unset): only right: a cut keeps the beginning Default:
+                'right'.
     """
 
     query: str
     texts: list[str]
-    exact: bool | Unset = False
+    exact: bool | Unset = UNSET
     kb: None | str | Unset = UNSET
     lexical_weight: float | None | Unset = UNSET
     raw_scores: bool | Unset = False
     retrieval: None | RerankRequestRetrievalType0 | Unset = UNSET
     return_text: bool | Unset = False
     top_n: int | None | Unset = UNSET
-    truncate: bool | Unset = False
+    truncate: bool | Unset = UNSET
     truncation_direction: RerankRequestTruncationDirection | Unset = "right"
 
     def to_dict(self) -> dict[str, Any]:

@@ -17,11 +17,12 @@ class Span:
     """
     Attributes:
         end (int):
-        query_tokens (list[QueryToken]): the input tokens that pulled this span most (≤ 3)
+        query_tokens (list[QueryToken]): the input tokens that pulled this span most (≤ 3; generation: none)
         share (float): weight / the chunk's mass_share
         start (int): char span [start, end) of the word in the chunk's document
         text (str):
-        weight (float): memory mass on this word's tokens, mean over heads and query positions
+        weight (float): memory mass on this word's tokens, mean over heads and query positions (generation: over the
+            answer's tokens)
     """
 
     end: int

@@ -107,7 +107,8 @@ def sync_detailed(
 
     Args:
         body (GenerateRequest): Generation with the KB in the generator's attention: exactly one
-            of `prompt` and `messages`.
+            of `prompt` and `messages`; a generation parameter left unset takes the server's setting
+            (SOFTKNN_GENERATE__*), else the bundle's own, else the default it names.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -140,7 +141,8 @@ def sync(
 
     Args:
         body (GenerateRequest): Generation with the KB in the generator's attention: exactly one
-            of `prompt` and `messages`.
+            of `prompt` and `messages`; a generation parameter left unset takes the server's setting
+            (SOFTKNN_GENERATE__*), else the bundle's own, else the default it names.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -168,7 +170,8 @@ async def asyncio_detailed(
 
     Args:
         body (GenerateRequest): Generation with the KB in the generator's attention: exactly one
-            of `prompt` and `messages`.
+            of `prompt` and `messages`; a generation parameter left unset takes the server's setting
+            (SOFTKNN_GENERATE__*), else the bundle's own, else the default it names.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -199,7 +202,8 @@ async def asyncio(
 
     Args:
         body (GenerateRequest): Generation with the KB in the generator's attention: exactly one
-            of `prompt` and `messages`.
+            of `prompt` and `messages`; a generation parameter left unset takes the server's setting
+            (SOFTKNN_GENERATE__*), else the bundle's own, else the default it names.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.

@@ -99,7 +99,8 @@ def sync_detailed(
 
     Args:
         body (InferRequest): Knowledge-augmented inference over one or more texts; every field but
-            `inputs` is optional.
+            `inputs` is optional, and one left unset (null) takes the server's setting
+            (SOFTKNN_DEFAULTS__*), else the bundle's own, else the default it names.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -129,7 +130,8 @@ def sync(
 
     Args:
         body (InferRequest): Knowledge-augmented inference over one or more texts; every field but
-            `inputs` is optional.
+            `inputs` is optional, and one left unset (null) takes the server's setting
+            (SOFTKNN_DEFAULTS__*), else the bundle's own, else the default it names.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -154,7 +156,8 @@ async def asyncio_detailed(
 
     Args:
         body (InferRequest): Knowledge-augmented inference over one or more texts; every field but
-            `inputs` is optional.
+            `inputs` is optional, and one left unset (null) takes the server's setting
+            (SOFTKNN_DEFAULTS__*), else the bundle's own, else the default it names.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -182,7 +185,8 @@ async def asyncio(
 
     Args:
         body (InferRequest): Knowledge-augmented inference over one or more texts; every field but
-            `inputs` is optional.
+            `inputs` is optional, and one left unset (null) takes the server's setting
+            (SOFTKNN_DEFAULTS__*), else the bundle's own, else the default it names.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.

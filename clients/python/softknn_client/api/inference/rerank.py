@@ -108,7 +108,8 @@ def sync_detailed(
 
     Args:
         body (RerankRequest): Score texts against a query with softknn's retrieval similarity
-            (docs/design.md, "Rerank").
+            (docs/design.md, "Rerank"); the similarity's parameters left unset (null) take the
+            server's settings, else the bundle's own.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -142,7 +143,8 @@ def sync(
 
     Args:
         body (RerankRequest): Score texts against a query with softknn's retrieval similarity
-            (docs/design.md, "Rerank").
+            (docs/design.md, "Rerank"); the similarity's parameters left unset (null) take the
+            server's settings, else the bundle's own.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -171,7 +173,8 @@ async def asyncio_detailed(
 
     Args:
         body (RerankRequest): Score texts against a query with softknn's retrieval similarity
-            (docs/design.md, "Rerank").
+            (docs/design.md, "Rerank"); the similarity's parameters left unset (null) take the
+            server's settings, else the bundle's own.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -203,7 +206,8 @@ async def asyncio(
 
     Args:
         body (RerankRequest): Score texts against a query with softknn's retrieval similarity
-            (docs/design.md, "Rerank").
+            (docs/design.md, "Rerank"); the similarity's parameters left unset (null) take the
+            server's settings, else the bundle's own.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.

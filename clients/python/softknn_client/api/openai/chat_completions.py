@@ -107,7 +107,8 @@ def sync_detailed(
 
     Args:
         body (ChatCompletionRequest): OpenAI-compatible chat completion with the KB in the
-            generator's attention.
+            generator's attention; softknn's generation parameters are extra top-level fields (the
+            openai client's `extra_body`), unset as /v1/generate's.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -140,7 +141,8 @@ def sync(
 
     Args:
         body (ChatCompletionRequest): OpenAI-compatible chat completion with the KB in the
-            generator's attention.
+            generator's attention; softknn's generation parameters are extra top-level fields (the
+            openai client's `extra_body`), unset as /v1/generate's.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -168,7 +170,8 @@ async def asyncio_detailed(
 
     Args:
         body (ChatCompletionRequest): OpenAI-compatible chat completion with the KB in the
-            generator's attention.
+            generator's attention; softknn's generation parameters are extra top-level fields (the
+            openai client's `extra_body`), unset as /v1/generate's.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -199,7 +202,8 @@ async def asyncio(
 
     Args:
         body (ChatCompletionRequest): OpenAI-compatible chat completion with the KB in the
-            generator's attention.
+            generator's attention; softknn's generation parameters are extra top-level fields (the
+            openai client's `extra_body`), unset as /v1/generate's.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
