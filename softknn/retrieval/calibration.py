@@ -38,7 +38,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from softknn.model.attention import knn_weights_row
-from softknn.retrieval.scoring import DEFAULT_TEMPERATURE, best, kth_largest, mix, norm_top
+from softknn.retrieval.lexical import LexicalIndex
+from softknn.retrieval.scoring import DEFAULT_TEMPERATURE, LEXICAL_WEIGHT, best, kth_largest, mix, norm_top
 
 LEXICAL_WEIGHTS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 TEMPERATURES = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4)
@@ -351,9 +352,6 @@ def calibrate_unlabelled(xb: np.ndarray, texts: list[str], spec, embed, *, candi
     """The manifest's calibration record of an unlabelled KB with a lexical index (comment above).
 
     spec: the bundle's LexicalSpec; embed(texts) -> (n, D) float32 embeddings as the build computes them."""
-    from softknn.retrieval.lexical import LexicalIndex
-    from softknn.retrieval.scoring import LEXICAL_WEIGHT
-
     pq = pseudo_queries(texts, max_queries, seed)
     base = {"abstain_threshold": None, "source": "pseudo-queries", "method": PSEUDO_METHOD}
     if len(pq) < min_queries:
