@@ -275,9 +275,10 @@ def lossless_q4(model) -> bool:
 
 
 def resolve_weights(model, weights: str) -> str:
-    """`auto` → q4 where that is lossless (lossless_q4), else fp32; any other value as given."""
+    """`auto` → q4a8 where the weights are 4-bit blocks (lossless_q4: a GGUF Q4_1 model, whose blocks it
+    multiplies with int8 activations, as llama.cpp does), else fp32; any other value as given."""
     if weights == "auto":
-        return "q4" if lossless_q4(model) else "fp32"
+        return "q4a8" if lossless_q4(model) else "fp32"
     if weights not in WEIGHTS:
         raise ValueError(f"generator weights must be auto or one of {WEIGHTS}, not {weights!r}")
     return weights

@@ -71,7 +71,7 @@ def test_q8_blocks_split_into_two_exact_4_bit_planes():
 
 
 def test_the_packaged_model_runs_its_own_gguf_numbers_in_q4(smol):
-    assert lossless_q4(smol.model) and resolve_weights(smol.model, "auto") == "q4"
+    assert lossless_q4(smol.model) and resolve_weights(smol.model, "auto") == "q4a8"
 
 
 # --- joint in the KV cache = the masked concatenation ------------------------------------------------
