@@ -277,6 +277,9 @@ class GeneratorSettings(BaseModel):
                                                            "with int8 activations (llama.cpp's arithmetic), auto = "
                                                            "q4a8 where the blocks are lossless, else fp32")
     torch_concurrent: int = Field(2, ge=1, description="torch generations (fixed α, exact) running at once")
+    cache_mb: float = Field(1024, gt=0, description="the decode graph's KV cache, MB (float32 keys and values of "
+                            "the running generations' KB tokens, prompts and max_tokens): a generation waits until "
+                            "what it may fill fits beside the running ones; one that can never fit gets 422")
 
 
 class Settings(BaseSettings):

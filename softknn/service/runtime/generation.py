@@ -113,7 +113,7 @@ class RuntimeGeneration:
             self._generators[name] = gen
         g = self.settings.generator
         ge = GenEngine(engine, gen, runtime=g.runtime, weights=g.weights, threads=g.threads, max_batch=g.max_concurrent,
-                       torch_concurrent=g.torch_concurrent)
+                       torch_concurrent=g.torch_concurrent, cache_mb=g.cache_mb)
         if g.runtime == "graph":  # the decode graph built and run once before /readyz, not on the first request
             ge.warm_up()
         log.info("generator loaded", extra={"generator": gen.info.name, "layers": len(ge.layers),
