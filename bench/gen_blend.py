@@ -42,6 +42,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--split", default="validation")
     ap.add_argument("--priors", default="0", help="β of the k-NN prior on the question's and answer's rows")
+    ap.add_argument("--norm-prior", action="store_true", help="the prior's factors over their mean (mass moves "
+                    "between chunks, not from the prompt's own tokens)")
     ap.add_argument("--temps", default="", help="also the memory path itself (torch, joint) with the memory keys "
                     "scaled by 1/T for each T (APE's attention temperature), at each β")
     ap.add_argument("--passages", type=int, default=1000, help="ObliQA KB size (gen_quality's obliqa_qa_kb)")
@@ -106,7 +108,8 @@ def _generate(gen, ids: list[int], pos: list[int], allowed, max_tokens: int, pri
     return gen.tokenizer.decode(out, skip_special_tokens=True)
 
 
-def _question(gen, engine, q: dict, k: int, shares: list[float], priors: list[float], temps: list[float]) -> dict:
+def _question(gen, engine, q: dict, k: int, shares: list[float], priors: list[float], temps: list[float],
+              norm: bool = False) -> dict:
     import numpy as np
     import torch
 
@@ -161,10 +164,13 @@ def _question(gen, engine, q: dict, k: int, shares: list[float], priors: list[fl
     for beta in priors:
         bias = None
         if beta:  # β·log(k·w_db(c)) on chunk c's columns, as the memory's prior
+            lp = beta * np.log(np.maximum(w, 1e-30) * len(lengths))
+            if norm:  # the factors (k·w_db(c))^β over their mean: the prior moves mass between chunks only
+                lp = lp - np.log(np.mean(np.exp(lp)))
             bias = torch.zeros(len(ids))
             o = P
             for c, n in enumerate(lengths):
-                bias[o : o + n] = float(beta * np.log(max(w[c], 1e-30) * len(lengths)))
+                bias[o : o + n] = float(lp[c])
                 o += n
         for name, allowed in modes.items():
             if beta and name == "prompt":
@@ -205,7 +211,7 @@ def run(args: argparse.Namespace) -> dict:
     for k in [int(x) for x in args.ks.split(",")]:
         rows = []
         for i, q in enumerate(qs):
-            rows.append(_question(gen, engine, q, k, shares, priors, temps))
+            rows.append(_question(gen, engine, q, k, shares, priors, temps, args.norm_prior))
             if i % 10 == 9:
                 print(k, i + 1, {m: sum(r[m]["correct"] for r in rows) for m in rows[0] if isinstance(rows[0][m], dict)},
                       flush=True)
