@@ -6,7 +6,7 @@ A request's memory (softknn.generate.attention.GenMemory: R's keys after RoPE at
 and values) is written once into the first M columns of its row of the cache; its prompt and
 generated tokens follow. The mask row of the request holds
 
-    β·log(|R|·w_db(c))  on chunk c's M columns          (0 for β = 0: the plain joint softmax)
+    log π_c             on chunk c's M columns          (the k-NN prior; 0 for β = 0: the plain joint softmax)
     0                   on its own tokens so far
     −inf                on every other column (not yet written, or another length's padding)
 
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from softknn.common.errors import InvalidInput
-from softknn.generate.attention import GenMemory, Trace, placement, prompt_positions, rotate_keys
+from softknn.generate.attention import GenMemory, Trace, log_prior, placement, prompt_positions, rotate_keys
 from softknn.generate.model import Generation, Generator, Sampling, Step, TextStream, choose_token
 from softknn.generate.runtime import DecoderSession
 
@@ -67,13 +67,12 @@ class PackedMemory:
 
 
 def _prior(weight: torch.Tensor, lengths: list[int], prior: float) -> tuple[np.ndarray, np.ndarray]:
-    """(bias (M,), chunk (M,)): β·log(|R|·w_db(c)) on each of chunk c's columns, as MemoryHook's prior,
-    computed in float64 and rounded to float32."""
+    """(bias (M,), chunk (M,)): log π_c (softknn.generate.attention.log_prior, as MemoryHook's prior) on each
+    of chunk c's columns, computed in float64 and rounded to float32."""
     chunk = np.repeat(np.arange(len(lengths)), lengths)  # (M,)
     if not prior:
         return np.zeros(chunk.shape[0], dtype=np.float32), chunk
-    log_prior = (prior * torch.log(weight.double().clamp(min=1e-30) * len(lengths))).float().numpy()
-    return log_prior[chunk].astype(np.float32), chunk
+    return log_prior(weight, prior).float().numpy()[chunk].astype(np.float32), chunk
 
 
 def pack_chunks(chunks: list[torch.Tensor], layers: list[int], weight: torch.Tensor, prior: float, positions: str,
