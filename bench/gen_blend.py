@@ -42,6 +42,10 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--limit", type=int, default=40)
     ap.add_argument("--split", default="validation")
     ap.add_argument("--priors", default="0", help="β of the k-NN prior on the question's and answer's rows")
+    ap.add_argument("--norm-prior", action="store_true", help="the prior's factors over their mean (mass moves "
+                    "between chunks, not from the prompt's own tokens)")
+    ap.add_argument("--temps", default="", help="also the memory path itself (torch, joint) with the memory keys "
+                    "scaled by 1/T for each T (APE's attention temperature), at each β")
     ap.add_argument("--passages", type=int, default=1000, help="ObliQA KB size (gen_quality's obliqa_qa_kb)")
     ap.add_argument("--name", default="", help="result file name (default gen_blend_KB)")
 
@@ -104,7 +108,8 @@ def _generate(gen, ids: list[int], pos: list[int], allowed, max_tokens: int, pri
     return gen.tokenizer.decode(out, skip_special_tokens=True)
 
 
-def _question(gen, engine, q: dict, k: int, shares: list[float], priors: list[float]) -> dict:
+def _question(gen, engine, q: dict, k: int, shares: list[float], priors: list[float], temps: list[float],
+              norm: bool = False) -> dict:
     import numpy as np
     import torch
 
@@ -130,20 +135,42 @@ def _question(gen, engine, q: dict, k: int, shares: list[float], priors: list[fl
     dev = dev[P:ctx].numpy()  # the chunk tokens'
     order = np.argsort(-dev, kind="stable")
     out = {"id": q["id"], "R": [engine.bundle.chunks[r]["chunk_id"] for r in rows], "memory_tokens": int(sum(lengths))}
-    modes = {"prompt": full, "memory": mem}
+    modes = {"prompt": full} if temps else {"prompt": full, "memory": mem}  # with temps: the memory path is memhook
     for r in shares:
+        if r <= 0:
+            continue
         sel = order[: int(round(r * len(order)))] + P
         m = mem.clone()
         m[sel, :] = full[sel, :]  # the selected chunk tokens see every earlier token
         modes[f"blend@{r:g}"] = m
     w = np.asarray(retr.weights[0], dtype=np.float64)
+    if temps:  # the production memory path (torch, joint): stored-style K/V, keys scaled by 1/T (APE's temperature)
+        from softknn.generate.attention import place_memory
+        from softknn.generate.model import Sampling
+
+        layers = gen.layers("all")
+        starts = [P + sum(lengths[:c]) for c in range(len(lengths))]
+        kv = [torch.from_numpy(x) for x in gen.chunk_kv(chunk_ids, layers, prefix=prefix, starts=starts)]
+        for T in temps:
+            for beta in priors:
+                mem = place_memory(kv, layers, torch.tensor(w, dtype=torch.float32), "reordered", gen.inv_freq,
+                                   encoded_after=starts, prefix_len=P)
+                for lm in mem.layers.values():
+                    lm.key /= T
+                t0 = time.perf_counter()
+                g = gen.run(prefix + rest, mem, sampling=Sampling(max_tokens=MAX_TOKENS), mixing="joint", prior=beta)
+                out[f"memhook_T{T:g}_b{beta:g}"] = {"answer": g.text.strip(), "correct": _correct(g.text, q),
+                                                   "s": round(time.perf_counter() - t0, 2)}
     for beta in priors:
         bias = None
         if beta:  # β·log(k·w_db(c)) on chunk c's columns, as the memory's prior
+            lp = beta * np.log(np.maximum(w, 1e-30) * len(lengths))
+            if norm:  # the factors (k·w_db(c))^β over their mean: the prior moves mass between chunks only
+                lp = lp - np.log(np.mean(np.exp(lp)))
             bias = torch.zeros(len(ids))
             o = P
             for c, n in enumerate(lengths):
-                bias[o : o + n] = float(beta * np.log(max(w[c], 1e-30) * len(lengths)))
+                bias[o : o + n] = float(lp[c])
                 o += n
         for name, allowed in modes.items():
             if beta and name == "prompt":
@@ -178,12 +205,13 @@ def run(args: argparse.Namespace) -> dict:
     engine = Engine(enc, load_bundle(out_dir, expected_fingerprint=enc.info.fingerprint))
     shares = [float(x) for x in args.shares.split(",")]
     priors = [float(x) for x in args.priors.split(",")]
+    temps = [float(x) for x in args.temps.split(",")] if args.temps else []
     t0 = time.perf_counter()
     res: dict = {}
     for k in [int(x) for x in args.ks.split(",")]:
         rows = []
         for i, q in enumerate(qs):
-            rows.append(_question(gen, engine, q, k, shares, priors))
+            rows.append(_question(gen, engine, q, k, shares, priors, temps, args.norm_prior))
             if i % 10 == 9:
                 print(k, i + 1, {m: sum(r[m]["correct"] for r in rows) for m in rows[0] if isinstance(rows[0][m], dict)},
                       flush=True)

@@ -17,7 +17,11 @@ against prompt-stuffed RAG on ObliQA.
     python -m bench gen_quality obliqa [--passages 1000] [--memory fp16] [--limit 0]
     python -m bench gen_quality sample [--memory fp16] [--limit 0]
     python -m bench gen_quality weights [--formats q4,q4a8,fp32] [--limit 0]
+    python -m bench gen_quality multichunk [--kbs sample,obliqa] [--max-tokens 24] [--limit 0]
 
+- `multichunk`: memory against prompt-stuffed RAG at k 4 and 8, and the calibrated default against the
+  prompt at its k, on the sample KB and the ObliQA KB as gen_build builds them (q4 store, calibrated),
+  test splits, greedy, 24 tokens, refusal off, with the time to first token of each answer.
 - `weights`: the decode graph's weight formats on the sample KB's calibrated build and test split, at the
   calibrated default, k 4 β 4 and k 8 β 0: accuracy and answers equal to q4's (the GGUF file's own
   numbers), with the torch reference beside them.
@@ -266,6 +270,72 @@ def weights(args) -> dict:
     return write("gen_quality_weights", payload)
 
 
+def _ask_timed(ge, params, q: dict) -> dict:
+    """_ask with the time to the first token (the stream's first Step)."""
+    from bench.generation import msgs
+    from softknn.generate.model import Step
+
+    t0 = time.perf_counter()
+    ttft, answer = None, None
+    for item in ge.stream(params, messages=msgs(q["question"])):
+        if isinstance(item, Step):
+            ttft = ttft if ttft is not None else time.perf_counter() - t0
+        else:
+            answer = item
+    assert answer is not None
+    return {"id": q["id"], "answer": answer.text.strip(), "correct": _correct(answer.text, q),
+            "k": answer.diagnostics["k"], "prior": answer.diagnostics.get("prior"),
+            "ttft_s": round(ttft if ttft is not None else time.perf_counter() - t0, 4)}
+
+
+def multichunk(args) -> dict:
+    """Memory against prompt-stuffed RAG at k 4 and 8 (and the calibrated default against the prompt at
+    its k) on the sample KB and the ObliQA KB, the decode graph with the default weights, greedy, with
+    the time to first token; the bundles as a user builds them (bench/gen_build.py's)."""
+    import statistics
+
+    from bench.gen_build import run as build
+    from bench.generation import CACHE, gen_engine, load_qa, models
+    from softknn.generate.engine import GenParams
+    from softknn.storage.bundle import load_bundle
+
+    enc, gen = models()
+    out: dict = {}
+    t0 = time.perf_counter()
+    for kb in args.kbs.split(","):
+        path = CACHE / f"gen-build-{kb}"
+        if not (path / "manifest.json").exists():
+            build(argparse.Namespace(kb=kb, passages=1000, memory="", command="python -m bench gen_build --kb " + kb))
+        b = load_bundle(path, expected_fingerprint=enc.info.fingerprint)
+        ge = gen_engine(enc, gen, b)
+        k_cal, beta_cal, _ = ge.defaults()
+        if kb == "sample":
+            qs = [q for q in load_qa() if q["split"] == "test"]
+        else:
+            qs = [q for q in (json.loads(x) for x in QA_OBLIQA.read_text().splitlines() if x.strip())
+                  if q["split"] == "test"]
+        qs = qs[: args.limit or None]
+        base = GenParams(max_tokens=args.max_tokens, temperature=0.0, refuse=False)
+        modes = {"calibrated": {}, f"prompt_k{k_cal}": {"context": "prompt", "k": k_cal}}
+        for k in (4, 8):
+            modes |= {f"memory_k{k}": {"k": k}, f"prompt_k{k}": {"context": "prompt", "k": k}}
+        ge.answer(replace(base, max_tokens=2), messages=[{"role": "user", "content": qs[0]["question"]}])  # warm-up
+        rows: dict[str, list[dict]] = {m: [] for m in modes}
+        for q in qs:  # interleaved: every mode on a question before the next question
+            for m, kw in modes.items():
+                rows[m].append(_ask_timed(ge, replace(base, **kw), q))
+        out[kb] = {"chunks": len(b.chunks), "calibrated": {"k": k_cal, "prior": beta_cal},
+                   "modes": {m: {**_summary(r), "ttft_p50_s": round(statistics.median(x["ttft_s"] for x in r), 4)}
+                             for m, r in rows.items()},
+                   "per_question": rows}
+        print(kb, json.dumps(out[kb]["modes"]), flush=True)
+    payload = {"command": getattr(args, "command", ""), "max_tokens": args.max_tokens,
+               "params": "greedy, one user turn, refusal off (every question answered), the decode graph with the "
+                         "default weights, one thread; memory at k uses the bundle's calibrated β",
+               "results": out, "wall_s": round(time.perf_counter() - t0, 1)}
+    return write("gen_quality_multichunk", payload)
+
+
 def _gold_only(ge, params, q: dict, rows: list[int]) -> dict:
     """The question answered with R forced to the gold passage's chunks (weights uniform): memory or prompt."""
     from bench.generation import msgs
@@ -311,6 +381,10 @@ def _plot_obliqa(results: dict) -> None:
 
 def add_cli_args(ap: argparse.ArgumentParser) -> None:
     sub = ap.add_subparsers(dest="part", required=True)
+    mc = sub.add_parser("multichunk", help="memory vs prompt at k 4 and 8 with TTFT, on the sample and ObliQA KBs")
+    mc.add_argument("--kbs", default="sample,obliqa")
+    mc.add_argument("--max-tokens", type=int, default=24)
+    mc.add_argument("--limit", type=int, default=0)
     w = sub.add_parser("weights", help="the decode graph's weight formats (q4, q4a8, fp32) on the same answers")
     w.add_argument("--formats", default="q4,q4a8,fp32")
     w.add_argument("--limit", type=int, default=0)
@@ -330,7 +404,8 @@ def run(args: argparse.Namespace) -> dict:
     from bench.generation import setup_threads
 
     setup_threads()
-    return {"memory": memory, "obliqa": obliqa, "sample": sample, "weights": weights}[args.part](args)
+    return {"memory": memory, "obliqa": obliqa, "sample": sample, "weights": weights,
+            "multichunk": multichunk}[args.part](args)
 
 
 if __name__ == "__main__":

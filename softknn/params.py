@@ -163,8 +163,12 @@ class GeneratorSettings(BaseModel):
                                                "reference; fixed α and exact requests always run there)")
     weights: Literal["auto", "fp32", "q4", "q4a8"] = Field("auto", description="decode graph weights: q4 = 4-bit "
                                                            "blocks (lossless for a GGUF Q4_1 model), q4a8 = the same "
-                                                           "with int8 activations, auto = q4 where lossless, else fp32")
+                                                           "with int8 activations (llama.cpp's arithmetic), auto = "
+                                                           "q4a8 where the blocks are lossless, else fp32")
     torch_concurrent: int = Field(2, ge=1, description="torch generations (fixed α, exact) running at once")
+    cache_mb: float = Field(1024, gt=0, description="the decode graph's KV cache, MB (float32 keys and values of "
+                            "the running generations' KB tokens, prompts and max_tokens): a generation waits until "
+                            "what it may fill fits beside the running ones; one that can never fit gets 422")
 
 
 class Settings(BaseSettings):

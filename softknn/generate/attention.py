@@ -7,11 +7,14 @@ Per memory layer, kv head h', query row i (a query head of h''s group at one pos
     attn_intra(i) = softmax_j(q_i·k_j·scale + causal mask) · V_ctx      (the model's own attention)
     attn_c(i)     = softmax_{t∈c}(q_i·k_t·scale) · V_c                   (chunk c's precomputed K/V)
     fixed:  out_i = α·attn_intra(i) + (1−α)·Σ_c w_db(c)·attn_c(i)
-    joint:  out_i = softmax over [tokens of R ; own context](q_i·k·scale + β·log(|R|·w_db(c))) · [V_R ; V_ctx]
-            = g_in·attn_intra(i) + Σ_c g_c·attn_c(i),  g_in = Z_in/Z, g_c = (|R|·w_db(c))^β·Z_c/Z
+    joint:  out_i = softmax over [tokens of R ; own context](q_i·k·scale + log π_c) · [V_R ; V_ctx]
+            = g_in·attn_intra(i) + Σ_c g_c·attn_c(i),  g_in = Z_in/Z, g_c = π_c·Z_c/Z
+            π_c = (|R|·w_db(c))^β / mean_c' (|R|·w_db(c'))^β
 
-β (`prior`) lets the outer k-NN's weights into the one softmax as a prior on each chunk's tokens:
-β = 0 is the plain joint softmax (the masked-concatenation contract); with uniform w_db any β is.
+β (`prior`) lets the outer k-NN's weights into the one softmax as a prior on each chunk's tokens, and
+only between the chunks: the factors π_c average 1, so the prior moves attention from the chunks the
+retrieval trusts less to those it trusts more, not from the prompt's own tokens to the KB. β = 0 is the
+plain joint softmax (the masked-concatenation contract); with uniform w_db any β is.
 
 Grouped-query attention: the 9 query heads of SmolLM2 share 3 key/value heads, and the memory
 stores the key/value heads (what the model's own cache holds), so a query head reads its group's
@@ -91,6 +94,13 @@ class Trace:
         self._step = {}
 
 
+def log_prior(weight: torch.Tensor, beta: float) -> torch.Tensor:
+    """(S,) float64 log π_c = β·log(S·w_db(c)) − log mean_c' (S·w_db(c'))^β: the k-NN prior's factors on
+    the chunks' shares of the joint softmax, averaging 1 (module doc). All 0 for β = 0 or uniform w_db."""
+    lp = beta * torch.log(weight.double().clamp(min=1e-30) * weight.shape[0])
+    return lp - (torch.logsumexp(lp, 0) - math.log(weight.shape[0]))
+
+
 def _softknn_gen_attention(module, query, key, value, attention_mask, **kwargs):
     """The registered attention: plain SDPA, unless a memory hook is bound and covers this layer."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -158,9 +168,8 @@ class MemoryHook:
         self.mixing = mixing
         self.alpha = float(alpha)
         self.trace = trace
-        # joint only: log of the prior factor (|R|·w_db(c))^β on each chunk's partition function
-        self.log_prior = (prior * torch.log(memory.weight.double().clamp(min=1e-30) * memory.slots)).float() \
-            if prior and mixing == "joint" else None
+        # joint only: log π_c, the prior factor on each chunk's partition function (module doc)
+        self.log_prior = log_prior(memory.weight, prior).float() if prior and mixing == "joint" else None
         # the prompt's first rows that come before the KB (its prefix) attend to their own past only;
         # the generator sets this for the prefill and clears it for the decoding steps
         self.skip_rows = 0
@@ -190,7 +199,7 @@ class MemoryHook:
         lse_c = torch.logsumexp(s_m, -1)  # (B, nkv, gT, S)
         p_c = torch.exp(s_m - lse_c[..., None])  # (B, nkv, gT, S, Lm), 0 on pad tokens
         if self.log_prior is not None:
-            lse_c = lse_c + self.log_prior  # (S,) broadcast: Z_c·(|R|·w_db(c))^β
+            lse_c = lse_c + self.log_prior  # (S,) broadcast: π_c·Z_c
         reads = self._reads_memory(T, g, query.device)  # (gT,) or None
         if reads is not None:
             lse_c = lse_c.masked_fill(~reads[:, None], -math.inf)  # prefix rows: no memory mass

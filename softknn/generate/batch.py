@@ -6,7 +6,7 @@ A request's memory (softknn.generate.attention.GenMemory: R's keys after RoPE at
 and values) is written once into the first M columns of its row of the cache; its prompt and
 generated tokens follow. The mask row of the request holds
 
-    β·log(|R|·w_db(c))  on chunk c's M columns          (0 for β = 0: the plain joint softmax)
+    log π_c             on chunk c's M columns          (the k-NN prior; 0 for β = 0: the plain joint softmax)
     0                   on its own tokens so far
     −inf                on every other column (not yet written, or another length's padding)
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import mmap
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -36,7 +37,7 @@ import numpy as np
 import torch
 
 from softknn.common.errors import InvalidInput
-from softknn.generate.attention import GenMemory, Trace, placement, prompt_positions, rotate_keys
+from softknn.generate.attention import GenMemory, Trace, log_prior, placement, prompt_positions, rotate_keys
 from softknn.generate.model import Generation, Generator, Sampling, Step, TextStream, choose_token
 from softknn.generate.runtime import DecoderSession
 
@@ -66,13 +67,12 @@ class PackedMemory:
 
 
 def _prior(weight: torch.Tensor, lengths: list[int], prior: float) -> tuple[np.ndarray, np.ndarray]:
-    """(bias (M,), chunk (M,)): β·log(|R|·w_db(c)) on each of chunk c's columns, as MemoryHook's prior,
-    computed in float64 and rounded to float32."""
+    """(bias (M,), chunk (M,)): log π_c (softknn.generate.attention.log_prior, as MemoryHook's prior) on each
+    of chunk c's columns, computed in float64 and rounded to float32."""
     chunk = np.repeat(np.arange(len(lengths)), lengths)  # (M,)
     if not prior:
         return np.zeros(chunk.shape[0], dtype=np.float32), chunk
-    log_prior = (prior * torch.log(weight.double().clamp(min=1e-30) * len(lengths))).float().numpy()
-    return log_prior[chunk].astype(np.float32), chunk
+    return log_prior(weight, prior).float().numpy()[chunk].astype(np.float32), chunk
 
 
 def pack_chunks(chunks: list[torch.Tensor], layers: list[int], weight: torch.Tensor, prior: float, positions: str,
@@ -132,25 +132,41 @@ class _Seq:
     last: int = -1  # the token to feed next
     steps: int = 0
     fed: int = 0  # prompt tokens prefilled so far
+    need: int = 0  # cache columns reserved for it: memory, prompt and max_tokens
 
     @property
     def memory_columns(self) -> int:
         return self.job.memory.columns if self.job.memory is not None else 0
 
 
+def _anonymous(shape: tuple[int, ...]) -> tuple[np.ndarray, mmap.mmap]:
+    """A float32 array of `shape` over an anonymous mapping (zero pages until written) and the mapping,
+    whose pages KVCache.release gives back to the system."""
+    nbytes = max(int(np.prod(shape)) * 4, 1)
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: MADV_DONTNEED frees it
+    return np.frombuffer(mm, dtype=np.float32, count=int(np.prod(shape))).reshape(shape), mm
+
+
 class KVCache:
     """Preallocated cache rows: keys[ℓ], values[ℓ] (B, nkv, C, hs) and the additive mask rows bias (B, C)
     (memory layers) and bias_plain (B, C) (layers without memory). Sequences hold rows 0..n−1; C and B
-    grow (copying the rows in use), never shrink while in use. Pages never written are never touched
-    (np.zeros maps them lazily), so a large C costs only what the rows fill."""
+    grow (copying the rows in use), never shrink while in use. The key/value buffers are anonymous
+    mappings: a page is resident once written, and `release` gives a row's pages back when it empties,
+    so the cache's resident size is what its live rows have written."""
 
     def __init__(self, layers: int, nkv: int, hs: int):
         self.L, self.nkv, self.hs = layers, nkv, hs
         self.B, self.C = 0, 0
         self.keys: list[np.ndarray] = []
         self.values: list[np.ndarray] = []
+        self._maps: list[mmap.mmap] = []
         self.bias = np.zeros((0, 0), dtype=np.float32)
         self.bias_plain = np.zeros((0, 0), dtype=np.float32)
+
+    @property
+    def column_bytes(self) -> int:
+        """Bytes one cache column takes over every layer (keys and values)."""
+        return self.L * 2 * self.nkv * self.hs * 4
 
     def ensure(self, rows: int, columns: int, used: int) -> None:
         """Room for `rows` rows of `columns` columns; the first `used` rows are kept."""
@@ -160,8 +176,8 @@ class KVCache:
         C = max(self.C, COLUMN_BLOCK * math.ceil(columns / COLUMN_BLOCK))
         if columns > self.C and self.C:
             C = max(C, 2 * self.C)  # grow geometrically: each growth copies every row in use
-        keys = [np.zeros((B, self.nkv, C, self.hs), dtype=np.float32) for _ in range(self.L)]
-        values = [np.zeros((B, self.nkv, C, self.hs), dtype=np.float32) for _ in range(self.L)]
+        bufs = [_anonymous((B, self.nkv, C, self.hs)) for _ in range(2 * self.L)]
+        keys, values = [a for a, _ in bufs[: self.L]], [a for a, _ in bufs[self.L :]]
         bias = np.full((B, C), NEG_INF, dtype=np.float32)
         bias_plain = np.full((B, C), NEG_INF, dtype=np.float32)
         if used:
@@ -171,6 +187,7 @@ class KVCache:
             bias[:used, : self.C] = self.bias[:used]
             bias_plain[:used, : self.C] = self.bias_plain[:used]
         self.keys, self.values, self.bias, self.bias_plain, self.B, self.C = keys, values, bias, bias_plain, B, C
+        self._maps = [m for _, m in bufs]
 
     def move(self, src: int, dst: int, columns: int) -> None:
         """Row src's first `columns` columns (and its mask rows) into row dst."""
@@ -179,6 +196,14 @@ class KVCache:
             self.values[li][dst, :, :columns] = self.values[li][src, :, :columns]
         self.bias[dst] = self.bias[src]
         self.bias_plain[dst] = self.bias_plain[src]
+
+    def release(self, row: int) -> None:
+        """Row `row`'s pages given back (they read as zeros until written again)."""
+        size = self.nkv * self.C * self.hs * 4  # a row's bytes in one buffer: page-aligned (C in blocks of 128)
+        if size % mmap.PAGESIZE or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        for m in self._maps:
+            m.madvise(mmap.MADV_DONTNEED, row * size, size)
 
     def place(self, slot: int, mem: PackedMemory | None) -> int:
         """Row `slot` reset, R's keys/values written into its first M columns (memory layers) with their
@@ -206,7 +231,7 @@ class DecodeLoop:
     prefill and llama-server's batches do)."""
 
     def __init__(self, session: DecoderSession, eos_ids: set[int], tokenizer, *, max_batch: int = 16,
-                 prefill_chunk: int = 256):
+                 prefill_chunk: int = 256, cache_mb: float = 1024):
         self.session = session
         self.shape = session.shape
         self.eos_ids, self.tokenizer = eos_ids, tokenizer
@@ -214,6 +239,11 @@ class DecodeLoop:
         self.prefill_chunk = prefill_chunk
         self.mem_layers = set(session.memory_layers)
         self.cache = KVCache(self.shape.layers, self.shape.kv_heads, self.shape.head_dim)
+        # the cache's budget, in columns: a request is admitted when the columns it may fill (memory,
+        # prompt, max_tokens) fit beside those reserved by the running ones, else it waits its turn
+        self.cache_mb = cache_mb
+        self.budget = int(cache_mb * 2**20 // self.cache.column_bytes)
+        self.reserved = 0
         self.running: list[_Seq] = []
         self.filling: _Seq | None = None  # the request being prefilled: its row is len(running)
         self._waiting: collections.deque[DecodeJob] = collections.deque()
@@ -266,6 +296,12 @@ class DecodeLoop:
                                f"{self.shape.max_positions}", field="max_tokens")
         if job.memory is not None and set(job.memory.layers) != self.mem_layers:
             raise ValueError(f"memory at layers {sorted(job.memory.layers)}, the decode graph at {sorted(self.mem_layers)}")
+        need = _need(job)
+        if need > self.budget:
+            mb = need * self.cache.column_bytes / 2**20
+            raise InvalidInput(f"the KB's tokens, the prompt and max_tokens take {need} cache columns ({mb:.0f} MB); "
+                               f"the generator's cache holds {self.budget} ({self.cache_mb:g} MB, "
+                               "SOFTKNN_GENERATOR__CACHE_MB): ask for fewer chunks (k) or max_tokens", field="max_tokens")
 
     def _ensure_thread(self) -> None:
         with self._start_lock:
@@ -320,7 +356,9 @@ class DecodeLoop:
             seq.job.out.put(e)
         if self.filling is not None:
             self.filling.job.out.put(e)
-        self.running, self.filling, self._bound = [], None, None
+        for row in range(len(self.running) + (self.filling is not None)):
+            self.cache.release(row)
+        self.running, self.filling, self._bound, self.reserved = [], None, None, 0
 
     def _round(self) -> None:
         """Up to `prefill_chunk` prompt tokens prefilled (the request being filled, then the oldest waiting
@@ -339,6 +377,8 @@ class DecodeLoop:
 
     def _start_next(self) -> None:
         while self._waiting:
+            if self.reserved + _need(self._waiting[0]) > self.budget and (self.running or self.filling is not None):
+                return  # the oldest waits for cache room (no overtaking: it would starve)
             job = self._waiting.popleft()
             if job.cancelled():
                 job.out.put(Generation(prompt_tokens=len(job.prompt_ids), finish_reason="cancelled"))
@@ -354,16 +394,18 @@ class DecodeLoop:
         """A row for `job` (row len(running)), its memory written into it."""
         mem = job.memory
         M = mem.columns if mem is not None else 0
-        need = M + len(job.prompt_ids) + job.sampling.max_tokens
+        need = _need(job)
         n = len(self.running)
         # every row the loop may run, at once: pages never written are never touched (a row costs what it
         # fills), and growing row by row would copy the whole cache at each admission
         self.cache.ensure(self.max_batch, need, n)
         self.cache.place(n, mem)
         rng = torch.Generator().manual_seed(job.sampling.seed) if job.sampling.seed is not None else None
+        self.reserved += need
         return _Seq(job, n, M, max(job.positions) + 1, TextStream(self.tokenizer, self.eos_ids, job.sampling.stop,
                                                                       ignore_eos=job.sampling.ignore_eos),
-                    Generation(prompt_tokens=len(job.prompt_ids), trace=Trace() if mem is not None else None), rng)
+                    Generation(prompt_tokens=len(job.prompt_ids), trace=Trace() if mem is not None else None), rng,
+                    need=need)
 
     def _finish(self, seq: _Seq, reason: str | None = None) -> None:
         if reason is not None:
@@ -374,9 +416,11 @@ class DecodeLoop:
 
     def _drop(self, seq: _Seq) -> None:
         """seq leaves its row: the last running row moves into it, and the row being filled follows the
-        running ones down, so they stay rows 0..n−1 and it row n."""
+        running ones down, so they stay rows 0..n−1 and it row n; the row left empty gives its pages back."""
+        self.reserved -= seq.need
         if seq is self.filling:
             self.filling = None
+            self.cache.release(seq.slot)
             return
         i = self.running.index(seq)
         last = self.running[-1]
@@ -385,10 +429,12 @@ class DecodeLoop:
             last.slot = seq.slot
             self.running[i] = last
         self.running.pop()
+        empty = len(self.running)
         f = self.filling
         if f is not None:
             self.cache.move(f.slot, len(self.running), f.length)
-            f.slot = len(self.running)
+            empty, f.slot = f.slot, len(self.running)
+        self.cache.release(empty)
 
     def _emit(self, seq: _Seq, logits: np.ndarray, attn: np.ndarray | None) -> None:
         """Choose seq's next token from its logits (V,); record the trace; finish it when done."""
@@ -437,7 +483,7 @@ class DecodeLoop:
                                    [k[s : s + 1] for k in c.keys], [v[s : s + 1] for v in c.values])
         except Exception as e:  # noqa: BLE001 - the failure goes back to its request only
             job.out.put(e)
-            self.filling = None
+            self._drop(seq)
             return T
         c.bias[s, seq.length : S] = 0.0
         c.bias_plain[s, seq.length : S] = 0.0
@@ -489,6 +535,11 @@ class DecodeLoop:
             self._emit(s, out["logits"][j], None if attn is None else attn[j])
 
 
+def _need(job: DecodeJob) -> int:
+    """Cache columns a job may fill: its memory, its prompt and max_tokens."""
+    return (job.memory.columns if job.memory is not None else 0) + len(job.prompt_ids) + job.sampling.max_tokens
+
+
 def _trace_step(trace: Trace, attn: np.ndarray, mem: PackedMemory) -> None:
     """One token's memory mass from the graph's attention row over the memory columns (M,): per
     chunk the sum of its columns (the joint gate g_c, = its share), per chunk token the column."""
@@ -517,16 +568,16 @@ def job_for(prompt_ids: list[int], memory: GenMemory | PackedMemory | None, samp
 
 
 def decode_loop(generator: Generator, layers: list[int], *, weights: str = "auto", threads: int = 1,
-                max_batch: int = 16) -> DecodeLoop:
+                max_batch: int = 16, cache_mb: float = 1024) -> DecodeLoop:
     """The continuous-batching decode loop of `generator`'s model with memory at `layers`: one per
-    (weights, layers, threads, max_batch), kept on the generator and shared by every engine that asks
-    for the same."""
+    (weights, layers, threads, max_batch, cache_mb), kept on the generator and shared by every engine
+    that asks for the same."""
     w = generator.weights(weights)
-    key = (w, tuple(sorted(layers)), threads, max_batch)
+    key = (w, tuple(sorted(layers)), threads, max_batch, cache_mb)
     with generator.loops_lock:
         loop = generator.decode_loops.get(key)
         if loop is None:
             session = DecoderSession(generator.model, w, list(key[1]), threads=threads)
             loop = generator.decode_loops[key] = DecodeLoop(session, generator.eos_ids, generator.tokenizer,
-                                                            max_batch=max_batch)
+                                                            max_batch=max_batch, cache_mb=cache_mb)
         return cast("DecodeLoop", loop)

@@ -114,7 +114,8 @@ class GenEngine:
     requests and runtime "torch" run the model in torch with the memory hook (the reference)."""
 
     def __init__(self, retriever: Retriever, encoder: ModelForward, generator: Generator, *, runtime: str = "graph",
-                 weights: str = "auto", threads: int = 1, max_batch: int = 16, torch_concurrent: int = 2):
+                 weights: str = "auto", threads: int = 1, max_batch: int = 16, torch_concurrent: int = 2,
+                 cache_mb: float = 1024):
         bundle = retriever.bundle
         rec = bundle.manifest.generator
         if rec is None:
@@ -131,6 +132,7 @@ class GenEngine:
         if runtime not in RUNTIMES:
             raise ValueError(f"generation runtime must be one of {RUNTIMES}, not {runtime!r}")
         self.runtime, self.weights, self.threads, self.max_batch = runtime, weights, threads, max_batch
+        self.cache_mb = cache_mb
         self._torch_slots = threading.BoundedSemaphore(torch_concurrent)  # generations in torch at once
 
     def uses_graph(self, p: GenParams, has_memory: bool) -> bool:
@@ -147,7 +149,7 @@ class GenEngine:
     def decode_loop(self):
         """The decode graph's loop for this bundle's memory layers (built on first use)."""
         return decode_loop(self.generator, self.layers, weights=self.weights, threads=self.threads,
-                           max_batch=self.max_batch)
+                           max_batch=self.max_batch, cache_mb=self.cache_mb)
 
     # --- retrieval and memory -------------------------------------------------------------------
     def retrieve(self, query: str, p: GenParams):

@@ -15,7 +15,7 @@ row b over its own columns j ≤ seqlens_k[b] (causal among the new ones):
     out  = softmax_j(s) · V[b, :, j]
 
 `bias` (B, 1, T, S), S = total_sequence_length (the longest row), is additive: 0 where a query row
-may attend, −inf where it may not (a prefix row facing the memory), and β·log(k·w_db(c)) on chunk
+may attend, −inf where it may not (a prefix row facing the memory), and log π_c (the k-NN prior) on chunk
 c's columns — so the joint softmax over [R's tokens ; own context] with the k-NN prior of
 softknn.generate.attention is the model's own attention over a cache with a float mask. Layers that
 hold no memory read `bias_plain` (the memory columns −inf). The graph returns the last position's
@@ -274,9 +274,10 @@ def lossless_q4(model) -> bool:
 
 
 def resolve_weights(model, weights: str) -> str:
-    """`auto` → q4 where that is lossless (lossless_q4), else fp32; any other value as given."""
+    """`auto` → q4a8 where the weights are 4-bit blocks (lossless_q4: a GGUF Q4_1 model, whose blocks it
+    multiplies with int8 activations, as llama.cpp does), else fp32; any other value as given."""
     if weights == "auto":
-        return "q4" if lossless_q4(model) else "fp32"
+        return "q4a8" if lossless_q4(model) else "fp32"
     if weights not in WEIGHTS:
         raise ValueError(f"generator weights must be auto or one of {WEIGHTS}, not {weights!r}")
     return weights

@@ -11,7 +11,7 @@ import torch
 
 from softknn.common.errors import InvalidInput
 from softknn.generate.attention import place_memory
-from softknn.generate.batch import DecodeLoop, job_for, pack_chunks, pack_memory
+from softknn.generate.batch import DecodeLoop, KVCache, _need, job_for, pack_chunks, pack_memory
 from softknn.generate.graph import lossless_q4, resolve_weights
 from softknn.generate.model import Generation, Generator, Sampling
 from softknn.generate.quant import (
@@ -71,7 +71,7 @@ def test_q8_blocks_split_into_two_exact_4_bit_planes():
 
 
 def test_the_packaged_model_runs_its_own_gguf_numbers_in_q4(smol):
-    assert lossless_q4(smol.model) and resolve_weights(smol.model, "auto") == "q4"
+    assert lossless_q4(smol.model) and resolve_weights(smol.model, "auto") == "q4a8"
 
 
 # --- joint in the KV cache = the masked concatenation ------------------------------------------------
@@ -221,6 +221,50 @@ def test_prompts_prefilled_in_chunks_between_decode_steps_give_the_tokens_of_who
     finally:
         whole.close()
         chunked.close()
+
+
+def test_requests_wait_for_cache_room_and_get_their_solo_tokens(smol, sessions):
+    """A budget of cache columns: the four requests need 60–1,080 columns each; with room for about the two
+    largest at once, the others wait their turn (never more reserved than the budget), and each gets the
+    tokens of its solo run."""
+    reqs = _requests(smol)
+    free = DecodeLoop(sessions["fp32"], smol.eos_ids, smol.tokenizer)
+    needs = [_need(job_for(p, m, s, prior=b)) for p, m, s, b in reqs]
+    column_mb = free.cache.column_bytes / 2**20
+    tight = DecodeLoop(sessions["fp32"], smol.eos_ids, smol.tokenizer, cache_mb=(sorted(needs)[-1] + sorted(needs)[-2])
+                       * column_mb)
+    seen = []
+    real = tight._step
+
+    def step():
+        seen.append(tight.reserved)
+        real()
+
+    tight._step = step
+    try:
+        solo = [_gen(free.submit(job_for(p, m, s, prior=b))) for p, m, s, b in reqs]
+        with tight.paused():
+            its = [tight.submit(job_for(p, m, s, prior=b)) for p, m, s, b in reqs]
+        together = [_gen(it) for it in its]
+        assert max(seen) <= tight.budget and tight.max_running < len(reqs) and tight.reserved == 0
+        assert [g.token_ids for g in together] == [g.token_ids for g in solo]
+        with pytest.raises(InvalidInput) as e:  # more than the whole cache: refused before it waits
+            tight.submit(job_for(reqs[2][0], reqs[2][1], Sampling(max_tokens=tight.budget)))
+        assert e.value.field == "max_tokens" and "SOFTKNN_GENERATOR__CACHE_MB" in str(e.value)
+    finally:
+        free.close()
+        tight.close()
+
+
+def test_a_released_row_gives_its_pages_back_and_reads_zeros():
+    cache = KVCache(2, 3, 64)
+    cache.ensure(4, 200, 0)
+    for rows in (cache.keys, cache.values):
+        for a in rows:
+            a[:] = 1.0
+    cache.release(2)
+    for a in cache.keys + cache.values:
+        assert not a[2].any() and (a[1] == 1.0).all() and (a[3] == 1.0).all()
 
 
 def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(smol, sessions):
