@@ -167,7 +167,7 @@ def embed_cached(enc, name: str, texts: list[str]) -> np.ndarray:
 def nearest(engine, xq: np.ndarray, texts: list[str]) -> np.ndarray:
     """s₁ (n,) of each question as a /v1/generate request without k, retrieval or filter retrieves
     (GenEngine.retrieve: the bundle's default retrieval at the fixed k; s₁ does not depend on k)."""
-    from softknn.generate.engine import FIXED_K
+    from softknn.common.table import FIXED_K
     from softknn.infer.engine import InferParams
 
     ip = engine.resolve([InferParams(k=FIXED_K, evidence=0)])[0]
