@@ -2,7 +2,7 @@
 server-sent events (EventStream and its helpers), shared by the route modules, which never import
 each other."""
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import TypeVar
 
 import orjson
@@ -65,3 +65,27 @@ async def first_item(stream: AsyncGenerator[T, None]) -> T:
     except BaseException:
         await stream.aclose()
         raise
+
+
+def event_stream(stream: AsyncGenerator[T, None], first: T,
+                 render: Callable[[AsyncIterator[T]], AsyncIterator[bytes]]) -> EventStream:
+    """A generation's server-sent events: `render` turns its items (`first`, already read by first_item,
+    then the rest of `stream`) into events; an error after the first becomes an error event, `stream`
+    is closed however the response ends, and [DONE] comes last."""
+
+    async def items() -> AsyncIterator[T]:
+        yield first
+        async for item in stream:
+            yield item
+
+    async def body() -> AsyncGenerator[bytes, None]:
+        try:
+            async for event in render(items()):
+                yield event
+        except (SoftKNNError, ServiceError) as e:
+            yield error_event(e)
+        finally:
+            await stream.aclose()
+        yield DONE
+
+    return EventStream(body())

@@ -3,18 +3,18 @@ server-sent events; the body's parameters filled by the one step every door shar
 
 # No `from __future__ import annotations`: FastAPI must see the body model class itself (deps.body_model).
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
 
-from softknn.common.errors import SoftKNNError
 from softknn.generate.engine import GenAnswer
+from softknn.generate.model import Step
 from softknn.params import gen_params
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBsDep, RequestIdDep, SettingsDep, body_model
-from softknn.service.errors import ServiceError, status_of
-from softknn.service.responses import DONE, EventStream, FastJSONResponse, error_event, first_item, sse
+from softknn.service.errors import status_of
+from softknn.service.responses import DONE, EventStream, FastJSONResponse, error_event, event_stream, first_item, sse
 from softknn.service.schemas import (
     ErrorResponse,
     GenerateBody,
@@ -47,22 +47,14 @@ async def generate(body: GenerateBody, kbs: KBsDep, who: ReaderDep, settings: Se
     stream = runtime.generation.generate(ge, params, prompt, messages, request_id=request_id)
     first = await first_item(stream)
 
-    async def events() -> AsyncGenerator[bytes, None]:
-        try:
-            item = first
-            while True:
-                if isinstance(item, GenAnswer):
-                    yield sse(generation_payload(request_id, ge, item))
-                    break
+    async def events(items: AsyncIterator[Step | GenAnswer]) -> AsyncIterator[bytes]:
+        async for item in items:  # each token, then the answer
+            if isinstance(item, GenAnswer):
+                yield sse(generation_payload(request_id, ge, item))
+            else:
                 yield sse({"token": item.token_id, "text": item.text})
-                item = await anext(stream)
-        except (SoftKNNError, ServiceError) as e:
-            yield error_event(e)
-        finally:
-            await stream.aclose()
-        yield DONE
 
-    return EventStream(events())
+    return event_stream(stream, first, events)
 
 
 __all__ = ["DONE", "EventStream", "error_event", "first_item", "router", "sse", "status_of"]

@@ -9,21 +9,22 @@ Errors carry OpenAI's `param` and `code` next to the service's `type`, `message`
 
 import base64
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter
 
-from softknn.common.errors import InvalidInput, SoftKNNError
+from softknn.common.errors import InvalidInput
 from softknn.common.table import InferParams, merge_aliases
 from softknn.generate.engine import GenAnswer
+from softknn.generate.model import Step
 from softknn.params import gen_params, infer_params
 from softknn.service.auth import ReaderDep
 from softknn.service.deps import KBQuery, KBsDep, RequestIdDep, SettingsDep, body_model
-from softknn.service.errors import ModelNotFound, ServiceError
-from softknn.service.responses import DONE, EventStream, FastJSONResponse, error_event, first_item, sse
+from softknn.service.errors import ModelNotFound
+from softknn.service.responses import FastJSONResponse, event_stream, first_item, sse
 from softknn.service.schemas import (
     ChatBody,
     ChatCompletion,
@@ -154,22 +155,16 @@ async def chat_completions(body: ChatBody, kbs: KBsDep, who: ReaderDep, settings
             out.setdefault("usage", None)
         return sse(out)
 
-    async def events() -> AsyncGenerator[bytes, None]:
-        try:
-            yield chunk({"role": "assistant", "content": ""})
-            item = first
-            while not isinstance(item, GenAnswer):
+    async def events(items: AsyncIterator[Step | GenAnswer]) -> AsyncIterator[bytes]:
+        yield chunk({"role": "assistant", "content": ""})
+        async for item in items:  # each token, then the answer
+            if not isinstance(item, GenAnswer):
                 if item.text:
                     yield chunk({"content": item.text})
-                item = await anext(stream)
+                continue
             yield chunk({}, finish(item.finish_reason), softknn=extra(request_id, item))
             if include_usage:
                 yield sse({"id": cid, "object": "chat.completion.chunk", "created": created, "model": name,
                            "system_fingerprint": item.bundle_version, "choices": [], "usage": item.usage})
-        except (SoftKNNError, ServiceError) as e:
-            yield error_event(e)
-        finally:
-            await stream.aclose()
-        yield DONE
 
-    return EventStream(events())
+    return event_stream(stream, first, events)

@@ -19,7 +19,7 @@ from softknn.service.schemas.common import (
     Text,
     served,
 )
-from softknn.service.schemas.infer import Evidence, Span
+from softknn.service.schemas.infer import Evidence, QueryToken, Span
 from softknn.service.schemas.table import app_settings, at_most, derived, given, limit_text, request_fields
 
 
@@ -153,6 +153,7 @@ class GenEvidenceItem(Evidence):
 
     influence: float | None = Field(description="null: no closed form over the decode")
     spans: list[GenSpan]
+    query_tokens: list[QueryToken] = Field(description="the generated tokens that drew on it most (≤ 3)")
     tokens: list[int] = Field(description="indexes into `tokens` of the generated tokens that drew on it most "
                               "(query_tokens' indexes)")
 

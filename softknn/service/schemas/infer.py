@@ -91,11 +91,14 @@ class Span(Out):
                                            "generation: none)")
 
 
-class Evidence(ChunkRef):
-    """One retrieved chunk and why: softknn.infer.results.EvidenceItem, the one evidence type of an inference
-    (EvidenceItem) and of a generated answer (GenEvidenceItem), whose influence is null and tokens set."""
-
+class Ranked(Out):
     rank: int = Field(description="0 = largest memory-mass share")
+
+
+class Evidence(ChunkRef, Ranked):  # rank first, then the chunk's fields: the order of softknn.infer.results.EvidenceItem
+    """One retrieved chunk and why: softknn.infer.results.EvidenceItem, the one evidence type of an inference
+    (EvidenceItem) and of a generated answer (GenEvidenceItem, whose influence is null and tokens set)."""
+
     similarity: float = Field(description="k-NN score s_c the chunk was ranked and weighted by (dense: e_q·e_c; "
                               "hybrid: (1−λ)·dense + λ·BM25, normalised; lexical: BM25, normalised)")
     dense_similarity: float = Field(description="e_q·e_c, the dense similarity")
@@ -105,14 +108,13 @@ class Evidence(ChunkRef):
     weight: float = Field(description="Nadaraya–Watson weight w_db(c) over the retrieved set R")
     mass_share: float = Field(description="share of the layer's attention mass on this chunk (fixed: (1−α)·w_db); "
                               "generation: its mean over the generated tokens")
-    query_tokens: list[QueryToken] = Field(description="the input tokens that pulled this chunk most (≤ 5); "
-                                           "generation: the generated tokens that drew on it most (≤ 3)")
 
 
 class EvidenceItem(Evidence):
     influence: float = Field(description="‖Δout‖/‖out‖ of the memory layer if this chunk were removed and the "
                              "weights renormalised (closed form)")
     spans: list[Span]
+    query_tokens: list[QueryToken] = Field(description="the input tokens that pulled this chunk most (≤ 5)")
     tokens: list[int] | None = Field(None, description="null for an inference (a generated answer's: the indexes of "
                                      "its query_tokens in the answer's `tokens`)")
 

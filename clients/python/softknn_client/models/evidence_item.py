@@ -33,8 +33,7 @@ class EvidenceItem:
         matched_terms (list[str] | None): the input's words found in the chunk by the lexical index (after stemming;
             null: dense retrieval)
         metadata (EvidenceItemMetadata):
-        query_tokens (list[QueryToken]): the input tokens that pulled this chunk most (≤ 5); generation: the generated
-            tokens that drew on it most (≤ 3)
+        query_tokens (list[QueryToken]): the input tokens that pulled this chunk most (≤ 5)
         rank (int): 0 = largest memory-mass share
         similarity (float): k-NN score s_c the chunk was ranked and weighted by (dense: e_q·e_c; hybrid: (1−λ)·dense +
             λ·BM25, normalised; lexical: BM25, normalised)
