@@ -3,8 +3,9 @@ zero 5xx, zero schema-breaking responses, the server still ready afterwards.
 
 The server is a real `python -m softknn.service.cli` process with an API key and an admin token (so the
 auth checks mean something) and tighter limits (8 inputs, 1,000 characters, k ≤ 64, 10 evidence
-items), which its OpenAPI document carries, so generated positive requests stay cheap enough on
-the 2-core box. schemathesis reads that document from the live server and runs every phase:
+items), which it checks against its settings (the static OpenAPI document says them in the fields'
+descriptions): a generated positive request past them is refused at once (413, 422), so the run
+stays cheap enough on the 2-core box. schemathesis reads that document from the live server and runs every phase:
 examples, coverage (boundary and invalid values of every field), fuzzing (positive and negative
 data) and stateful (sequences along the links injected by st_hooks.py: infer → entry, index →
 reload of the served bundle, reload → index/entry), with every check, including
