@@ -27,10 +27,12 @@ import numpy as np
 import torch
 
 GEN_KS = (1, 2, 4, 8)
-GEN_PRIORS = (0.0, 1.0, 2.0, 4.0)
-GEN_QUESTIONS = 80  # pseudo-questions per KB (a few minutes of batched decoding at build time)
+GEN_PRIORS = (0.0, 2.0, 4.0)
+# pseudo-questions per KB: 48 × the grid's 10 distinct cells keep the calibration near a quarter of a
+# generator build (bench/gen_build.py); 80 had taken three quarters for what stays a noisy choice
+GEN_QUESTIONS = 48
 GEN_MIN = 20  # fewer usable chunks: no calibration, the fixed defaults stay
-GEN_TOKENS = 12  # tokens generated per answer: the blanks are short spans
+GEN_TOKENS = 10  # tokens generated per answer: the blanks are short spans
 SE_WIDTH = 2.0
 BLANK = "____"
 METHOD = ("fill-in-the-blank pseudo-questions from the KB's own chunks (a number, date or name removed; the "
@@ -196,7 +198,7 @@ def answers_with_memory(generator, layers: list[int], store, recompute, batch: l
     from softknn.generate.model import Generation, Sampling
 
     sampling = Sampling(max_tokens=max_tokens)
-    loop = decode_loop(generator, layers)
+    loop = decode_loop(generator, layers, threads=torch.get_num_threads())  # the build's threads (its cores)
     keys = [(q.question, tuple(rows), 0.0 if len(rows) == 1 else float(beta)) for q, rows, _, beta in batch]
     first: dict[tuple, int] = {}
     for i, key in enumerate(keys):
