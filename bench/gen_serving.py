@@ -18,6 +18,8 @@ answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmark
   (bench/llama_cpp_worker.py `serve`: N slots, each request's prompt prefilled in chunks inside the
   same batches that decode the running ones), on the prompt-RAG prompts of the same questions, at the
   same thread count, in its own process.
+- `obliqa`: 1 and 16 streams of ObliQA questions against the ObliQA bundle `gen_build` builds (1,000
+  regulatory passages, q4 store), k = 8: the server's peak RSS beside its mapped store's size.
 
     python -m bench gen_serving [--questions 4] [--ks 4,8,16] [--streams 1,4,8,16] [--weights q4a8,q4]
         [--max-tokens 128] [--llama-python /work/peers/llamacpp/venv/bin/python
@@ -274,6 +276,36 @@ def streams(args, ctx) -> dict:
     return out
 
 
+def streams_obliqa(args, ctx) -> dict:
+    """16 streams (and 1) of ObliQA questions against the ObliQA bundle gen_build builds (q4 store,
+    calibrated), k 8, MAX_TOKENS each: the server's peak RSS beside the size of its mapped store."""
+    from bench.gen_quality import QA_OBLIQA
+    from bench.generation import CACHE
+    from tests.harness import LiveServer, free_port
+
+    path = CACHE / "gen-build-obliqa"
+    if not (path / "manifest.json").exists():
+        return {"skipped": f"{path} absent: python -m bench gen_build --kb obliqa builds it"}
+    qs = [json.loads(x)["question"] for x in QA_OBLIQA.read_text().splitlines() if x.strip()]
+    store_mb = sum(f.stat().st_size for f in (path / "generator").glob("*")) / 2**20
+    port = free_port()
+    env = {"HF_HUB_OFFLINE": "1", "SOFTKNN_GENERATOR__THREADS": "1", "SOFTKNN_GENERATOR__MAX_CONCURRENT": "16",
+           "SOFTKNN_MODEL__THREADS": "1"}
+    srv = LiveServer.spawn(LiveServer.command(path, port, log_level="warning"), Path("/tmp/bench_gen_serving_obliqa.log"),
+                           port=port, env=env)
+    out: dict = {"bundle": str(path), "generator_store_mb": round(store_mb, 1), "k": 8, "softknn": {}}
+    try:
+        srv.wait_ready(900)
+        watch = RssWatch(srv.proc.pid)
+        for n in (1, 16):
+            out["softknn"][str(n)] = _streams_summary(asyncio.run(_chat_streams(srv.url, qs[:n], 8, args.max_tokens)))
+            print("softknn obliqa", n, out["softknn"][str(n)], flush=True)
+        out["server_peak_rss"] = watch.stop()
+    finally:
+        srv.close()
+    return out
+
+
 def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--questions", type=int, default=4, help="test questions per k in `single`")
     ap.add_argument("--ks", default="4,8,16")
@@ -283,7 +315,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--server-weights", default="", help="SOFTKNN_GENERATOR__WEIGHTS of the `streams` server "
                     "(default: the settings' default)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens every answer decodes (ignore_eos)")
-    ap.add_argument("--parts", default="single,streams")
+    ap.add_argument("--parts", default="single,streams,obliqa")
     ap.add_argument("--llama-python", default=str(LLAMA_PY))
     ap.add_argument("--llama-preload", default=str(LLAMA_PRELOAD))
 
@@ -324,6 +356,8 @@ def run(args: argparse.Namespace) -> dict:
         print(json.dumps(payload["single"]["summary"], indent=1), flush=True)
     if "streams" in parts:
         payload["streams"] = streams(args, ctx)
+    if "obliqa" in parts:
+        payload["streams_obliqa"] = streams_obliqa(args, ctx)
     payload["wall_s"] = round(time.perf_counter() - t_start, 1)
     payload["peak_rss"] = _peak_rss_mb()
     out = write("gen_serving", payload)

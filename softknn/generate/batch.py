@@ -43,6 +43,7 @@ from softknn.generate.runtime import DecoderSession
 
 log = logging.getLogger(__name__)
 COLUMN_BLOCK = 128  # the cache grows in blocks of this many columns
+PREFIXES = 8  # prompt prefixes whose keys/values the loop keeps (DecodeLoop._reuse_prefix)
 NEG_INF = float("-inf")
 
 
@@ -253,6 +254,10 @@ class DecodeLoop:
         self._hold = threading.Lock()  # taken by the loop around each round (paused())
         self._bound: tuple | None = None  # ((n, cache id), Bound) of the last decode step
         self._closing = False
+        # keys/values (L, nkv, P, hs) of prompt prefixes that face no memory, by their tokens (vLLM's prefix
+        # caching, for the chat template's head that every request with memory starts with)
+        self._prefixes: collections.OrderedDict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
+        self.prefix_hits = 0
         self.steps = 0  # batched decode steps run (tests, metrics)
         self.max_running = 0
 
@@ -402,10 +407,49 @@ class DecodeLoop:
         self.cache.place(n, mem)
         rng = torch.Generator().manual_seed(job.sampling.seed) if job.sampling.seed is not None else None
         self.reserved += need
-        return _Seq(job, n, M, max(job.positions) + 1, TextStream(self.tokenizer, self.eos_ids, job.sampling.stop,
-                                                                      ignore_eos=job.sampling.ignore_eos),
-                    Generation(prompt_tokens=len(job.prompt_ids), trace=Trace() if mem is not None else None), rng,
-                    need=need)
+        seq = _Seq(job, n, M, max(job.positions) + 1, TextStream(self.tokenizer, self.eos_ids, job.sampling.stop,
+                                                                     ignore_eos=job.sampling.ignore_eos),
+                   Generation(prompt_tokens=len(job.prompt_ids), trace=Trace() if mem is not None else None), rng,
+                   need=need)
+        self._reuse_prefix(seq)
+        return seq
+
+    def _prefix_of(self, job: DecodeJob) -> tuple[int, ...] | None:
+        """The tokens of job's prefix that faces no memory (positions 0..P−1), or None: with memory, the
+        prefix rows attend to themselves only, so their keys/values are the same whatever R is."""
+        P = job.memory.prefix_len if job.memory is not None else 0
+        if P == 0 or P >= len(job.prompt_ids) or list(job.positions[:P]) != list(range(P)):
+            return None
+        return tuple(job.prompt_ids[:P])
+
+    def _reuse_prefix(self, seq: _Seq) -> None:
+        """The prefix's keys/values copied into seq's row after its memory, when the loop holds them: its
+        prefill starts after the prefix."""
+        key = self._prefix_of(seq.job)
+        hit = self._prefixes.get(key) if key is not None else None
+        if key is None or hit is None:
+            return
+        self._prefixes.move_to_end(key)
+        keys, values = hit  # (L, nkv, P, hs)
+        c, s, M, P = self.cache, seq.slot, seq.length, len(key)
+        for li in range(c.L):
+            c.keys[li][s, :, M : M + P] = keys[li]
+            c.values[li][s, :, M : M + P] = values[li]
+        c.bias[s, M : M + P] = 0.0
+        c.bias_plain[s, M : M + P] = 0.0
+        seq.length, seq.fed = M + P, P
+        self.prefix_hits += 1
+
+    def _remember_prefix(self, seq: _Seq) -> None:
+        """After seq's first chunk covered its prefix: the prefix's keys/values kept for the next requests."""
+        key = self._prefix_of(seq.job)
+        if key is None or key in self._prefixes or seq.fed < len(key):
+            return
+        c, s, M, P = self.cache, seq.slot, seq.memory_columns, len(key)
+        self._prefixes[key] = (np.stack([c.keys[li][s, :, M : M + P] for li in range(c.L)]),
+                               np.stack([c.values[li][s, :, M : M + P] for li in range(c.L)]))
+        while len(self._prefixes) > PREFIXES:
+            self._prefixes.popitem(last=False)
 
     def _finish(self, seq: _Seq, reason: str | None = None) -> None:
         if reason is not None:
@@ -488,6 +532,7 @@ class DecodeLoop:
         c.bias[s, seq.length : S] = 0.0
         c.bias_plain[s, seq.length : S] = 0.0
         seq.length, seq.fed = S, a + T
+        self._remember_prefix(seq)
         if seq.fed < len(job.prompt_ids):
             return T
         self.filling = None

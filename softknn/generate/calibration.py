@@ -11,8 +11,9 @@ every (k, β) of the grid on the same ranking; a setting scores 1 when the answe
 accuracy is within SE_WIDTH standard errors (of the paired difference) of the best's: pseudo-questions
 are not users' questions, so a larger setting must win clearly on them to be chosen.
 
-A request's own `k` and `prior` still win; a bundle built before this record keeps GenParams' fixed
-defaults.
+A request's own `k` and `prior` still win. A request that sets k but not β gets the β chosen by the
+same rule among the grid's cells at that k (`prior_by_k`; a k between the grid's, the largest grid k
+below it); a bundle built before this record keeps GenParams' fixed defaults.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from softknn.retrieval.lexical import LexicalIndex
 from softknn.retrieval.scoring import topk_reference
 
 GEN_KS = (1, 2, 4, 8)
-GEN_PRIORS = (0.0, 1.0, 2.0, 4.0)
-GEN_QUESTIONS = 80  # pseudo-questions per KB (a few minutes of batched decoding at build time)
+GEN_PRIORS = (0.0, 2.0, 4.0)
+# pseudo-questions per KB: 48 × the grid's 10 distinct cells keep the calibration near a quarter of a
+# generator build (bench/gen_build.py); 80 had taken three quarters for what stays a noisy choice
+GEN_QUESTIONS = 48
 GEN_MIN = 20  # fewer usable chunks: no calibration, the fixed defaults stay
-GEN_TOKENS = 12  # tokens generated per answer: the blanks are short spans
+GEN_TOKENS = 10  # tokens generated per answer: the blanks are short spans
 SE_WIDTH = 2.0
 BLANK = "____"
 METHOD = ("fill-in-the-blank pseudo-questions from the KB's own chunks (a number, date or name removed; the "
@@ -169,7 +172,11 @@ def calibrate_generation(texts: list[str], xb: np.ndarray, embed: Callable[[list
     chosen, top, se = choose_setting(correct, se_width)
     mean = correct.mean(1)
     k, beta = grid[chosen]
-    return {**base, "k": k, "prior": beta, "questions": len(pq),
+    by_k = {}  # a request that sets k but not β gets the β chosen at its k, by the same rule
+    for kk in sorted(ks):
+        cells = [i for i, (k2, _) in enumerate(grid) if k2 == kk]
+        by_k[str(kk)] = grid[cells[choose_setting(correct[cells], se_width)[0]]][1]
+    return {**base, "k": k, "prior": beta, "prior_by_k": by_k, "questions": len(pq),
             "rule": (f"the smallest (k, then β) whose accuracy is within {se_width:g} standard errors of the best's"),
             "best": {"k": grid[top][0], "prior": grid[top][1], "accuracy": round(float(mean[top]), 4)},
             "found_in_top": {str(kk): round(sum(1 for h in hit_at if h is not None and h <= kk) / len(pq), 4)
@@ -180,7 +187,7 @@ def calibrate_generation(texts: list[str], xb: np.ndarray, embed: Callable[[list
 
 
 def answers_with_memory(generator, layers: list[int], store, recompute, batch: list[tuple[BlankQuestion, list[int],
-                        np.ndarray, float]], *, max_tokens: int = GEN_TOKENS, wave: int = 64,
+                        np.ndarray, float]], *, max_tokens: int = GEN_TOKENS, wave: int = 128,
                         progress: bool = False) -> list[str]:
     """`answer` for calibrate_generation: each question as one user turn, R's memory read from `store`
     (a GeneratorStore; `recompute(rows)` for a recompute memory) and placed as generation places it
@@ -190,7 +197,7 @@ def answers_with_memory(generator, layers: list[int], store, recompute, batch: l
     from tqdm import tqdm
 
     sampling = Sampling(max_tokens=max_tokens)
-    loop = decode_loop(generator, layers)
+    loop = decode_loop(generator, layers, threads=torch.get_num_threads())  # the build's threads (its cores)
     keys = [(q.question, tuple(rows), 0.0 if len(rows) == 1 else float(beta)) for q, rows, _, beta in batch]
     first: dict[tuple, int] = {}
     for i, key in enumerate(keys):

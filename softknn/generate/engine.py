@@ -191,14 +191,24 @@ class GenEngine:
             return int(cal["k"]), float(cal["prior"]), "calibrated"
         return FIXED_K, FIXED_PRIOR, "fixed"
 
+    def prior_for(self, k: int) -> float | None:
+        """The β the calibration chose among its cells at k (the largest grid k ≤ k), or None."""
+        by_k = (self.store.record.get("calibration") or {}).get("prior_by_k") or {}
+        below = [int(kk) for kk in by_k if int(kk) <= k]
+        return float(by_k[str(max(below))]) if below else None
+
     def resolve(self, p: GenParams) -> ResolvedGenParams:
-        """p validated, with k and prior filled in from `defaults` where the request left them unset."""
+        """p validated, with k and prior filled in from `defaults` where the request left them unset (a
+        request's own k gets the β calibrated at that k)."""
         if isinstance(p, ResolvedGenParams):
             return p
         k, prior, where = self.defaults()
         p = p.validate()
         values = {f.name: getattr(p, f.name) for f in fields(p)}
         src = {name: "bundle" if where == "calibrated" else "default" for name in ("k", "prior") if values[name] is None}
+        if p.prior is None and p.k is not None:
+            at_k = self.prior_for(p.k)
+            prior, src["prior"] = (prior, src["prior"]) if at_k is None else (at_k, "bundle")
         retrieval = InferParams(retrieval=p.retrieval, lexical_weight=p.lexical_weight, temperature=p.knn_temperature)
         src |= dict(self.retriever.resolve([retrieval])[0].sources)  # what the bundle's retrieval filled in
         return with_sources(ResolvedGenParams(**{**values, "k": k if p.k is None else p.k,

@@ -267,6 +267,27 @@ def test_a_released_row_gives_its_pages_back_and_reads_zeros():
         assert not a[2].any() and (a[1] == 1.0).all() and (a[3] == 1.0).all()
 
 
+def test_a_prefix_whose_keys_the_loop_keeps_gives_the_tokens_of_a_fresh_prefill(smol, sessions):
+    """The chat template's head faces no memory: the second request with it copies the first's keys/values
+    for it and prefills only the rest, with the tokens and logits of a loop that never saw it."""
+    reqs = [r for r in _requests(smol) if r[1] is not None]
+    warm = DecodeLoop(sessions["fp32"], smol.eos_ids, smol.tokenizer)
+    try:
+        first = _gen(warm.submit(job_for(reqs[0][0], reqs[0][1], reqs[0][2], prior=reqs[0][3], keep_logits=True)))
+        assert warm.prefix_hits == 0 and first.token_ids
+        for p, m, s, b in reqs[1:]:
+            cold = DecodeLoop(sessions["fp32"], smol.eos_ids, smol.tokenizer)
+            try:
+                want = _gen(cold.submit(job_for(p, m, s, prior=b, keep_logits=True)))
+            finally:
+                cold.close()
+            got = _gen(warm.submit(job_for(p, m, s, prior=b, keep_logits=True)))
+            assert got.token_ids == want.token_ids and _all_close(got.logits, want.logits, TOL["fp32"])
+        assert warm.prefix_hits == len(reqs) - 1
+    finally:
+        warm.close()
+
+
 def test_a_cancelled_request_leaves_the_batch_and_the_others_finish(smol, sessions):
     loop = _served(smol, sessions)
     try:

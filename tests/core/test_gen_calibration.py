@@ -88,6 +88,8 @@ def test_calibration_chooses_by_what_the_answers_score(encoder, sample_bundle):
                                lexical_weight=0.6, temperature=0.05, ks=(1, 2, 4), priors=(0.0, 1.0, 4.0),
                                max_questions=30, min_questions=20)
     assert (rec["k"], rec["prior"]) == (2, 1.0) and rec["questions"] == 30
+    # at k 1 and 4 nothing is ever right: every β ties, the weakest is chosen; at k 2 the weakest that scores
+    assert rec["prior_by_k"] == {"1": 0.0, "2": 1.0, "4": 0.0}
     assert [(g["k"], g["prior"]) for g in rec["grid"]] == [(k, b) for k in (1, 2, 4) for b in (0.0, 1.0, 4.0)]
     assert [g["accuracy"] for g in rec["grid"]] == [0, 0, 0, 0, 1, 1, 0, 0, 0]
     assert "within 2 standard errors" in rec["rule"] and rec["method"] == cal.METHOD
@@ -131,3 +133,6 @@ def test_a_generator_build_records_its_choice_and_serves_it(tmp_path, sample_kb,
     assert (a.diagnostics["k"], a.diagnostics["prior"], a.diagnostics["defaults"]) == (c["k"], c["prior"], "calibrated")
     own = ge.answer(GenParams(max_tokens=2, k=3, prior=0.5), messages=[{"role": "user", "content": "Bicycles?"}])
     assert (own.diagnostics["k"], own.diagnostics["prior"]) == (3, 0.5)
+    assert c["prior_by_k"]["1"] == 0.0  # one chunk: every β is the same computation, the weakest is kept
+    at_k = ge.answer(GenParams(max_tokens=2, k=3), messages=[{"role": "user", "content": "Bicycles?"}])
+    assert (at_k.diagnostics["k"], at_k.diagnostics["prior"]) == (3, c["prior_by_k"]["2"])  # the grid's k ≤ 3
