@@ -18,7 +18,14 @@ from typing import Any
 from softknn_client import AuthenticatedClient
 from softknn_client.api.index import index as index_api
 from softknn_client.api.openai import models as models_api
-from softknn_client.models import GenerateResponse, IndexResponse, ModelList, SoftknnExtra, Usage
+from softknn_client.models import (
+    GenerateResponse,
+    IndexResponse,
+    IndexResponseDefaultsType0,
+    ModelList,
+    SoftknnExtra,
+    Usage,
+)
 from softknn_client.types import Response
 
 from loadtest.streams import Streamed
@@ -50,6 +57,19 @@ def served_generator(client: AuthenticatedClient) -> str | None:
                            f"{models.content[:200]!r} {index.content[:200]!r}")
     others = [m.id for m in models.parsed.data if m.id != index.parsed.model]
     return others[0] if others else None
+
+
+def served_defaults(client: AuthenticatedClient) -> dict[str, Any]:
+    """What the service gives an /v1/infer request that leaves a field unset (GET /v1/index's
+    `defaults.infer`): the load test checks answers to such requests against these. Raises
+    RuntimeError when the route does not answer 200 or names no defaults."""
+    index = index_api.sync_detailed(client=client)
+    if not isinstance(index.parsed, IndexResponse) or not isinstance(index.parsed.defaults, IndexResponseDefaultsType0):
+        raise RuntimeError(f"GET /v1/index {int(index.status_code)}: no defaults in {index.content[:200]!r}")
+    infer = index.parsed.defaults.to_dict().get("infer")
+    if not isinstance(infer, dict):
+        raise RuntimeError(f"GET /v1/index: defaults without 'infer': {index.content[:200]!r}")
+    return infer
 
 
 def is_generate_token(event: dict) -> bool:

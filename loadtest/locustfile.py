@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from locust import User, events, task  # first: locust patches the standard library for gevent
 
@@ -35,13 +36,14 @@ import httpx  # noqa: E402
 from softknn_client import AuthenticatedClient  # noqa: E402
 
 from loadtest import report  # noqa: E402
-from loadtest.generation import gen_stats, served_generator  # noqa: E402
+from loadtest.generation import gen_stats, served_defaults, served_generator  # noqa: E402
 from loadtest.mix import Mix, load_queries, refusal, retry_after_s, verify  # noqa: E402
 
 RECORDER = report.Recorder()
 QUERIES = load_queries()
 SEEN_CHUNKS: list[str] = []  # chunk ids from evidence, shared by the users (for /v1/entries)
 GENERATOR: dict[str, str | None] = {"name": None}  # the served generator, decided at the test's start
+DEFAULTS: dict[str, Any] = {}  # the server's /v1/infer defaults (GET /v1/index), read at the test's start
 RETRY_AFTER_CAP_S = 10.0
 _user_ids = itertools.count()
 
@@ -76,8 +78,9 @@ def _options(parser) -> None:
 def _start(environment, **_) -> None:
     opts = environment.parsed_options
     name = opts.generator
-    if name == "auto":
-        with _client(environment.host, opts.request_timeout) as client:
+    with _client(environment.host, opts.request_timeout) as client:
+        DEFAULTS.update(served_defaults(client))
+        if name == "auto":
             name = served_generator(client)
     GENERATOR["name"] = None if name in (None, "", "none") else name
     if opts.generation_only and GENERATOR["name"] is None:  # loadtest.run refuses this before locust starts
@@ -120,7 +123,7 @@ class SoftknnUser(User):
         opts = environment.parsed_options
         uid = next(_user_ids)
         self.mix = Mix(QUERIES, seed=opts.mix_seed + uid, seen_chunks=SEEN_CHUNKS, generator=GENERATOR["name"],
-                       generation_only=opts.generation_only and GENERATOR["name"] is not None)
+                       generation_only=opts.generation_only and GENERATOR["name"] is not None, defaults=DEFAULTS)
         lo, hi = (float(x) for x in opts.wait_range.split(","))
         self._wait = (lo, hi)
         self._retry_after = 0.0  # the last 429's Retry-After, honoured by the next wait

@@ -9,7 +9,9 @@ process.
 
 Weights (per 100 draws): single text at the defaults 24, single with other α/k/τ/kernel 14, batches
 of 2–8 texts 14, joint mixing 10, evidence off 10, return_tokens 6, exact search or a hybrid
-threshold 5, GET /v1/index 4, GET /v1/entries/{id} 4, GET /readyz 4, invalid 5.
+threshold 5, GET /v1/index 4, GET /v1/entries/{id} 4, GET /readyz 4, invalid 5. A request that
+leaves evidence or mixing unset is checked against what the server gives it (`served_defaults`,
+GET /v1/index's defaults, passed as `Mix(..., defaults=)`).
 
 Generation joins the mix only when the service serves a generator: `served_generator(client)`
 (loadtest.generation, beside the checks of generation answers) asks GET /v1/models and GET
@@ -169,8 +171,12 @@ def refusal(call: Call, response: Response[Any]) -> str | None:
     return f"{status} {_error_type(response)}" if status >= 400 else None
 
 
-def _infer_check(req: InferRequest, seen: list[str]) -> Callable[[Any], str | None]:
+def _infer_check(req: InferRequest, seen: list[str], defaults: dict[str, Any]) -> Callable[[Any], str | None]:
+    """The answer's shape; a field the request left unset is checked against the server's default
+    (`served_defaults`), and not at all where the Mix was given none."""
     n = len(req.inputs)
+    evidence = req.evidence if isinstance(req.evidence, int) else defaults.get("evidence")
+    mixing = req.mixing if isinstance(req.mixing, str) else defaults.get("mixing")
 
     def check(body: Any) -> str | None:
         if not isinstance(body, InferResponse):
@@ -181,12 +187,12 @@ def _infer_check(req: InferRequest, seen: list[str]) -> Callable[[Any], str | No
         if len(dims) != 1 or 0 in dims:
             return f"embedding sizes {sorted(dims)}"
         for i, r in enumerate(body.results):
-            if len(r.evidence) > req.evidence:
-                return f"results[{i}]: {len(r.evidence)} evidence items, asked for ≤ {req.evidence}"
+            if evidence is not None and len(r.evidence) > evidence:
+                return f"results[{i}]: {len(r.evidence)} evidence items, asked for ≤ {evidence}"
             if isinstance(r.tokens, list) != bool(req.return_tokens):
                 return f"results[{i}]: tokens {'missing' if req.return_tokens else 'unasked'}"
-            if r.diagnostics.mixing != req.mixing:
-                return f"results[{i}]: mixing {r.diagnostics.mixing}, asked {req.mixing}"
+            if mixing is not None and r.diagnostics.mixing != mixing:
+                return f"results[{i}]: mixing {r.diagnostics.mixing}, asked {mixing}"
             if len(seen) < MAX_SEEN_CHUNKS:
                 seen.extend(e.chunk_id for e in r.evidence[:1])
         return None
@@ -207,11 +213,13 @@ class Mix:
     """Draws calls with the weights above, from one seeded generator (one Mix per simulated user)."""
 
     def __init__(self, queries: Sequence[str], seed: int = 0, seen_chunks: list[str] | None = None,
-                 generator: str | None = None, generation_only: bool = False):
+                 generator: str | None = None, generation_only: bool = False,
+                 defaults: dict[str, Any] | None = None):
         self.queries = list(queries)
         self.rng = random.Random(seed)
         self.seen = seen_chunks if seen_chunks is not None else []  # chunk ids from evidence, for /v1/entries
         self.generator = generator  # the served generator's id (GET /v1/models), None: no generation
+        self.defaults = defaults or {}  # the server's /v1/infer defaults (served_defaults); {}: unset fields unchecked
         w = weights(generator, generation_only)
         self._kinds, self._weights = list(w), list(w.values())
 
@@ -225,7 +233,7 @@ class Mix:
 
     def _infer(self, kind: str, req: InferRequest) -> Call:
         return Call(kind, "POST", "/v1/infer", lambda c: infer_api.sync_detailed(client=c, body=req),
-                    check=_infer_check(req, self.seen), texts=len(req.inputs))
+                    check=_infer_check(req, self.seen, self.defaults), texts=len(req.inputs))
 
     def _single(self) -> Call:
         return self._infer("single", InferRequest(inputs=self._texts(1, 1)))

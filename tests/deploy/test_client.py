@@ -52,8 +52,11 @@ def test_every_call_of_the_load_mix_gets_its_expected_answer(inproc_client):
     """Each task of loadtest.mix once, and every deliberately invalid request once, verified as the
     load test verifies them (no locust here)."""
     from loadtest import mix
+    from loadtest.generation import served_defaults
 
-    m = mix.Mix(mix.load_queries(), seed=1)
+    defaults = served_defaults(inproc_client)
+    assert (defaults["evidence"], defaults["mixing"]) == (5, "fixed")  # the settings' defaults (the fixture sets none)
+    m = mix.Mix(mix.load_queries(), seed=1, defaults=defaults)
     calls = []
 
     def send(kind: str) -> None:
