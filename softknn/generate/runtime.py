@@ -1,5 +1,7 @@
 """The decode graph (softknn.generate.graph) opened in ONNX Runtime: one session per weight format
-and memory-layer set, built once from the model in memory.
+and memory-layer set, built once from the model in memory and kept on disk (`graph_file`) with its
+weights as external data, which ONNX Runtime maps instead of copying: the weights are file-backed pages
+(shared, droppable), not the process's own memory, and a restart opens the file without rebuilding.
 
 `DecoderSession.run` takes the caller's cache arrays as they are (no copy: each is bound as an
 OrtValue over the numpy buffer, which the graph appends the new keys/values to) and returns the
@@ -8,14 +10,60 @@ logits and the evidence trace as numpy arrays.
 
 from __future__ import annotations
 
+import hashlib
+import os
+import shutil
+import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from softknn.common.errors import ModelRuntimeError
 from softknn.generate.graph import WEIGHTS, DecoderShape, build_decoder, decoder_shape
+
+
+def default_graph_cache() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "softknn" / "graphs"
+
+
+def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | None = None) -> Path:
+    """The decode graph of `model` as a file (model.onnx, its initializers in weights.bin), written once per
+    (the model's weights and config, the weight format, the memory layers, the code that writes it) under cache_dir
+    and renamed into place whole; later calls return it."""
+    import onnx
+
+    from softknn.generate import graph, quant
+    from softknn.model.encoder import weight_fingerprint
+
+    code = hashlib.sha256(Path(graph.__file__).read_bytes() + Path(quant.__file__).read_bytes()).hexdigest()[:12]
+    # the config too: two models of the same weights differ in RoPE scaling, windows, ... (the graph bakes them in)
+    shape = hashlib.sha256(f"{model.config.to_json_string(use_diff=False)}|{memory_layers}".encode()).hexdigest()[:12]
+    name = f"{weight_fingerprint(model)[:16]}-{weights}-{shape}-{code}"
+    out = Path(cache_dir or default_graph_cache()) / name
+    if (out / "done").is_file():
+        return out / "model.onnx"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # a read-only home: this process's own temporary directory (rebuilt at each start)
+        out = Path(tempfile.mkdtemp(prefix="softknn-graph-")) / name
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        tmp.mkdir()
+        onnx.save_model(build_decoder(model, weights, memory_layers), tmp / "model.onnx", save_as_external_data=True,
+                        all_tensors_to_one_file=True, location="weights.bin", size_threshold=1024)
+        (tmp / "done").write_text("ok")
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process wrote it first: the same bytes
+            if not (out / "done").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out / "model.onnx"
 
 
 @dataclass(frozen=True)
@@ -27,7 +75,8 @@ class DecoderKey:
 class DecoderSession:
     """An ORT session of the decode graph for one (weights, memory layers)."""
 
-    def __init__(self, model, weights: str, memory_layers: list[int], *, threads: int = 1, profile: bool = False):
+    def __init__(self, model, weights: str, memory_layers: list[int], *, threads: int = 1, profile: bool = False,
+                 cache_dir: Path | None = None):
         import onnxruntime as ort
 
         if weights not in WEIGHTS:
@@ -36,9 +85,7 @@ class DecoderSession:
         self.shape: DecoderShape = decoder_shape(model.config)
         self.weights = weights
         self.memory_layers = sorted(set(memory_layers))
-        proto = build_decoder(model, weights, self.memory_layers)
-        data = proto.SerializeToString()
-        del proto
+        path = graph_file(model, weights, self.memory_layers, cache_dir)
         so = ort.SessionOptions()
         so.intra_op_num_threads = max(threads, 0)
         so.inter_op_num_threads = 1
@@ -48,7 +95,7 @@ class DecoderSession:
         so.log_severity_level = 3  # the lenient shape merges of the dynamic dims are expected
         so.enable_profiling = profile  # ONNX Runtime's per-node trace (bench/profile_decode.py)
         try:
-            self.session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - any ORT failure to open is the runtime's failure
             raise ModelRuntimeError(f"decode graph ({weights}) did not open in ONNX Runtime: {e}") from e
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -338,3 +338,37 @@ def test_a_step_that_fails_fails_its_requests_and_the_loop_serves_the_next(smol,
         assert again.finish_reason in ("length", "stop") and again.token_ids
     finally:
         loop.close()
+
+
+def test_the_graph_file_is_written_once_per_model_config_and_layers_and_reopens_to_the_same_logits(smol, tmp_path):
+    """graph_file: one directory per (weights, config, weight format, layers, code), renamed into place whole
+    (a leftover temporary directory is not it); a second session opens the file without rebuilding it and
+    answers the same logits; another RoPE config of the same weights gets its own graph."""
+    import copy
+    import os
+
+    from softknn.generate.runtime import graph_file
+
+    tiny = _tiny("llama", smol.tokenizer)
+    (tmp_path / ".stale.tmp").mkdir()  # a writer killed mid-way
+    path = graph_file(tiny.model, "fp32", [1, 2], tmp_path)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["done", "model.onnx", "weights.bin"]
+    assert (path.parent / "weights.bin").stat().st_size > 64 * 128 * 4  # the initializers live outside model.onnx
+    mtime = os.stat(path).st_mtime_ns
+    assert graph_file(tiny.model, "fp32", [1, 2], tmp_path) == path and os.stat(path).st_mtime_ns == mtime
+    assert graph_file(tiny.model, "fp32", [2], tmp_path) != path
+    scaled = copy.deepcopy(tiny.model)
+    scaled.config.rope_scaling = {"rope_type": "linear", "factor": 2.0}
+    assert graph_file(scaled, "fp32", [1, 2], tmp_path).parent != path.parent
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")) == [".stale.tmp"]
+
+    prompt = tiny.layout(prompt=PROMPTS[0])[1]
+    logits = []
+    for _ in range(2):  # the second opens the file the first wrote
+        loop = DecodeLoop(DecoderSession(tiny.model, "fp32", [1, 2], cache_dir=tmp_path), tiny.eos_ids,
+                          tiny.tokenizer)
+        try:
+            logits.append(_gen(loop.submit(job_for(prompt, None, Sampling(max_tokens=3), keep_logits=True))).logits)
+        finally:
+            loop.close()
+    assert len(logits[0]) == 3 and all(torch.equal(a, b) for a, b in zip(*logits, strict=True))
