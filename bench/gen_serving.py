@@ -316,6 +316,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
                     "(default: the settings' default)")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens every answer decodes (ignore_eos)")
     ap.add_argument("--parts", default="single,streams,obliqa")
+    ap.add_argument("--name", default="gen_serving", help="result file name (bench/results/NAME.json): a partial "
+                    "run under another name leaves the full run's file alone")
     ap.add_argument("--llama-python", default=str(LLAMA_PY))
     ap.add_argument("--llama-preload", default=str(LLAMA_PRELOAD))
 
@@ -360,12 +362,12 @@ def run(args: argparse.Namespace) -> dict:
         payload["streams_obliqa"] = streams_obliqa(args, ctx)
     payload["wall_s"] = round(time.perf_counter() - t_start, 1)
     payload["peak_rss"] = _peak_rss_mb()
-    out = write("gen_serving", payload)
-    plot(payload)
+    out = write(getattr(args, "name", "gen_serving"), payload)
+    plot(payload, getattr(args, "name", "gen_serving"))
     return out
 
 
-def plot(payload: dict) -> None:
+def plot(payload: dict, name: str = "gen_serving") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -392,7 +394,7 @@ def plot(payload: dict) -> None:
                     title=f"streams (k = 8, {payload['max_tokens']} tokens each, 1 thread)")
         axes[2].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(RESULTS / "gen_serving.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
     plt.close(fig)
 
 

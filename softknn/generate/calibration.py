@@ -7,13 +7,16 @@ without that sentence (re-embedded, re-indexed for BM25) is what retrieval must 
 words are not a verbatim key to it; the generator then attends to the retrieved chunks' stored
 memory (the whole chunks) and must write the removed span. Each question is answered greedily with
 every (k, β) of the grid on the same ranking; a setting scores 1 when the answer holds the span
-(`answer_contains`). The setting chosen is the smallest — fewest chunks, then the weakest prior — whose
-accuracy is within SE_WIDTH standard errors (of the paired difference) of the best's: pseudo-questions
-are not users' questions, so a larger setting must win clearly on them to be chosen.
+(`answer_contains`). k is the smallest whose accuracy, at some β, is within SE_WIDTH standard errors
+(of the paired difference) of the best setting's: more chunks cost time and distract a small model, and
+pseudo-questions are not users' questions, so a larger k must win clearly on them to be chosen. β costs
+nothing, so at each k the β that scored best is taken (ties: the weaker); asking a margin of β too left
+β = 0 at every k on every KB measured, where the validation splits wanted the prior at k ≥ 2
+(docs/generation.md, "Several chunks").
 
-A request's own `k` and `prior` still win. A request that sets k but not β gets the β chosen by the
-same rule among the grid's cells at that k (`prior_by_k`; a k between the grid's, the largest grid k
-below it); a bundle built before this record keeps GenParams' fixed defaults.
+A request's own `k` and `prior` still win. A request that sets k but not β gets the β chosen at that
+k (`prior_by_k`; a k between the grid's, the largest grid k below it); a bundle built before this
+record keeps GenParams' fixed defaults.
 """
 
 from __future__ import annotations
@@ -171,13 +174,15 @@ def calibrate_generation(texts: list[str], xb: np.ndarray, embed: Callable[[list
                        dtype=np.float64).reshape(len(pq), len(grid)).T  # (settings, questions)
     chosen, top, se = choose_setting(correct, se_width)
     mean = correct.mean(1)
-    k, beta = grid[chosen]
-    by_k = {}  # a request that sets k but not β gets the β chosen at its k, by the same rule
+    k = grid[chosen][0]
+    by_k = {}  # at each k the β that scored best (ties: the weaker); β costs nothing, so no margin is asked of it
     for kk in sorted(ks):
         cells = [i for i, (k2, _) in enumerate(grid) if k2 == kk]
-        by_k[str(kk)] = grid[cells[choose_setting(correct[cells], se_width)[0]]][1]
+        by_k[str(kk)] = grid[cells[int(np.argmax(mean[cells]))]][1]
+    beta = by_k[str(k)]
     return {**base, "k": k, "prior": beta, "prior_by_k": by_k, "questions": len(pq),
-            "rule": (f"the smallest (k, then β) whose accuracy is within {se_width:g} standard errors of the best's"),
+            "rule": (f"k: the smallest whose accuracy (at any β) is within {se_width:g} standard errors of the best "
+                     "setting's; β: the best at that k (ties: the weaker)"),
             "best": {"k": grid[top][0], "prior": grid[top][1], "accuracy": round(float(mean[top]), 4)},
             "found_in_top": {str(kk): round(sum(1 for h in hit_at if h is not None and h <= kk) / len(pq), 4)
                              for kk in sorted(ks)},

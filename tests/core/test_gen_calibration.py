@@ -97,6 +97,34 @@ def test_calibration_chooses_by_what_the_answers_score(encoder, sample_bundle):
     assert rec["found_in_top"]["1"] <= rec["found_in_top"]["2"] <= rec["found_in_top"]["4"] and 0 < rec["found_in_top"]["4"] <= 1
 
 
+def test_beta_at_each_k_is_the_best_scoring_one_not_the_weakest_within_the_margin(encoder, sample_bundle):
+    """An answerer right on 3 of 30 questions at k 4 with β 4 and on 1 of them with β 0, never at k 1 or 2:
+    k 1 (0 of 30, within 2 standard errors ≈ 0.11 of the best) stays the chosen k, and at k 4 the prior
+    that scored best is recorded (β 4), not the weakest within the margin (β 0, 2 of 30 behind)."""
+    texts = [c["text"] for c in sample_bundle.chunks]
+    xb = np.load(Path(sample_bundle.path) / "embeddings.npy")
+    order: dict[str, int] = {}
+
+    def answer(batch):
+        out = []
+        for q, rows, _w, beta in batch:
+            i = order.setdefault(q.question, len(order))
+            right = len(rows) == 4 and ((beta == 4.0 and i < 3) or (beta == 0.0 and i < 1))
+            out.append(q.answer if right else "no idea")
+        return out
+
+    from softknn.index_builder.pipeline import embed_texts
+
+    rec = calibrate_generation(texts, xb, lambda t: embed_texts(encoder, t), sample_bundle.lexical, answer,
+                               lexical_weight=0.6, temperature=0.05, ks=(1, 2, 4), priors=(0.0, 1.0, 4.0),
+                               max_questions=30, min_questions=20)
+    assert [g["accuracy"] for g in rec["grid"]] == [0, 0, 0, 0, 0, 0, round(1 / 30, 4), 0, 0.1]
+    assert rec["best"] == {"k": 4, "prior": 4.0, "accuracy": 0.1}
+    assert (rec["k"], rec["prior"]) == (1, 0.0)  # 0 of 30 at k 1 is within 2 SE of 3 of 30
+    assert rec["prior_by_k"] == {"1": 0.0, "2": 0.0, "4": 4.0}
+    assert rec["rule"].endswith("β: the best at that k (ties: the weaker)")
+
+
 def test_too_few_questions_leave_the_fixed_defaults(encoder):
     rec = calibrate_generation(["One sentence only here."] * 5, np.zeros((5, 384), dtype=np.float32),
                                lambda t: np.zeros((len(t), 384), dtype=np.float32), None, lambda b: [],
@@ -126,7 +154,7 @@ def test_a_generator_build_records_its_choice_and_serves_it(tmp_path, sample_kb,
     c = g["calibration"]
     assert c["k"] in (1, 2) and c["prior"] in (0.0, 4.0) and c["questions"] == 24
     assert [(x["k"], x["prior"]) for x in c["grid"]] == [(1, 0.0), (1, 4.0), (2, 0.0), (2, 4.0)]
-    assert c["rule"].startswith("the smallest (k, then β)") and json.dumps(c)
+    assert c["rule"].startswith("k: the smallest whose accuracy") and json.dumps(c)
     ge = GenEngine(Retriever(load_bundle(tmp_path / "b")), encoder, gen)
     assert ge.defaults() == (c["k"], c["prior"], "calibrated")
     a = ge.answer(GenParams(max_tokens=2), messages=[{"role": "user", "content": "How much is a bicycle?"}])
