@@ -18,10 +18,13 @@ against prompt-stuffed RAG on ObliQA.
     python -m bench gen_quality sample [--memory fp16] [--limit 0]
     python -m bench gen_quality weights [--formats q4,q4a8,fp32] [--limit 0]
     python -m bench gen_quality multichunk [--kbs sample,obliqa] [--max-tokens 24] [--limit 0]
+    python -m bench gen_quality kv [--kbs sample,obliqa] [--max-tokens 24] [--limit 0]
 
 - `multichunk`: memory against prompt-stuffed RAG at k 4 and 8, and the calibrated default against the
   prompt at its k, on the sample KB and the ObliQA KB as gen_build builds them (q4 store, calibrated),
   test splits, greedy, 24 tokens, refusal off, with the time to first token of each answer.
+- `kv`: the decode graph's KV cache formats (int8, fp32) on the same bundles as `multichunk`, test splits,
+  at the calibrated default and k 4 and 8: accuracy, answers equal to fp32's, items right in one only.
 - `weights`: the decode graph's weight formats on the sample KB's calibrated build and test split, at the
   calibrated default, k 4 β 4 and k 8 β 0: accuracy and answers equal to q4's (the GGUF file's own
   numbers), with the torch reference beside them.
@@ -270,6 +273,50 @@ def weights(args) -> dict:
     return write("gen_quality_weights", payload)
 
 
+def kv(args) -> dict:
+    """The decode graph's KV cache formats on the same bundles, questions and weights: int8 (a fixed scale
+    per layer and channel) against fp32; accuracy, answers equal to fp32's and the items right in one
+    only, at the calibrated default and at k 4 and 8 (β as calibrated at that k)."""
+    from bench.gen_build import run as build
+    from bench.generation import CACHE, load_qa, models
+    from softknn.generate.engine import GenEngine, GenParams
+    from softknn.retrieval.search import Retriever
+    from softknn.storage.bundle import load_bundle
+
+    enc, gen = models()
+    out: dict = {}
+    t0 = time.perf_counter()
+    for kb in args.kbs.split(","):
+        path = CACHE / f"gen-build-{kb}"
+        if not (path / "manifest.json").exists():
+            build(argparse.Namespace(kb=kb, passages=1000, memory="", command="python -m bench gen_build --kb " + kb))
+        b = load_bundle(path, expected_fingerprint=enc.info.fingerprint)
+        if kb == "sample":
+            qs = [q for q in load_qa() if q["split"] == "test"]
+        else:
+            qs = [q for q in (json.loads(x) for x in QA_OBLIQA.read_text().splitlines() if x.strip())
+                  if q["split"] == "test"]
+        qs = qs[: args.limit or None]
+        engines = {f: GenEngine(Retriever(b), enc, gen, kv_cache=f) for f in ("fp32", "int8")}
+        k_cal, beta_cal, _ = engines["fp32"].defaults()
+        base = GenParams(max_tokens=args.max_tokens, temperature=0.0, refuse=False)
+        out[kb] = {"chunks": len(b.chunks), "calibrated": {"k": k_cal, "prior": beta_cal}, "settings": {}}
+        for sname, kw in {"calibrated": {}, "k4": {"k": 4}, "k8": {"k": 8}}.items():
+            rows = {f: [_ask(e, replace(base, **kw), q) for q in qs] for f, e in engines.items()}
+            a, c = rows["fp32"], rows["int8"]
+            out[kb]["settings"][sname] = {
+                **{f: _summary(r) for f, r in rows.items()},
+                "same_answer": round(sum(x["answer"] == y["answer"] for x, y in zip(a, c, strict=True)) / len(a), 4),
+                "right_only_fp32": sum(x["correct"] and not y["correct"] for x, y in zip(a, c, strict=True)),
+                "right_only_int8": sum(y["correct"] and not x["correct"] for x, y in zip(a, c, strict=True)),
+                "per_question": rows}
+            print(kb, sname, {k: v for k, v in out[kb]["settings"][sname].items() if k != "per_question"}, flush=True)
+    payload = {"command": getattr(args, "command", ""), "max_tokens": args.max_tokens,
+               "params": "greedy, one user turn, refusal off, the decode graph with the default weights, one thread",
+               "results": out, "wall_s": round(time.perf_counter() - t0, 1)}
+    return write("gen_quality_kv", payload)
+
+
 def _ask_timed(ge, params, q: dict) -> dict:
     """_ask with the time to the first token (the stream's first Step)."""
     from bench.generation import msgs
@@ -385,6 +432,10 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     mc.add_argument("--kbs", default="sample,obliqa")
     mc.add_argument("--max-tokens", type=int, default=24)
     mc.add_argument("--limit", type=int, default=0)
+    kvp = sub.add_parser("kv", help="the decode graph's KV cache formats (int8 vs fp32) on the same answers")
+    kvp.add_argument("--kbs", default="sample,obliqa")
+    kvp.add_argument("--max-tokens", type=int, default=24)
+    kvp.add_argument("--limit", type=int, default=0)
     w = sub.add_parser("weights", help="the decode graph's weight formats (q4, q4a8, fp32) on the same answers")
     w.add_argument("--formats", default="q4,q4a8,fp32")
     w.add_argument("--limit", type=int, default=0)
@@ -405,7 +456,7 @@ def run(args: argparse.Namespace) -> dict:
 
     setup_threads()
     return {"memory": memory, "obliqa": obliqa, "sample": sample, "weights": weights,
-            "multichunk": multichunk}[args.part](args)
+            "multichunk": multichunk, "kv": kv}[args.part](args)
 
 
 if __name__ == "__main__":

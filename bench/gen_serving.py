@@ -6,12 +6,14 @@ answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmark
 
 - `single`: for k in KS and the first QUESTIONS test questions of the sample QA set, interleaved per
   question: softknn memory (the decode graph, each weight format asked), softknn memory in torch with the
-  memory hook (the reference path), softknn prompt mode (R's text in the prompt, the graph), and
+  memory hook (the reference path), softknn prompt mode (R's text in the prompt, the graph), the first
+  weight format with the KV cache in `--kv-baseline` format (fp32) beside the default (int8), and
   llama.cpp prompt-RAG on the very token ids of softknn's prompt mode. TTFT = the call to the first
   token (softknn: retrieval, placing R, prefill; llama.cpp: prefill of the tokenised prompt); decode
   tok/s over the remaining tokens; prefill tok/s = prompt tokens / TTFT for the prompt modes. Medians.
 - `streams`: N = 1, 4, 8, 16 concurrent streams through `POST /v1/chat/completions` (stream: true) of
-  a live `softknn serve` (the default weights, one decode-graph thread), each a different question,
+  a live `softknn serve` (the default weights and KV cache, one decode-graph thread; and the same server
+  with the `--kv-baseline` KV cache, fp32, side by side), each a different question,
   k = 8, all sent at once; aggregate tokens/s (all tokens / wall time from the first request to the
   last token), per-stream p50 inter-token latency, TTFT, and the server's peak RSS (anonymous and
   file-backed: the mapped generator store is the latter); and llama.cpp the way llama-server serves
@@ -116,6 +118,9 @@ def single(args, ctx) -> dict:
     ks = [int(x) for x in args.ks.split(",")]
     weights = args.weights.split(",")
     engines = {f"memory_{w}": (GenEngine(Retriever(bundle), enc, gen, weights=w), {}) for w in weights}
+    if args.kv_baseline:  # the first format with the other KV cache format, beside the default
+        engines[f"memory_{weights[0]}_kv_{args.kv_baseline}"] = (
+            GenEngine(Retriever(bundle), enc, gen, weights=weights[0], kv_cache=args.kv_baseline), {})
     engines["memory_torch"] = (GenEngine(Retriever(bundle), enc, gen, runtime="torch"), {})
     engines["prompt_graph"] = (GenEngine(Retriever(bundle), enc, gen, weights=weights[0]), {"context": "prompt"})
     base = GenParams(max_tokens=args.max_tokens, temperature=0.0, ignore_eos=True)
@@ -230,33 +235,47 @@ class RssWatch:
         return {k: round(v, 1) for k, v in self.peak.items()}
 
 
-def streams(args, ctx) -> dict:
-    from bench.generation import gen_engine, msgs
-    from softknn.generate.engine import GenParams
+def _softknn_streams(ctx, env: dict, levels: list[int], qs: list[str], max_tokens: int, label: str = "softknn"
+                     ) -> tuple[dict, dict, dict]:
+    """A live `softknn serve` of the sample bundle with `env`: per level the streams' summary, the
+    server's peak RSS, and its diagnostics.runtime."""
     from tests.harness import LiveServer, free_port
 
-    levels = [int(x) for x in args.streams.split(",")]
-    qs = [q["question"] for q in ctx["all_test"]]
     port = free_port()
-    env = {"HF_HUB_OFFLINE": "1", "SOFTKNN_GENERATOR__THREADS": "1", "SOFTKNN_GENERATOR__MAX_CONCURRENT": str(max(levels)),
-           "SOFTKNN_MODEL__THREADS": "1"}
-    if args.server_weights:
-        env["SOFTKNN_GENERATOR__WEIGHTS"] = args.server_weights
     srv = LiveServer.spawn(LiveServer.command(ctx["bundle_path"], port, log_level="warning"),
                            Path("/tmp/bench_gen_serving.log"), port=port, env=env)
-    out: dict = {"softknn": {}, "llama_cpp": {}, "k": 8, "max_tokens": args.max_tokens}
+    per: dict = {}
     try:
         srv.wait_ready(600)
         watch = RssWatch(srv.proc.pid)
         asyncio.run(_chat_streams(srv.url, qs[:2], 8, 4))  # warm-up: the decode graph is built on first use
         for n in levels:
-            out["softknn"][str(n)] = _streams_summary(asyncio.run(_chat_streams(srv.url, qs[:n], 8, args.max_tokens)))
-            print("softknn", n, out["softknn"][str(n)], flush=True)
-        out["server_peak_rss"] = watch.stop()
+            per[str(n)] = _streams_summary(asyncio.run(_chat_streams(srv.url, qs[:n], 8, max_tokens)))
+            print(label, n, per[str(n)], flush=True)
+        rss = watch.stop()
         probe = srv.client.post("/v1/generate", json={"prompt": qs[0], "max_tokens": 1, "k": 8}).json()
-        out["server_runtime"] = probe["diagnostics"]["runtime"]
+        runtime = probe["diagnostics"]["runtime"]
     finally:
         srv.close()
+    return per, rss, runtime
+
+
+def streams(args, ctx) -> dict:
+    from bench.generation import gen_engine, msgs
+    from softknn.generate.engine import GenParams
+
+    levels = [int(x) for x in args.streams.split(",")]
+    qs = [q["question"] for q in ctx["all_test"]]
+    env = {"HF_HUB_OFFLINE": "1", "SOFTKNN_GENERATOR__THREADS": "1", "SOFTKNN_GENERATOR__MAX_CONCURRENT": str(max(levels)),
+           "SOFTKNN_MODEL__THREADS": "1"}
+    if args.server_weights:
+        env["SOFTKNN_GENERATOR__WEIGHTS"] = args.server_weights
+    out: dict = {"softknn": {}, "llama_cpp": {}, "k": 8, "max_tokens": args.max_tokens}
+    out["softknn"], out["server_peak_rss"], out["server_runtime"] = _softknn_streams(ctx, env, levels, qs, args.max_tokens)
+    if args.kv_baseline:  # the same server with another KV cache format, side by side
+        name = f"softknn_kv_{args.kv_baseline}"
+        out[name], out[f"server_peak_rss_kv_{args.kv_baseline}"], _ = _softknn_streams(
+            ctx, {**env, "SOFTKNN_GENERATOR__KV_CACHE": args.kv_baseline}, levels, qs, args.max_tokens, name)
     if ctx["have_llama"]:
         ge = gen_engine(ctx["enc"], ctx["gen"], ctx["bundle"])
         prompts = [(lambda p: p.prefix + p.rest)(ge.prepare(GenParams(k=8, context="prompt"), None, msgs(q)))
@@ -314,6 +333,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
                     "runs its prompt mode)")
     ap.add_argument("--server-weights", default="", help="SOFTKNN_GENERATOR__WEIGHTS of the `streams` server "
                     "(default: the settings' default)")
+    ap.add_argument("--kv-baseline", default="fp32", help="`streams` also runs the server with this KV cache format "
+                    "(SOFTKNN_GENERATOR__KV_CACHE), side by side; empty: not")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens every answer decodes (ignore_eos)")
     ap.add_argument("--parts", default="single,streams,obliqa")
     ap.add_argument("--name", default="gen_serving", help="result file name (bench/results/NAME.json): a partial "
@@ -385,7 +406,7 @@ def plot(payload: dict, name: str = "gen_serving") -> None:
         axes[0].legend(fontsize=7)
         axes[1].legend(fontsize=7)
     if "streams" in payload:
-        for name in ("softknn", "llama_cpp"):
+        for name in ("softknn", *[n for n in payload["streams"] if n.startswith("softknn_kv_")], "llama_cpp"):
             per_n = payload["streams"].get(name) or {}
             ns = sorted(int(n) for n in per_n)
             if ns:

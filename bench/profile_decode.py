@@ -5,7 +5,10 @@ For each B: the loop's wall time per step split into the ORT run and the Python 
 binding, cache writes, token choice), and ONNX Runtime's own profile of a few steps summed per op type.
 For one prefill (B = 1, the prompt after R's memory): the same split.
 
-    python -m bench profile_decode [--rows 1,4,16] [--steps 24] [--k 8] [--weights q4]
+    python -m bench profile_decode [--rows 1,4,16] [--steps 24] [--k 8] [--weights q4] [--kv fp32,int8]
+
+With several KV cache formats (`--kv`), each is profiled in turn on the same prompts: `by_kv` holds
+each one's figures (`rows` and `prefill_ms_median` at the top are the first format's).
 
 → bench/results/profile_decode.json (and the per-op table printed).
 """
@@ -30,6 +33,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--weights", default="q4")
+    ap.add_argument("--kv", default="fp32", help="KV cache formats, comma-separated (fp32, int8)")
     ap.add_argument("--ort-steps", type=int, default=4, help="steps profiled by ONNX Runtime's profiler per B")
     ap.add_argument("--chunk", type=int, default=256, help="prefill chunk (prompt tokens per graph run)")
 
@@ -96,51 +100,58 @@ def run(args: argparse.Namespace) -> dict:
     preps = [ge.prepare(p, None, msgs(q)) for q in qs[:big]]
     sampling = Sampling(max_tokens=args.steps + args.ort_steps + 4, temperature=0.0, stop=())
     w = gen.weights(args.weights)
-    session = DecoderSession(gen.model, w, ge.layers, threads=1)
     eos: set[int] = set()  # no early stop: every row decodes every step
-
-    def new_loop(sess=None):
-        return DecodeLoop(sess or session, eos, gen.tokenizer, max_batch=big, prefill_chunk=args.chunk)
+    out: dict = {"command": args.command, "weights": w, "k": args.k, "prefill_chunk": args.chunk, "memory_tokens_median": statistics.median(x.memory_tokens for x in preps),
+                 "prompt_tokens_median": statistics.median(len(x.prefix + x.rest) for x in preps), "by_kv": {}}
 
     def prefill(loop, job):
         loop.filling = loop._admit(job)
         while loop.filling is not None:
             loop._prefill_chunk(loop.filling, args.chunk)
 
-    out: dict = {"command": args.command, "weights": w, "k": args.k, "prefill_chunk": args.chunk, "memory_tokens_median": statistics.median(x.memory_tokens for x in preps),
-                 "prompt_tokens_median": statistics.median(len(x.prefix + x.rest) for x in preps), "rows": {}}
-    # prefill: B = 1, the prompt after R's memory
-    loop = new_loop()
-    pre = []
-    for prep in preps[:6]:
-        job = job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling)
-        t0 = time.perf_counter()
-        prefill(loop, job)
-        pre.append(time.perf_counter() - t0)
-        loop.running.clear()
-    out["prefill_ms_median"] = round(1000 * statistics.median(pre[1:]), 2)
-    for B in [int(x) for x in args.rows.split(",")]:
+    for kv in args.kv.split(","):
+        calib = gen.calibration_ids() if kv != "fp32" else None
+        session = DecoderSession(gen.model, w, ge.layers, threads=1, kv=kv, calibration_ids=calib)
+
+        def new_loop(sess=None, session=session):
+            return DecodeLoop(sess or session, eos, gen.tokenizer, max_batch=big, prefill_chunk=args.chunk)
+
+        res_kv: dict = {"rows": {}}
+        # prefill: B = 1, the prompt after R's memory
         loop = new_loop()
-        for prep in preps[:B]:
-            prefill(loop, job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling))
-        loop._step()  # bind
-        res = _timed_steps(loop, args.steps)
-        # ONNX Runtime's profile of a few more steps, in a session opened with profiling on
-        sess = DecoderSession(gen.model, w, ge.layers, threads=1, profile=True)
-        ploop = new_loop(sess)
-        for prep in preps[:B]:
-            prefill(ploop, job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling))
-        for _ in range(args.ort_steps):
-            ploop._step()
-        so_path = sess.session.end_profiling()
-        table = _op_table(so_path, args.ort_steps)
-        os.unlink(so_path)
-        total = sum(table.values())
-        res["ort_profile_ms_per_step"] = {k: round(v / args.ort_steps, 2) for k, v in list(table.items())[:14]}
-        res["ort_profile_total_ms_per_step"] = round(total / args.ort_steps, 2)
-        out["rows"][str(B)] = res
-        print(B, json.dumps(res), flush=True)
-        del sess, ploop, loop
+        pre = []
+        for prep in preps[:6]:
+            job = job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling)
+            t0 = time.perf_counter()
+            prefill(loop, job)
+            pre.append(time.perf_counter() - t0)
+            loop.running.clear()
+        res_kv["prefill_ms_median"] = round(1000 * statistics.median(pre[1:]), 2)
+        for B in [int(x) for x in args.rows.split(",")]:
+            loop = new_loop()
+            for prep in preps[:B]:
+                prefill(loop, job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling))
+            loop._step()  # bind
+            res = _timed_steps(loop, args.steps)
+            # ONNX Runtime's profile of a few more steps, in a session opened with profiling on
+            sess = DecoderSession(gen.model, w, ge.layers, threads=1, profile=True, kv=kv, calibration_ids=calib)
+            ploop = new_loop(sess)
+            for prep in preps[:B]:
+                prefill(ploop, job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling))
+            for _ in range(args.ort_steps):
+                ploop._step()
+            so_path = sess.session.end_profiling()
+            table = _op_table(so_path, args.ort_steps)
+            os.unlink(so_path)
+            total = sum(table.values())
+            res["ort_profile_ms_per_step"] = {k: round(v / args.ort_steps, 2) for k, v in list(table.items())[:14]}
+            res["ort_profile_total_ms_per_step"] = round(total / args.ort_steps, 2)
+            res_kv["rows"][str(B)] = res
+            print(kv, B, json.dumps(res), flush=True)
+            del sess, ploop, loop
+        out["by_kv"][kv] = res_kv
+    first = out["by_kv"][args.kv.split(",")[0]]
+    out["rows"], out["prefill_ms_median"] = first["rows"], first["prefill_ms_median"]
     out["onnxruntime"] = ort.__version__
     return write("profile_decode", out)
 

@@ -166,9 +166,12 @@ class GeneratorSettings(BaseModel):
                                                            "with int8 activations (llama.cpp's arithmetic), auto = "
                                                            "q4a8 where the blocks are lossless, else fp32")
     torch_concurrent: int = Field(2, ge=1, description="torch generations (fixed α, exact) running at once")
-    cache_mb: float = Field(1024, gt=0, description="the decode graph's KV cache, MB (float32 keys and values of "
-                            "the running generations' KB tokens, prompts and max_tokens): a generation waits until "
+    cache_mb: float = Field(1024, gt=0, description="the decode graph's KV cache, MB (keys and values of the "
+                            "running generations' KB tokens, prompts and max_tokens): a generation waits until "
                             "what it may fill fits beside the running ones; one that can never fit gets 422")
+    kv_cache: Literal["fp32", "int8"] = Field("int8", description="the decode graph's KV cache: int8 = keys and "
+                                              "values rounded to 8 bits with a fixed scale per layer and channel "
+                                              "(a quarter of fp32's bytes to read each step), fp32 = as computed")
 
 
 class Settings(BaseSettings):

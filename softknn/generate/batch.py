@@ -38,6 +38,7 @@ import torch
 
 from softknn.common.errors import InvalidInput
 from softknn.generate.attention import GenMemory, Trace, log_prior, placement, prompt_positions, rotate_keys
+from softknn.generate.graph import KV_DEFAULT
 from softknn.generate.model import Generation, Generator, Sampling, Step, TextStream, choose_token
 from softknn.generate.runtime import DecoderSession
 
@@ -140,12 +141,18 @@ class _Seq:
         return self.job.memory.columns if self.job.memory is not None else 0
 
 
-def _anonymous(shape: tuple[int, ...]) -> tuple[np.ndarray, mmap.mmap]:
-    """A float32 array of `shape` over an anonymous mapping (zero pages until written) and the mapping,
-    whose pages KVCache.release gives back to the system."""
-    nbytes = max(int(np.prod(shape)) * 4, 1)
+def _anonymous(shape: tuple[int, ...], dtype: type = np.float32) -> tuple[np.ndarray, mmap.mmap]:
+    """An array of `shape` over an anonymous mapping (zero pages until written) and the mapping, whose
+    pages KVCache.release gives back to the system."""
+    nbytes = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
     mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private: MADV_DONTNEED frees it
-    return np.frombuffer(mm, dtype=np.float32, count=int(np.prod(shape))).reshape(shape), mm
+    return np.frombuffer(mm, dtype=dtype, count=int(np.prod(shape))).reshape(shape), mm
+
+
+def quantize_kv(x: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """x / scale rounded to the nearest integer (ties to even) and clipped to ±127, as int8: what ONNX
+    Runtime's int8 cache writes for a new key or value (the test compares the two)."""
+    return np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
 
 
 class KVCache:
@@ -153,10 +160,13 @@ class KVCache:
     (memory layers) and bias_plain (B, C) (layers without memory). Sequences hold rows 0..n−1; C and B
     grow (copying the rows in use), never shrink while in use. The key/value buffers are anonymous
     mappings: a page is resident once written, and `release` gives a row's pages back when it empties,
-    so the cache's resident size is what its live rows have written."""
+    so the cache's resident size is what its live rows have written. With `scales` (L, 2, nkv, hs) the
+    buffers are int8 (the decode graph's int8 cache) and `place` quantises the memory with them."""
 
-    def __init__(self, layers: int, nkv: int, hs: int):
+    def __init__(self, layers: int, nkv: int, hs: int, scales: np.ndarray | None = None):
         self.L, self.nkv, self.hs = layers, nkv, hs
+        self.scales = None if scales is None else scales[:, :, :, None, :]  # (L, 2, nkv, 1, hs): a row's (nkv, n, hs)
+        self.dtype: type = np.float32 if scales is None else np.int8
         self.B, self.C = 0, 0
         self.keys: list[np.ndarray] = []
         self.values: list[np.ndarray] = []
@@ -167,7 +177,7 @@ class KVCache:
     @property
     def column_bytes(self) -> int:
         """Bytes one cache column takes over every layer (keys and values)."""
-        return self.L * 2 * self.nkv * self.hs * 4
+        return self.L * 2 * self.nkv * self.hs * np.dtype(self.dtype).itemsize
 
     def ensure(self, rows: int, columns: int, used: int) -> None:
         """Room for `rows` rows of `columns` columns; the first `used` rows are kept."""
@@ -177,7 +187,7 @@ class KVCache:
         C = max(self.C, COLUMN_BLOCK * math.ceil(columns / COLUMN_BLOCK))
         if columns > self.C and self.C:
             C = max(C, 2 * self.C)  # grow geometrically: each growth copies every row in use
-        bufs = [_anonymous((B, self.nkv, C, self.hs)) for _ in range(2 * self.L)]
+        bufs = [_anonymous((B, self.nkv, C, self.hs), self.dtype) for _ in range(2 * self.L)]
         keys, values = [a for a, _ in bufs[: self.L]], [a for a, _ in bufs[self.L :]]
         bias = np.full((B, C), NEG_INF, dtype=np.float32)
         bias_plain = np.full((B, C), NEG_INF, dtype=np.float32)
@@ -200,7 +210,7 @@ class KVCache:
 
     def release(self, row: int) -> None:
         """Row `row`'s pages given back (they read as zeros until written again)."""
-        size = self.nkv * self.C * self.hs * 4  # a row's bytes in one buffer: page-aligned (C in blocks of 128)
+        size = self.nkv * self.C * self.hs * np.dtype(self.dtype).itemsize  # a row's bytes in one buffer: page-aligned (C in blocks of 128)
         if size % mmap.PAGESIZE or not hasattr(mmap, "MADV_DONTNEED"):
             return
         for m in self._maps:
@@ -216,8 +226,11 @@ class KVCache:
         for kv in mem.kv:  # (n, L, 2, nkv, hs)
             n = kv.shape[0]
             for j, li in enumerate(mem.layers):
-                self.keys[li][slot, :, o : o + n] = kv[:, j, 0].transpose(1, 0, 2)  # (nkv, n, hs)
-                self.values[li][slot, :, o : o + n] = kv[:, j, 1].transpose(1, 0, 2)
+                k, v = kv[:, j, 0].transpose(1, 0, 2), kv[:, j, 1].transpose(1, 0, 2)  # (nkv, n, hs)
+                if self.scales is not None:
+                    k, v = quantize_kv(k, self.scales[li, 0]), quantize_kv(v, self.scales[li, 1])
+                self.keys[li][slot, :, o : o + n] = k
+                self.values[li][slot, :, o : o + n] = v
             o += n
         self.bias[slot, :o] = mem.bias
         return o
@@ -239,7 +252,7 @@ class DecodeLoop:
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.mem_layers = set(session.memory_layers)
-        self.cache = KVCache(self.shape.layers, self.shape.kv_heads, self.shape.head_dim)
+        self.cache = KVCache(self.shape.layers, self.shape.kv_heads, self.shape.head_dim, session.kv_scales)
         # the cache's budget, in columns: a request is admitted when the columns it may fill (memory,
         # prompt, max_tokens) fit beside those reserved by the running ones, else it waits its turn
         self.cache_mb = cache_mb
@@ -613,16 +626,17 @@ def job_for(prompt_ids: list[int], memory: GenMemory | PackedMemory | None, samp
 
 
 def decode_loop(generator: Generator, layers: list[int], *, weights: str = "auto", threads: int = 1,
-                max_batch: int = 16, cache_mb: float = 1024) -> DecodeLoop:
+                max_batch: int = 16, cache_mb: float = 1024, kv: str = KV_DEFAULT) -> DecodeLoop:
     """The continuous-batching decode loop of `generator`'s model with memory at `layers`: one per
-    (weights, layers, threads, max_batch, cache_mb), kept on the generator and shared by every engine
-    that asks for the same."""
+    (weights, layers, threads, max_batch, cache_mb, kv cache format), kept on the generator and shared by
+    every engine that asks for the same."""
     w = generator.weights(weights)
-    key = (w, tuple(sorted(layers)), threads, max_batch, cache_mb)
+    key = (w, tuple(sorted(layers)), threads, max_batch, cache_mb, kv)
     with generator.loops_lock:
         loop = generator.decode_loops.get(key)
         if loop is None:
-            session = DecoderSession(generator.model, w, list(key[1]), threads=threads)
+            session = DecoderSession(generator.model, w, list(key[1]), threads=threads, kv=kv,
+                                     calibration_ids=generator.calibration_ids() if kv != "fp32" else None)
             loop = generator.decode_loops[key] = DecodeLoop(session, generator.eos_ids, generator.tokenizer,
                                                             max_batch=max_batch, cache_mb=cache_mb)
         return cast("DecodeLoop", loop)

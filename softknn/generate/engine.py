@@ -20,6 +20,7 @@ from softknn.common.errors import BundleError, InvalidInput
 from softknn.common.table import FIXED_K, FIXED_PRIOR, GenParams, with_sources
 from softknn.generate.attention import GenMemory, place_memory
 from softknn.generate.batch import PackedMemory, decode_loop, job_for, pack_chunks
+from softknn.generate.graph import KV_DEFAULT
 from softknn.generate.memory import ChunkKV, GeneratorStore
 from softknn.generate.model import Generation, Generator, Sampling, Step
 from softknn.generate.refusal import REFUSAL_TEXT, Grounding, judge
@@ -110,12 +111,13 @@ RUNTIMES = ("graph", "torch")
 class GenEngine:
     """Generation over one bundle. `runtime` "graph" decodes joint mixing and the plain model in the
     decode graph with continuous batching (softknn.generate.batch; `weights` its format, `threads` its
-    ONNX Runtime threads, `max_batch` the most sequences a step decodes); fixed α mixing, `exact`
+    ONNX Runtime threads, `max_batch` the most sequences a step decodes, `kv_cache` its KV cache format:
+    softknn.generate.graph); fixed α mixing, `exact`
     requests and runtime "torch" run the model in torch with the memory hook (the reference)."""
 
     def __init__(self, retriever: Retriever, encoder: ModelForward, generator: Generator, *, runtime: str = "graph",
                  weights: str = "auto", threads: int = 1, max_batch: int = 16, torch_concurrent: int = 2,
-                 cache_mb: float = 1024):
+                 cache_mb: float = 1024, kv_cache: str = KV_DEFAULT):
         bundle = retriever.bundle
         rec = bundle.manifest.generator
         if rec is None:
@@ -132,7 +134,7 @@ class GenEngine:
         if runtime not in RUNTIMES:
             raise ValueError(f"generation runtime must be one of {RUNTIMES}, not {runtime!r}")
         self.runtime, self.weights, self.threads, self.max_batch = runtime, weights, threads, max_batch
-        self.cache_mb = cache_mb
+        self.cache_mb, self.kv_cache = cache_mb, kv_cache
         self._torch_slots = threading.BoundedSemaphore(torch_concurrent)  # generations in torch at once
 
     def uses_graph(self, p: GenParams, has_memory: bool) -> bool:
@@ -149,7 +151,7 @@ class GenEngine:
     def decode_loop(self):
         """The decode graph's loop for this bundle's memory layers (built on first use)."""
         return decode_loop(self.generator, self.layers, weights=self.weights, threads=self.threads,
-                           max_batch=self.max_batch, cache_mb=self.cache_mb)
+                           max_batch=self.max_batch, cache_mb=self.cache_mb, kv=self.kv_cache)
 
     # --- retrieval and memory -------------------------------------------------------------------
     def retrieve(self, query: str, p: GenParams):

@@ -25,11 +25,20 @@ memory layers — the evidence trace.
 Weights: `fp32` (MatMul, the model's numbers), `q4` (MatMulNBits 4-bit blocks, softknn.generate.quant:
 lossless for a GGUF Q4_1/Q8_0 model, activations in float32), `q4a8` (the same blocks, activations
 quantised to int8 per block inside the kernel, as llama.cpp's dot products do).
+
+KV cache: `fp32`, or `int8` (ONNX Runtime's quantised cache for GroupQueryAttention): each key and value
+is stored as round(x / s) clipped to ±127 with a fixed scale s per layer and channel (`kv_scales`:
+the largest magnitude the model's keys and values reach on a calibration text, over each RoPE pair of
+channels), and read back as that integer times s. A decode step at k = 8 reads each row's cache once
+per layer; int8 reads a quarter of float32's bytes. The graph with an int8 cache computes what the
+float32 graph computes on the dequantised cache (tests/core/test_decode_graph.py).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -39,6 +48,8 @@ from softknn.generate.families import max_positions
 from softknn.generate.quant import is_lossless, pack_q4, pack_q8_as_two_q4
 
 WEIGHTS = ("fp32", "q4", "q4a8")
+KV_FORMATS = ("fp32", "int8")
+KV_DEFAULT = "int8"  # settings.generator.kv_cache's default too (softknn/params.py)
 OPSET = 18
 _ACCURACY = {"q4": 0, "q4a8": 4}  # MatMulNBits accuracy_level: 0 float activations, 4 int8
 
@@ -172,12 +183,55 @@ def rope_tables(inv_freq: torch.Tensor, max_positions: int, attention_scaling: f
     return (freqs.cos() * attention_scaling).numpy(), (freqs.sin() * attention_scaling).numpy()
 
 
-def build_decoder(model, weights: str, memory_layers: list[int]):
-    """The onnx.ModelProto of `model`'s decode step (module doc) with memory at `memory_layers`."""
+# the int8 cache's calibration: prose of the kinds a KB holds (rules, FAQ answers, figures, names), read
+# as the chat template's user turn so the template's own tokens (the attention sink among them) are in it
+CALIBRATION_TEXT = (
+    "Article 12. Reporting obligations. (1) An authorised firm must submit its annual audited financial "
+    "statements to the Regulator within four months of the end of its financial year, together with the "
+    "auditor's report and any management letter. (2) Where the firm fails to do so, the Regulator may impose "
+    "a fine of up to USD 25,000 or suspend the licence. Q: Can I bring my dog on the ferry? A: Dogs on a "
+    "lead are welcome on the open deck from September to February; assistance dogs travel all year. "
+    "Tickets cost 4.50 EUR for adults, 2.25 EUR for children under 12, and departures leave every 40 "
+    "minutes between 06:15 and 22:45. The committee met on 3 March 2021 in Abu Dhabi; Dr. Amira Haddad "
+    "chaired it, and 17 of its 19 members voted for the amendment to Rule 7.3.2(b). def mean(xs): return "
+    "sum(xs) / len(xs)  # 3.14159, 2.71828, 1e-6, 0x1F, https://example.org/kb?id=42.")
+
+
+def kv_scales(model, ids: list[int]) -> np.ndarray:
+    """The int8 cache's scales (L, 2, nkv, hs) float32, keys then values: per layer and channel the
+    largest |x| the model's keys (after RoPE) and values reach on `ids` (one forward at positions 0..),
+    over each RoPE pair of key channels (i, i + hs/2), whose magnitudes rotate into each other at
+    other positions; divided by 127. A value beyond it is clipped to ±127·s."""
+    from transformers import DynamicCache
+
+    sh = decoder_shape(model.config)
+    cache = DynamicCache(config=model.config)
+    kw = "cache" if "cache" in inspect.signature(type(model.model).forward).parameters else "past_key_values"
+    with torch.inference_mode():
+        model.model(input_ids=torch.tensor([ids]), use_cache=True, **{kw: cache})
+    out = np.zeros((sh.layers, 2, sh.kv_heads, sh.head_dim), dtype=np.float32)
+    half = sh.head_dim // 2
+    for li in range(sh.layers):
+        # a DynamicCache of full-attention layers: transformers types its layers as the union of every kind
+        k = cache.layers[li].keys[0].float().abs().amax(1).numpy()  # type: ignore[union-attr, index]  # (nkv, hs)
+        v = cache.layers[li].values[0].float().abs().amax(1).numpy()  # type: ignore[union-attr, index]
+        pair = np.maximum(k[:, :half], k[:, half:])
+        out[li, 0] = np.concatenate([pair, pair], axis=1)
+        out[li, 1] = v
+    return np.maximum(out, 1e-6) / 127.0
+
+
+def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32", scales: np.ndarray | None = None):
+    """The onnx.ModelProto of `model`'s decode step (module doc) with memory at `memory_layers`, its KV
+    cache in `kv` format (`int8`: `scales` from kv_scales)."""
     from onnx import TensorProto, helper
 
     if weights not in WEIGHTS:
         raise ValueError(f"weights must be one of {WEIGHTS}, not {weights!r}")
+    if kv not in KV_FORMATS:
+        raise ValueError(f"kv cache must be one of {KV_FORMATS}, not {kv!r}")
+    if kv == "int8" and scales is None:
+        raise ValueError("an int8 kv cache needs its scales (kv_scales)")
     check_supported(model)
     sh = decoder_shape(model.config)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
@@ -186,6 +240,7 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
     nh, nkv, hs = sh.heads, sh.kv_heads, sh.head_dim
     mem = set(memory_layers)
     plain_needed = len(mem) < sh.layers
+    cache_type = TensorProto.INT8 if kv == "int8" else TensorProto.FLOAT
 
     rotary = model.model.rotary_emb
     cos, sin = rope_tables(rotary.inv_freq, sh.max_positions, float(getattr(rotary, "attention_scaling", 1.0)))
@@ -227,14 +282,18 @@ def build_decoder(model, weights: str, memory_layers: list[int]):
         # only that row's columns 0 … seqlens_k (causal among the new ones); `bias` adds the prior and
         # hides what a row may not see
         outs = [b.name("o"), f"present_key_{li}", f"present_value_{li}"] + ([b.name("qk")] if li in mem else [])
+        gqa_in = [q, k, v, f"past_key_{li}", f"past_value_{li}", "seqlens_k", "total_sequence_length",
+                  "", "", "", "bias" if li in mem else "bias_plain"]
+        quant: dict[str, Any] = {}
+        if scales is not None:  # int8: inputs 12, 13 are the layer's key and value scales, one per channel (nkv·hs)
+            gqa_in += ["", b.const(scales[li, 0].reshape(-1), "k_scale"), b.const(scales[li, 1].reshape(-1), "v_scale")]
+            quant = {"k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL", "kv_cache_bit_width": 8}
         b.nodes.append(helper.make_node(
-            "GroupQueryAttention", [q, k, v, f"past_key_{li}", f"past_value_{li}", "seqlens_k", "total_sequence_length",
-                                    "", "", "", "bias" if li in mem else "bias_plain"],
-            outs, name=b.name("gqa"), domain="com.microsoft", num_heads=nh, kv_num_heads=nkv, scale=1.0,
-            qk_output=2 if li in mem else 0))
+            "GroupQueryAttention", gqa_in, outs, name=b.name("gqa"), domain="com.microsoft", num_heads=nh,
+            kv_num_heads=nkv, scale=1.0, qk_output=2 if li in mem else 0, **quant))
         for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_{kind}_{li}", TensorProto.FLOAT, ["B", nkv, "C", hs]))
-            outputs.append(helper.make_tensor_value_info(f"present_{kind}_{li}", TensorProto.FLOAT, ["B", nkv, "C", hs]))
+            inputs.append(helper.make_tensor_value_info(f"past_{kind}_{li}", cache_type, ["B", nkv, "C", hs]))
+            outputs.append(helper.make_tensor_value_info(f"present_{kind}_{li}", cache_type, ["B", nkv, "C", hs]))
         x = b.op("Add", [x, lin(outs[0], sd[p + "self_attn.o_proj.weight"], f"o{li}")], "x")  # (B, T, H)
         h = b.op("SimplifiedLayerNormalization", [x, b.const(sd[p + "post_attention_layernorm.weight"], "ln2")], "h",
                  axis=-1, epsilon=sh.eps, stash_type=1)

@@ -42,7 +42,7 @@ from softknn.generate.attention import (
     register_gen_attention,
 )
 from softknn.generate.families import FAMILIES, check_gguf, check_rope, max_positions
-from softknn.generate.graph import resolve_weights
+from softknn.generate.graph import CALIBRATION_TEXT, resolve_weights
 from softknn.model.encoder import weight_fingerprint
 
 PACKAGED = "smollm2-135m-instruct"
@@ -293,6 +293,16 @@ class Generator:
     def memory_ids(self, text: str) -> list[int]:
         """A chunk's tokens as the memory holds them: its text and the separator, no special tokens."""
         return self._ids(text + CHUNK_SEPARATOR)
+
+    def calibration_ids(self) -> list[int]:
+        """The tokens the int8 KV cache's scales are measured on (softknn.generate.graph.kv_scales): the
+        calibration text as prompt-stuffed context of a chat turn (the template's own tokens in it), or
+        as a raw prompt for a model without a chat template."""
+        if self.tokenizer.chat_template:
+            prefix, rest = self.layout(messages=[{"role": "user", "content": "What does the text say about fines?"}],
+                                       context=[CALIBRATION_TEXT])
+            return prefix + rest
+        return self._ids(CALIBRATION_TEXT)
 
     def layout(self, prompt: str | None = None, messages: list[dict] | None = None,
                context: list[str] | None = None) -> tuple[list[int], list[int]]:

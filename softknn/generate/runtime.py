@@ -23,17 +23,19 @@ from pathlib import Path
 import numpy as np
 
 from softknn.common.errors import ModelRuntimeError
-from softknn.generate.graph import WEIGHTS, DecoderShape, build_decoder, decoder_shape
+from softknn.generate.graph import KV_FORMATS, WEIGHTS, DecoderShape, build_decoder, decoder_shape, kv_scales
 
 
 def default_graph_cache() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "softknn" / "graphs"
 
 
-def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | None = None) -> Path:
-    """The decode graph of `model` as a file (model.onnx, its initializers in weights.bin), written once per
-    (the model's weights and config, the weight format, the memory layers, the code that writes it) under cache_dir
-    and renamed into place whole; later calls return it."""
+def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | None = None, kv: str = "fp32",
+               calibration_ids: list[int] | None = None) -> Path:
+    """The decode graph of `model` as a file (model.onnx, its initializers in weights.bin; an int8 cache's
+    scales also in kv_scales.npy), written once per (the model's weights and config, the weight format,
+    the memory layers, the cache format and its calibration tokens, the code that writes it) under
+    cache_dir and renamed into place whole; later calls return it."""
     import onnx
 
     from softknn.generate import graph, quant
@@ -43,6 +45,10 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
     # the config too: two models of the same weights differ in RoPE scaling, windows, ... (the graph bakes them in)
     shape = hashlib.sha256(f"{model.config.to_json_string(use_diff=False)}|{memory_layers}".encode()).hexdigest()[:12]
     name = f"{weight_fingerprint(model)[:16]}-{weights}-{shape}-{code}"
+    if kv != "fp32":
+        if not calibration_ids:
+            raise ValueError(f"a {kv} kv cache needs calibration tokens")
+        name += f"-kv{kv}-{hashlib.sha256(str(list(calibration_ids)).encode()).hexdigest()[:8]}"
     out = Path(cache_dir or default_graph_cache()) / name
     if (out / "done").is_file():
         return out / "model.onnx"
@@ -53,7 +59,11 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         tmp.mkdir()
-        onnx.save_model(build_decoder(model, weights, memory_layers), tmp / "model.onnx", save_as_external_data=True,
+        scales = None
+        if kv != "fp32":
+            scales = kv_scales(model, list(calibration_ids or []))
+            np.save(tmp / "kv_scales.npy", scales)
+        onnx.save_model(build_decoder(model, weights, memory_layers, kv, scales), tmp / "model.onnx", save_as_external_data=True,
                         all_tensors_to_one_file=True, location="weights.bin", size_threshold=1024)
         (tmp / "done").write_text("ok")
         try:
@@ -73,19 +83,24 @@ class DecoderKey:
 
 
 class DecoderSession:
-    """An ORT session of the decode graph for one (weights, memory layers)."""
+    """An ORT session of the decode graph for one (weights, memory layers, KV cache format). `kv_scales`
+    (L, 2, nkv, hs): an int8 cache's scales (keys, values), which the caller quantises the memory with;
+    None for float32."""
 
     def __init__(self, model, weights: str, memory_layers: list[int], *, threads: int = 1, profile: bool = False,
-                 cache_dir: Path | None = None):
+                 cache_dir: Path | None = None, kv: str = "fp32", calibration_ids: list[int] | None = None):
         import onnxruntime as ort
 
         if weights not in WEIGHTS:
             raise ValueError(f"generator weights must be one of {WEIGHTS}, not {weights!r}")
+        if kv not in KV_FORMATS:
+            raise ValueError(f"generator kv cache must be one of {KV_FORMATS}, not {kv!r}")
         t0 = time.perf_counter()
         self.shape: DecoderShape = decoder_shape(model.config)
-        self.weights = weights
+        self.weights, self.kv = weights, kv
         self.memory_layers = sorted(set(memory_layers))
-        path = graph_file(model, weights, self.memory_layers, cache_dir)
+        path = graph_file(model, weights, self.memory_layers, cache_dir, kv, calibration_ids)
+        self.kv_scales: np.ndarray | None = np.load(path.parent / "kv_scales.npy") if kv != "fp32" else None
         so = ort.SessionOptions()
         so.intra_op_num_threads = max(threads, 0)
         so.inter_op_num_threads = 1
@@ -112,7 +127,7 @@ class DecoderSession:
             bias_plain: np.ndarray | None, keys: list[np.ndarray], values: list[np.ndarray]) -> dict[str, np.ndarray]:
         """input_ids, position_ids (B, T) int64; seqlens_k (B,) each row's columns after the step − 1;
         bias[_plain] (B, 1, T, S) float32, S = max(seqlens_k) + 1; keys[ℓ], values[ℓ] (B, nkv, C, hs)
-        float32, C-contiguous, updated in place. Returns the outputs by name: logits (B, V), attn (B, S)
+        float32 (int8 for an int8 cache), C-contiguous, updated in place. Returns the outputs by name: logits (B, V), attn (B, S)
         where the graph has memory."""
         B, T = input_ids.shape
         return self.bind(keys, values, B, T).run(input_ids, position_ids, seqlens_k, bias, bias_plain)
