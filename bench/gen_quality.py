@@ -17,7 +17,7 @@ against prompt-stuffed RAG on ObliQA.
     python -m bench gen_quality obliqa [--passages 1000] [--memory fp16] [--limit 0]
     python -m bench gen_quality sample [--memory fp16] [--limit 0]
     python -m bench gen_quality weights [--formats q4,q4a8,fp32] [--limit 0]
-    python -m bench gen_quality multichunk [--kbs sample,obliqa] [--max-tokens 24] [--limit 0]
+    python -m bench gen_quality multichunk [--kbs sample,obliqa] [--max-tokens 24] [--limit 0] [--split test]
     python -m bench gen_quality kv [--kbs sample,obliqa] [--max-tokens 24] [--limit 0]
 
 - `multichunk`: memory against prompt-stuffed RAG at k 4 and 8, and the calibrated default against the
@@ -357,10 +357,10 @@ def multichunk(args) -> dict:
         ge = gen_engine(enc, gen, b)
         k_cal, beta_cal, _ = ge.defaults()
         if kb == "sample":
-            qs = [q for q in load_qa() if q["split"] == "test"]
+            qs = [q for q in load_qa() if q["split"] == args.split]
         else:
             qs = [q for q in (json.loads(x) for x in QA_OBLIQA.read_text().splitlines() if x.strip())
-                  if q["split"] == "test"]
+                  if q["split"] == args.split]
         qs = qs[: args.limit or None]
         base = GenParams(max_tokens=args.max_tokens, temperature=0.0, refuse=False)
         modes = {"calibrated": {}, f"prompt_k{k_cal}": {"context": "prompt", "k": k_cal}}
@@ -376,11 +376,11 @@ def multichunk(args) -> dict:
                              for m, r in rows.items()},
                    "per_question": rows}
         print(kb, json.dumps(out[kb]["modes"]), flush=True)
-    payload = {"command": getattr(args, "command", ""), "max_tokens": args.max_tokens,
+    payload = {"command": getattr(args, "command", ""), "max_tokens": args.max_tokens, "split": args.split,
                "params": "greedy, one user turn, refusal off (every question answered), the decode graph with the "
                          "default weights, one thread; memory at k uses the bundle's calibrated β",
                "results": out, "wall_s": round(time.perf_counter() - t0, 1)}
-    return write("gen_quality_multichunk", payload)
+    return write("gen_quality_multichunk" + ("" if args.split == "test" else f"_{args.split}"), payload)
 
 
 def _gold_only(ge, params, q: dict, rows: list[int]) -> dict:
@@ -432,6 +432,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     mc.add_argument("--kbs", default="sample,obliqa")
     mc.add_argument("--max-tokens", type=int, default=24)
     mc.add_argument("--limit", type=int, default=0)
+    mc.add_argument("--split", default="test", help="test, or validation (→ gen_quality_multichunk_validation.json)")
     kvp = sub.add_parser("kv", help="the decode graph's KV cache formats (int8 vs fp32) on the same answers")
     kvp.add_argument("--kbs", default="sample,obliqa")
     kvp.add_argument("--max-tokens", type=int, default=24)

@@ -7,6 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
+from softknn.common.table import MAX_SPANS
 from softknn.index_builder.documents import BuilderDocuments
 from softknn.index_builder.pipeline import BuildConfig, build_bundle
 from softknn.infer.engine import Engine, InferParams
@@ -60,7 +61,7 @@ def both_paths(engine: Engine, texts: list[str], params: InferParams, monkeypatc
 
 @pytest.mark.parametrize("retrieval", ["hybrid", "dense", "lexical"])
 @pytest.mark.parametrize("k,evidence,spans", [(8, 5, 5), (1, 1, 1), (32, 32, 20), (4, 2, 0), (8, 0, 5),
-                                              pytest.param(1000, 3, 1000, marks=pytest.mark.slow)])
+                                              pytest.param(1000, 3, MAX_SPANS, marks=pytest.mark.slow)])  # every span a chunk has
 def test_fast_evidence_equals_the_reference(engine, sample_bundle, retrieval, k, evidence, spans, monkeypatch):
     p = InferParams(retrieval=retrieval, k=k, evidence=evidence, spans=spans)
     n = both_paths(engine, queries(sample_bundle), p, monkeypatch)
