@@ -397,20 +397,20 @@ def plot(payload: dict, name: str = "gen_serving") -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     if "single" in payload:
         summ = payload["single"]["summary"]
-        for name, per_k in summ.items():
+        for label, per_k in summ.items():
             ks = sorted(int(k) for k in per_k)
-            axes[0].plot(ks, [per_k[str(k)]["ttft_median_s"] * 1000 for k in ks], marker="o", label=name)
-            axes[1].plot(ks, [per_k[str(k)]["decode_tok_s_median"] or 0 for k in ks], marker="o", label=name)
+            axes[0].plot(ks, [per_k[str(k)]["ttft_median_s"] * 1000 for k in ks], marker="o", label=label)
+            axes[1].plot(ks, [per_k[str(k)]["decode_tok_s_median"] or 0 for k in ks], marker="o", label=label)
         axes[0].set(xlabel="k", ylabel="TTFT median (ms)", title="time to first token", yscale="log")
         axes[1].set(xlabel="k", ylabel="tokens/s (median, 1 thread)", title="decode speed")
         axes[0].legend(fontsize=7)
         axes[1].legend(fontsize=7)
     if "streams" in payload:
-        for name in ("softknn", *[n for n in payload["streams"] if n.startswith("softknn_kv_")], "llama_cpp"):
-            per_n = payload["streams"].get(name) or {}
+        for label in ("softknn", *[n for n in payload["streams"] if n.startswith("softknn_kv_")], "llama_cpp"):
+            per_n = payload["streams"].get(label) or {}
             ns = sorted(int(n) for n in per_n)
             if ns:
-                axes[2].plot(ns, [per_n[str(n)]["aggregate_tok_s"] for n in ns], marker="o", label=name)
+                axes[2].plot(ns, [per_n[str(n)]["aggregate_tok_s"] for n in ns], marker="o", label=label)
         axes[2].set(xlabel="concurrent streams", ylabel="aggregate tokens/s",
                     title=f"streams (k = 8, {payload['max_tokens']} tokens each, 1 thread)")
         axes[2].legend(fontsize=7)
