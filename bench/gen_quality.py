@@ -273,30 +273,37 @@ def weights(args) -> dict:
     return write("gen_quality_weights", payload)
 
 
+def _built(kb: str, enc, split: str, limit: int):
+    """The bundle `gen_build` builds for `kb` (sample or obliqa; built now when absent) and the QA
+    questions of `split` for it (the first `limit`, 0 = all)."""
+    from bench.gen_build import run as build
+    from bench.generation import CACHE, load_qa
+    from softknn.storage.bundle import load_bundle
+
+    path = CACHE / f"gen-build-{kb}"
+    if not (path / "manifest.json").exists():
+        build(argparse.Namespace(kb=kb, passages=1000, memory="", command="python -m bench gen_build --kb " + kb))
+    b = load_bundle(path, expected_fingerprint=enc.info.fingerprint)
+    if kb == "sample":
+        qs = [q for q in load_qa() if q["split"] == split]
+    else:
+        qs = [q for q in (json.loads(x) for x in QA_OBLIQA.read_text().splitlines() if x.strip()) if q["split"] == split]
+    return b, qs[: limit or None]
+
+
 def kv(args) -> dict:
     """The decode graph's KV cache formats on the same bundles, questions and weights: int8 (a fixed scale
     per layer and channel) against fp32; accuracy, answers equal to fp32's and the items right in one
     only, at the calibrated default and at k 4 and 8 (β as calibrated at that k)."""
-    from bench.gen_build import run as build
-    from bench.generation import CACHE, load_qa, models
+    from bench.generation import models
     from softknn.generate.engine import GenEngine, GenParams
     from softknn.retrieval.search import Retriever
-    from softknn.storage.bundle import load_bundle
 
     enc, gen = models()
     out: dict = {}
     t0 = time.perf_counter()
     for kb in args.kbs.split(","):
-        path = CACHE / f"gen-build-{kb}"
-        if not (path / "manifest.json").exists():
-            build(argparse.Namespace(kb=kb, passages=1000, memory="", command="python -m bench gen_build --kb " + kb))
-        b = load_bundle(path, expected_fingerprint=enc.info.fingerprint)
-        if kb == "sample":
-            qs = [q for q in load_qa() if q["split"] == "test"]
-        else:
-            qs = [q for q in (json.loads(x) for x in QA_OBLIQA.read_text().splitlines() if x.strip())
-                  if q["split"] == "test"]
-        qs = qs[: args.limit or None]
+        b, qs = _built(kb, enc, "test", args.limit)
         engines = {f: GenEngine(Retriever(b), enc, gen, kv_cache=f) for f in ("fp32", "int8")}
         k_cal, beta_cal, _ = engines["fp32"].defaults()
         base = GenParams(max_tokens=args.max_tokens, temperature=0.0, refuse=False)
@@ -341,27 +348,16 @@ def multichunk(args) -> dict:
     the time to first token; the bundles as a user builds them (bench/gen_build.py's)."""
     import statistics
 
-    from bench.gen_build import run as build
-    from bench.generation import CACHE, gen_engine, load_qa, models
+    from bench.generation import gen_engine, models
     from softknn.generate.engine import GenParams
-    from softknn.storage.bundle import load_bundle
 
     enc, gen = models()
     out: dict = {}
     t0 = time.perf_counter()
     for kb in args.kbs.split(","):
-        path = CACHE / f"gen-build-{kb}"
-        if not (path / "manifest.json").exists():
-            build(argparse.Namespace(kb=kb, passages=1000, memory="", command="python -m bench gen_build --kb " + kb))
-        b = load_bundle(path, expected_fingerprint=enc.info.fingerprint)
+        b, qs = _built(kb, enc, args.split, args.limit)
         ge = gen_engine(enc, gen, b)
         k_cal, beta_cal, _ = ge.defaults()
-        if kb == "sample":
-            qs = [q for q in load_qa() if q["split"] == args.split]
-        else:
-            qs = [q for q in (json.loads(x) for x in QA_OBLIQA.read_text().splitlines() if x.strip())
-                  if q["split"] == args.split]
-        qs = qs[: args.limit or None]
         base = GenParams(max_tokens=args.max_tokens, temperature=0.0, refuse=False)
         modes = {"calibrated": {}, f"prompt_k{k_cal}": {"context": "prompt", "k": k_cal}}
         for k in (4, 8):
