@@ -295,33 +295,48 @@ def kv(args) -> dict:
     """The decode graph's KV cache formats on the same bundles, questions and weights: int8 (a fixed scale
     per layer and channel) against fp32; accuracy, answers equal to fp32's and the items right in one
     only, at the calibrated default and at k 4 and 8 (β as calibrated at that k)."""
+    return _pair(args, "kv_cache", ("fp32", "int8"), "gen_quality_kv",
+                 "greedy, one user turn, refusal off, the decode graph with the default weights, one thread")
+
+
+def wformats(args) -> dict:
+    """The decode graph's weight formats on the same bundles, questions and (default int8) KV cache: w8a8
+    (int8 per output channel, int8 activations per token) against q4a8 (the GGUF file's 4-bit blocks, int8
+    activations per block of 32); as `kv`."""
+    a, b = args.formats.split(",")
+    return _pair(args, "weights", (a, b), "gen_quality_wformats",
+                 "greedy, one user turn, refusal off, the decode graph with the default KV cache, one thread")
+
+
+def _pair(args, field: str, formats: tuple[str, str], name: str, params: str) -> dict:
+    """The same answers with GenEngine(**{field: a}) and GenEngine(**{field: b}) on each KB of args.kbs."""
     from bench.generation import models
     from softknn.generate.engine import GenEngine, GenParams
     from softknn.retrieval.search import Retriever
 
     enc, gen = models()
+    fa, fb = formats
     out: dict = {}
     t0 = time.perf_counter()
     for kb in args.kbs.split(","):
         b, qs = _built(kb, enc, "test", args.limit)
-        engines = {f: GenEngine(Retriever(b), enc, gen, kv_cache=f) for f in ("fp32", "int8")}
-        k_cal, beta_cal, _ = engines["fp32"].defaults()
+        engines = {f: GenEngine(Retriever(b), enc, gen, **{field: f}) for f in formats}
+        k_cal, beta_cal, _ = engines[fa].defaults()
         base = GenParams(max_tokens=args.max_tokens, temperature=0.0, refuse=False)
         out[kb] = {"chunks": len(b.chunks), "calibrated": {"k": k_cal, "prior": beta_cal}, "settings": {}}
         for sname, kw in {"calibrated": {}, "k4": {"k": 4}, "k8": {"k": 8}}.items():
             rows = {f: [_ask(e, replace(base, **kw), q) for q in qs] for f, e in engines.items()}
-            a, c = rows["fp32"], rows["int8"]
+            a, c = rows[fa], rows[fb]
             out[kb]["settings"][sname] = {
                 **{f: _summary(r) for f, r in rows.items()},
                 "same_answer": round(sum(x["answer"] == y["answer"] for x, y in zip(a, c, strict=True)) / len(a), 4),
-                "right_only_fp32": sum(x["correct"] and not y["correct"] for x, y in zip(a, c, strict=True)),
-                "right_only_int8": sum(y["correct"] and not x["correct"] for x, y in zip(a, c, strict=True)),
+                f"right_only_{fa}": sum(x["correct"] and not y["correct"] for x, y in zip(a, c, strict=True)),
+                f"right_only_{fb}": sum(y["correct"] and not x["correct"] for x, y in zip(a, c, strict=True)),
                 "per_question": rows}
             print(kb, sname, {k: v for k, v in out[kb]["settings"][sname].items() if k != "per_question"}, flush=True)
-    payload = {"command": getattr(args, "command", ""), "max_tokens": args.max_tokens,
-               "params": "greedy, one user turn, refusal off, the decode graph with the default weights, one thread",
-               "results": out, "wall_s": round(time.perf_counter() - t0, 1)}
-    return write("gen_quality_kv", payload)
+    payload = {"command": getattr(args, "command", ""), "max_tokens": args.max_tokens, "compared": {field: list(formats)},
+               "params": params, "results": out, "wall_s": round(time.perf_counter() - t0, 1)}
+    return write(name, payload)
 
 
 def _ask_timed(ge, params, q: dict) -> dict:
@@ -433,6 +448,11 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     kvp.add_argument("--kbs", default="sample,obliqa")
     kvp.add_argument("--max-tokens", type=int, default=24)
     kvp.add_argument("--limit", type=int, default=0)
+    wf = sub.add_parser("wformats", help="two decode-graph weight formats (default q4a8 vs w8a8) on the same answers")
+    wf.add_argument("--formats", default="q4a8,w8a8")
+    wf.add_argument("--kbs", default="sample,obliqa")
+    wf.add_argument("--max-tokens", type=int, default=24)
+    wf.add_argument("--limit", type=int, default=0)
     w = sub.add_parser("weights", help="the decode graph's weight formats (q4, q4a8, fp32) on the same answers")
     w.add_argument("--formats", default="q4,q4a8,fp32")
     w.add_argument("--limit", type=int, default=0)
@@ -453,7 +473,7 @@ def run(args: argparse.Namespace) -> dict:
 
     setup_threads()
     return {"memory": memory, "obliqa": obliqa, "sample": sample, "weights": weights,
-            "multichunk": multichunk, "kv": kv}[args.part](args)
+            "multichunk": multichunk, "kv": kv, "wformats": wformats}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,14 @@ answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmark
 - `single`: for k in KS and the first QUESTIONS test questions of the sample QA set, interleaved per
   question: softknn memory (the decode graph, each weight format asked), softknn memory in torch with the
   memory hook (the reference path), softknn prompt mode (R's text in the prompt, the graph), the first
-  weight format with the KV cache in `--kv-baseline` format (fp32) beside the default (int8), and
+  weight format with the KV cache in `--kv-baseline` format (when given) beside the default (int8), and
   llama.cpp prompt-RAG on the very token ids of softknn's prompt mode. TTFT = the call to the first
   token (softknn: retrieval, placing R, prefill; llama.cpp: prefill of the tokenised prompt); decode
   tok/s over the remaining tokens; prefill tok/s = prompt tokens / TTFT for the prompt modes. Medians.
 - `streams`: N = 1, 4, 8, 16 concurrent streams through `POST /v1/chat/completions` (stream: true) of
   a live `softknn serve` (the default weights and KV cache, one decode-graph thread; and the same server
-  with the `--kv-baseline` KV cache, fp32, side by side), each a different question,
+  with the `--weights-baseline` weights, q4a8, and the `--kv-baseline` KV cache where given, side by
+  side), each a different question,
   k = 8, all sent at once; aggregate tokens/s (all tokens / wall time from the first request to the
   last token), per-stream p50 inter-token latency, TTFT, and the server's peak RSS (anonymous and
   file-backed: the mapped generator store is the latter); and llama.cpp the way llama-server serves
@@ -23,7 +24,8 @@ answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmark
 - `obliqa`: 1 and 16 streams of ObliQA questions against the ObliQA bundle `gen_build` builds (1,000
   regulatory passages, q4 store), k = 8: the server's peak RSS beside its mapped store's size.
 
-    python -m bench gen_serving [--questions 4] [--ks 4,8,16] [--streams 1,4,8,16] [--weights q4a8,q4]
+    python -m bench gen_serving [--questions 4] [--ks 4,8,16] [--streams 1,4,8,16] [--weights w8a8,q4a8]
+        [--weights-baseline q4a8] [--kv-baseline fp32]
         [--max-tokens 128] [--llama-python /work/peers/llamacpp/venv/bin/python
         --llama-preload /work/peers/llamacpp/libisoc23shim.so]
 
@@ -276,6 +278,10 @@ def streams(args, ctx) -> dict:
         name = f"softknn_kv_{args.kv_baseline}"
         out[name], out[f"server_peak_rss_kv_{args.kv_baseline}"], _ = _softknn_streams(
             ctx, {**env, "SOFTKNN_GENERATOR__KV_CACHE": args.kv_baseline}, levels, qs, args.max_tokens, name)
+    if args.weights_baseline:  # the same server with another weight format, side by side
+        name = f"softknn_w_{args.weights_baseline}"
+        out[name], out[f"server_peak_rss_w_{args.weights_baseline}"], _ = _softknn_streams(
+            ctx, {**env, "SOFTKNN_GENERATOR__WEIGHTS": args.weights_baseline}, levels, qs, args.max_tokens, name)
     if ctx["have_llama"]:
         ge = gen_engine(ctx["enc"], ctx["gen"], ctx["bundle"])
         prompts = [(lambda p: p.prefix + p.rest)(ge.prepare(GenParams(k=8, context="prompt"), None, msgs(q)))
@@ -329,12 +335,14 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--questions", type=int, default=4, help="test questions per k in `single`")
     ap.add_argument("--ks", default="4,8,16")
     ap.add_argument("--streams", default="1,4,8,16")
-    ap.add_argument("--weights", default="q4a8,q4", help="decode-graph weight formats of `single` (the first also "
+    ap.add_argument("--weights", default="w8a8,q4a8", help="decode-graph weight formats of `single` (the first also "
                     "runs its prompt mode)")
     ap.add_argument("--server-weights", default="", help="SOFTKNN_GENERATOR__WEIGHTS of the `streams` server "
                     "(default: the settings' default)")
-    ap.add_argument("--kv-baseline", default="fp32", help="`streams` also runs the server with this KV cache format "
+    ap.add_argument("--kv-baseline", default="", help="`streams` also runs the server with this KV cache format "
                     "(SOFTKNN_GENERATOR__KV_CACHE), side by side; empty: not")
+    ap.add_argument("--weights-baseline", default="q4a8", help="`streams` also runs the server with this weight format "
+                    "(SOFTKNN_GENERATOR__WEIGHTS), side by side; empty: not")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens every answer decodes (ignore_eos)")
     ap.add_argument("--parts", default="single,streams,obliqa")
     ap.add_argument("--name", default="gen_serving", help="result file name (bench/results/NAME.json): a partial "
@@ -406,7 +414,7 @@ def plot(payload: dict, name: str = "gen_serving") -> None:
         axes[0].legend(fontsize=7)
         axes[1].legend(fontsize=7)
     if "streams" in payload:
-        for label in ("softknn", *[n for n in payload["streams"] if n.startswith("softknn_kv_")], "llama_cpp"):
+        for label in ("softknn", *[n for n in payload["streams"] if n.startswith(("softknn_kv_", "softknn_w_"))], "llama_cpp"):
             per_n = payload["streams"].get(label) or {}
             ns = sorted(int(n) for n in per_n)
             if ns:

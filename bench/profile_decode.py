@@ -5,12 +5,14 @@ For each B: the loop's wall time per step split into the ORT run and the Python 
 binding, cache writes, token choice), and ONNX Runtime's own profile of a few steps summed per op type.
 For one prefill (B = 1, the prompt after R's memory): the same split.
 
-    python -m bench profile_decode [--rows 1,4,16] [--steps 24] [--k 8] [--weights q4] [--kv fp32,int8]
+    python -m bench profile_decode [--rows 1,4,16] [--steps 24] [--k 8] [--weights q4a8,w8a8] [--kv fp32,int8]
+                                   [--threads 1]
 
-With several KV cache formats (`--kv`), each is profiled in turn on the same prompts: `by_kv` holds
-each one's figures (`rows` and `prefill_ms_median` at the top are the first format's).
+With several weight formats (`--weights`) and KV cache formats (`--kv`), each pair is profiled in turn
+on the same prompts: `by_config["WEIGHTS/KV"]` holds each one's figures (`rows` and
+`prefill_ms_median` at the top are the first pair's).
 
-→ bench/results/profile_decode.json (and the per-op table printed).
+→ bench/results/profile_decode.json and profile_decode.png (step time per op type; the per-op table printed).
 """
 
 from __future__ import annotations
@@ -32,9 +34,10 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rows", default="1,4,16")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--weights", default="q4")
-    ap.add_argument("--kv", default="fp32", help="KV cache formats, comma-separated (fp32, int8)")
+    ap.add_argument("--weights", default="q4a8,w8a8", help="decode-graph weight formats, comma-separated")
+    ap.add_argument("--kv", default="int8", help="KV cache formats, comma-separated (fp32, int8)")
     ap.add_argument("--ort-steps", type=int, default=4, help="steps profiled by ONNX Runtime's profiler per B")
+    ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads of the decode graph")
     ap.add_argument("--chunk", type=int, default=256, help="prefill chunk (prompt tokens per graph run)")
 
 
@@ -99,19 +102,19 @@ def run(args: argparse.Namespace) -> dict:
     p = ge.resolve(GenParams(k=args.k, max_tokens=10_000))
     preps = [ge.prepare(p, None, msgs(q)) for q in qs[:big]]
     sampling = Sampling(max_tokens=args.steps + args.ort_steps + 4, temperature=0.0, stop=())
-    w = gen.weights(args.weights)
     eos: set[int] = set()  # no early stop: every row decodes every step
-    out: dict = {"command": args.command, "weights": w, "k": args.k, "prefill_chunk": args.chunk, "memory_tokens_median": statistics.median(x.memory_tokens for x in preps),
-                 "prompt_tokens_median": statistics.median(len(x.prefix + x.rest) for x in preps), "by_kv": {}}
+    out: dict = {"command": args.command, "weights": args.weights, "threads": args.threads, "k": args.k, "prefill_chunk": args.chunk, "memory_tokens_median": statistics.median(x.memory_tokens for x in preps),
+                 "prompt_tokens_median": statistics.median(len(x.prefix + x.rest) for x in preps), "by_config": {}}
 
     def prefill(loop, job):
         loop.filling = loop._admit(job)
         while loop.filling is not None:
             loop._prefill_chunk(loop.filling, args.chunk)
 
-    for kv in args.kv.split(","):
-        calib = gen.calibration_ids() if kv != "fp32" else None
-        session = DecoderSession(gen.model, w, ge.layers, threads=1, kv=kv, calibration_ids=calib)
+    configs = [(gen.weights(w), kv) for w in args.weights.split(",") for kv in args.kv.split(",")]
+    for w, kv in configs:
+        calib = gen.calibration_ids()
+        session = DecoderSession(gen.model, w, ge.layers, threads=args.threads, kv=kv, calibration_ids=calib)
 
         def new_loop(sess=None, session=session):
             return DecodeLoop(sess or session, eos, gen.tokenizer, max_batch=big, prefill_chunk=args.chunk)
@@ -134,7 +137,7 @@ def run(args: argparse.Namespace) -> dict:
             loop._step()  # bind
             res = _timed_steps(loop, args.steps)
             # ONNX Runtime's profile of a few more steps, in a session opened with profiling on
-            sess = DecoderSession(gen.model, w, ge.layers, threads=1, profile=True, kv=kv, calibration_ids=calib)
+            sess = DecoderSession(gen.model, w, ge.layers, threads=args.threads, profile=True, kv=kv, calibration_ids=calib)
             ploop = new_loop(sess)
             for prep in preps[:B]:
                 prefill(ploop, job_for(prep.prefix + prep.rest, prep.packed(gen, ge.layers, p.prior), sampling))
@@ -147,13 +150,40 @@ def run(args: argparse.Namespace) -> dict:
             res["ort_profile_ms_per_step"] = {k: round(v / args.ort_steps, 2) for k, v in list(table.items())[:14]}
             res["ort_profile_total_ms_per_step"] = round(total / args.ort_steps, 2)
             res_kv["rows"][str(B)] = res
-            print(kv, B, json.dumps(res), flush=True)
+            print(w, kv, B, json.dumps(res), flush=True)
             del sess, ploop, loop
-        out["by_kv"][kv] = res_kv
-    first = out["by_kv"][args.kv.split(",")[0]]
+        out["by_config"][f"{w}/{kv}"] = res_kv
+    first = out["by_config"]["/".join(configs[0])]
     out["rows"], out["prefill_ms_median"] = first["rows"], first["prefill_ms_median"]
     out["onnxruntime"] = ort.__version__
+    _plot(out)
     return write("profile_decode", out)
+
+
+def _plot(out: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.common import RESULTS
+
+    bars = [(f"{c}\n{B} rows", r["ort_profile_ms_per_step"], r["step_ms_median"])
+            for c, v in out["by_config"].items() for B, r in v["rows"].items()]
+    ops = ["MatMulNBits", "MatMulIntegerToFloat", "GroupQueryAttention"]
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4.2))
+    for i, (_, table, step) in enumerate(bars):
+        bottom = 0.0
+        for j, op in enumerate(ops + ["other"]):
+            ms = table.get(op, 0.0) if op != "other" else max(0.0, step - bottom)
+            ax.bar(i, ms, bottom=bottom, color=f"C{j}", label=op if i == 0 else None)
+            bottom += ms
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
+    ax.set(ylabel="ms per decode step", title=f"decode step by op type (k {out['k']}, {out['threads']} thread(s))")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "profile_decode.png", dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -161,10 +161,13 @@ class GeneratorSettings(BaseModel):
                                                "in ONNX Runtime with the memory in the KV cache and continuous "
                                                "batching; torch: every generation in torch with the memory hook (the "
                                                "reference; fixed α and exact requests always run there)")
-    weights: Literal["auto", "fp32", "q4", "q4a8"] = Field("auto", description="decode graph weights: q4 = 4-bit "
+    weights: Literal["auto", "fp32", "q4", "q4a8", "w8a8"] = Field("auto", description="decode graph weights: q4 = 4-bit "
                                                            "blocks (lossless for a GGUF Q4_1 model), q4a8 = the same "
-                                                           "with int8 activations (llama.cpp's arithmetic), auto = "
-                                                           "q4a8 where the blocks are lossless, else fp32")
+                                                           "with int8 activations (llama.cpp's arithmetic), w8a8 = "
+                                                           "int8 weights per channel and activations per token "
+                                                           "(ONNX Runtime's int8 GEMM: batched steps cost little more "
+                                                           "than one row), auto = w8a8 where the model is 4-bit "
+                                                           "blocks, else fp32")
     torch_concurrent: int = Field(2, ge=1, description="torch generations (fixed α, exact) running at once")
     cache_mb: float = Field(1024, gt=0, description="the decode graph's KV cache, MB (keys and values of the "
                             "running generations' KB tokens, prompts and max_tokens): a generation waits until "

@@ -636,7 +636,7 @@ def decode_loop(generator: Generator, layers: list[int], *, weights: str = "auto
         loop = generator.decode_loops.get(key)
         if loop is None:
             session = DecoderSession(generator.model, w, list(key[1]), threads=threads, kv=kv,
-                                     calibration_ids=generator.calibration_ids() if kv != "fp32" else None)
+                                     calibration_ids=generator.calibration_ids())
             loop = generator.decode_loops[key] = DecodeLoop(session, generator.eos_ids, generator.tokenizer,
                                                             max_batch=max_batch, cache_mb=cache_mb)
         return cast("DecodeLoop", loop)

@@ -24,7 +24,14 @@ memory layers — the evidence trace.
 
 Weights: `fp32` (MatMul, the model's numbers), `q4` (MatMulNBits 4-bit blocks, softknn.generate.quant:
 lossless for a GGUF Q4_1/Q8_0 model, activations in float32), `q4a8` (the same blocks, activations
-quantised to int8 per block inside the kernel, as llama.cpp's dot products do).
+quantised to int8 per block inside the kernel, as llama.cpp's dot products do), `w8a8` (each weight's
+output channel rounded to int8 with its own scale (softknn.generate.quant.pack_w8), each token's
+activations to 8 bits with its own scale, multiplied in integers by MatMulInteger — ONNX Runtime's
+int8 GEMM (VNNI / AMX), whose cost hardly grows with the rows of a batched step, where MatMulNBits'
+grows with each row: the 4-bit layers take 62 ms at 16 rows against 11.5 at one, the int8 ones 11.3
+against 9.8; the integer products are exact, so a row's result does not depend on the rows beside it.
+The inputs' outlier channels are first moved into the weights (SmoothQuant, measured on the
+calibration text: input_maxima), which brings w8a8's logits as close to float32's as q4a8's).
 
 KV cache: `fp32`, or `int8` (ONNX Runtime's quantised cache for GroupQueryAttention): each key and value
 is stored as round(x / s) clipped to ±127 with a fixed scale s per layer and channel (`kv_scales`:
@@ -45,9 +52,9 @@ import torch
 
 from softknn.common.errors import UnsupportedModel
 from softknn.generate.families import max_positions
-from softknn.generate.quant import is_lossless, pack_q4, pack_q8_as_two_q4
+from softknn.generate.quant import is_lossless, pack_q4, pack_q8_as_two_q4, pack_w8, smoothing
 
-WEIGHTS = ("fp32", "q4", "q4a8")
+WEIGHTS = ("fp32", "q4", "q4a8", "w8a8")
 KV_FORMATS = ("fp32", "int8")
 KV_DEFAULT = "int8"  # settings.generator.kv_cache's default too (softknn/params.py)
 OPSET = 18
@@ -145,11 +152,18 @@ class _Linear:
         self.b, self.weights = b, weights
         self._blocksum_shape = {3: b.ints([0, 0, -1, 32], "blocks"), 2: b.ints([0, -1, 32], "blocks")}
         self._axis = b.ints([-1], "axis")
+        if weights == "w8a8":
+            self._inv127 = b.const(np.array(1 / 127, dtype=np.float32), "inv127")
+            self._tiny = b.const(np.array(1e-30, dtype=np.float32), "tiny")
+            self._u8_zero_f = b.const(np.array(128, dtype=np.float32), "u8zero_f")
+            self._u8_zero = b.const(np.array(128, dtype=np.uint8), "u8zero")
 
     def __call__(self, x: str, w: np.ndarray, hint: str, bias: np.ndarray | None = None, q8: bool = False,
                  rank: int = 3) -> str:
         b = self.b
-        if self.weights == "fp32":
+        if self.weights == "w8a8":
+            y = self._w8a8(x, w, hint)
+        elif self.weights == "fp32":
             y = b.op("MatMul", [x, b.const(np.ascontiguousarray(w.T, dtype=np.float32), hint + "_wT")], hint)
         else:
             parts = list(pack_q8_as_two_q4(w)) if q8 else [pack_q4(w)]
@@ -172,6 +186,20 @@ class _Linear:
         if bias is not None:
             y = b.op("Add", [y, b.const(bias.astype(np.float32), hint + "_b")], hint)
         return y
+
+    def _w8a8(self, x: str, w: np.ndarray, hint: str) -> str:
+        """x @ Wᵀ as (sx · xq) @ (Wq · sw)ᵀ = sx · sw · (xq @ Wqᵀ): Wq = round(W / sw) per output channel
+        (softknn.generate.quant.pack_w8), xq = round(x / sx) + 128 as uint8 with sx = max|x| / 127 over
+        each row's K (zero point 128: u8 × s8 is the integer kernels' native form)."""
+        b = self.b
+        wq, sw = pack_w8(w)
+        amax = b.op("ReduceMax", [b.op("Abs", [x], hint), self._axis], hint, keepdims=1)  # (…, 1)
+        sx = b.op("Max", [b.op("Mul", [amax, self._inv127], hint), self._tiny], hint)  # an all-zero row: any scale
+        xq = b.op("Cast", [b.op("Add", [b.op("Round", [b.op("Div", [x, sx], hint)], hint), self._u8_zero_f], hint)],
+                  hint, to=2)  # uint8
+        yi = b.op("MatMulInteger", [xq, b.const(np.ascontiguousarray(wq.T), hint + "_w8T"), self._u8_zero], hint)
+        scale = b.op("Mul", [sx, b.const(sw, hint + "_sw")], hint)  # (…, N)
+        return b.op("Mul", [b.op("Cast", [yi], hint, to=1), scale], hint)
 
 
 def rope_tables(inv_freq: torch.Tensor, max_positions: int, attention_scaling: float = 1.0
@@ -221,9 +249,41 @@ def kv_scales(model, ids: list[int]) -> np.ndarray:
     return np.maximum(out, 1e-6) / 127.0
 
 
-def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32", scales: np.ndarray | None = None):
+def input_maxima(model, ids: list[int]) -> dict[str, np.ndarray]:
+    """Per layer and input channel, the largest |x| the inputs of the attention's q/k/v projections
+    (`qkv`, (L, H)), the MLP's gate/up (`gu`, (L, H)) and its down projection (`down`, (L, I)) reach when
+    the model reads `ids` (one forward): what w8a8's smoothing (softknn.generate.quant.smoothing) is
+    measured on."""
+    sh = decoder_shape(model.config)
+    out = {"qkv": np.zeros((sh.layers, sh.hidden), np.float32), "gu": np.zeros((sh.layers, sh.hidden), np.float32),
+           "down": np.zeros((sh.layers, sh.intermediate), np.float32)}
+    hooks = []
+
+    def keep(kind: str, li: int):
+        def hook(_module, inputs):
+            out[kind][li] = inputs[0].detach().float().abs().reshape(-1, inputs[0].shape[-1]).amax(0).numpy()
+        return hook
+
+    for li, layer in enumerate(model.model.layers):
+        hooks += [layer.self_attn.q_proj.register_forward_pre_hook(keep("qkv", li)),
+                  layer.mlp.gate_proj.register_forward_pre_hook(keep("gu", li)),
+                  layer.mlp.down_proj.register_forward_pre_hook(keep("down", li))]
+    try:
+        with torch.inference_mode():
+            model.model(input_ids=torch.tensor([ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return out
+
+
+def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32", scales: np.ndarray | None = None,
+                  maxima: dict[str, np.ndarray] | None = None):
     """The onnx.ModelProto of `model`'s decode step (module doc) with memory at `memory_layers`, its KV
-    cache in `kv` format (`int8`: `scales` from kv_scales)."""
+    cache in `kv` format (`int8`: `scales` from kv_scales). `w8a8` with `maxima` (input_maxima): each
+    linear's input channels smoothed (softknn.generate.quant.smoothing), the factors folded into the
+    RMSNorm weights before q/k/v and gate/up and into up's rows before down, and into the weights'
+    columns: the same function, with the activations' outlier channels moved into the weights."""
     from onnx import TensorProto, helper
 
     if weights not in WEIGHTS:
@@ -261,12 +321,21 @@ def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32
     attn_sum = None
     for li in range(sh.layers):
         p = f"model.layers.{li}."
-        h = b.op("SimplifiedLayerNormalization", [x, b.const(sd[p + "input_layernorm.weight"], "ln1")], "h",
-                 axis=-1, epsilon=sh.eps, stash_type=1)
         # the attention's 1/√d folded into W_q (RoPE is linear: rot(s·q) = s·rot(q)); exact for d = 64
         scaling = np.float32(hs**-0.5)
         wqkv = np.concatenate([sd[p + "self_attn.q_proj.weight"] * scaling, sd[p + "self_attn.k_proj.weight"],
                                sd[p + "self_attn.v_proj.weight"]])
+        ln1, ln2 = sd[p + "input_layernorm.weight"], sd[p + "post_attention_layernorm.weight"]
+        wgu = np.concatenate([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]])
+        wdown = sd[p + "mlp.down_proj.weight"]
+        if weights == "w8a8" and maxima is not None:  # x/s into the op before, s into the weight's columns
+            s1, s2, s3 = (smoothing(maxima["qkv"][li], wqkv), smoothing(maxima["gu"][li], wgu),
+                          smoothing(maxima["down"][li], wdown))
+            ln1, wqkv, ln2, wgu = ln1 / s1, wqkv * s1, ln2 / s2, wgu * s2
+            wgu = np.concatenate([wgu[: sh.intermediate], wgu[sh.intermediate :] / s3[:, None]])  # up's rows
+            wdown = wdown * s3
+        h = b.op("SimplifiedLayerNormalization", [x, b.const(ln1.astype(np.float32), "ln1")], "h",
+                 axis=-1, epsilon=sh.eps, stash_type=1)
         bqkv = None
         if p + "self_attn.q_proj.bias" in sd:
             bqkv = np.concatenate([sd[p + "self_attn.q_proj.bias"] * scaling, sd[p + "self_attn.k_proj.bias"],
@@ -295,12 +364,12 @@ def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32
             inputs.append(helper.make_tensor_value_info(f"past_{kind}_{li}", cache_type, ["B", nkv, "C", hs]))
             outputs.append(helper.make_tensor_value_info(f"present_{kind}_{li}", cache_type, ["B", nkv, "C", hs]))
         x = b.op("Add", [x, lin(outs[0], sd[p + "self_attn.o_proj.weight"], f"o{li}")], "x")  # (B, T, H)
-        h = b.op("SimplifiedLayerNormalization", [x, b.const(sd[p + "post_attention_layernorm.weight"], "ln2")], "h",
+        h = b.op("SimplifiedLayerNormalization", [x, b.const(ln2.astype(np.float32), "ln2")], "h",
                  axis=-1, epsilon=sh.eps, stash_type=1)
-        gu = lin(h, np.concatenate([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]), f"gu{li}")
+        gu = lin(h, wgu, f"gu{li}")
         gate, up = b.ops("Split", [gu, b.ints([sh.intermediate, sh.intermediate], "split")], "gu", 2, axis=-1)
         act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], "sig")], "silu"), up], "act")
-        x = b.op("Add", [x, lin(act, sd[p + "mlp.down_proj.weight"], f"down{li}")], "x")
+        x = b.op("Add", [x, lin(act, wdown, f"down{li}")], "x")
         if li in mem:  # the last row's probabilities, summed over memory layers: (B, nh, S)
             pl = b.op("Gather", [outs[3], last], "plast", axis=2)
             attn_sum = pl if attn_sum is None else b.op("Add", [attn_sum, pl], "attn")
@@ -333,10 +402,11 @@ def lossless_q4(model) -> bool:
 
 
 def resolve_weights(model, weights: str) -> str:
-    """`auto` → q4a8 where the weights are 4-bit blocks (lossless_q4: a GGUF Q4_1 model, whose blocks it
-    multiplies with int8 activations, as llama.cpp does), else fp32; any other value as given."""
+    """`auto` → w8a8 where the weights are 4-bit blocks (lossless_q4: a GGUF Q4_1 model, already rounded,
+    whose answers w8a8 keeps: bench/results/gen_quality_wformats.json), else fp32; any other value as
+    given."""
     if weights == "auto":
-        return "q4a8" if lossless_q4(model) else "fp32"
+        return "w8a8" if lossless_q4(model) else "fp32"
     if weights not in WEIGHTS:
         raise ValueError(f"generator weights must be auto or one of {WEIGHTS}, not {weights!r}")
     return weights

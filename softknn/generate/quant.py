@@ -75,6 +75,46 @@ def pack_q8_as_two_q4(w: np.ndarray) -> tuple[Packed4, Packed4]:
             Packed4(_pack_nibbles(lo), d, np.zeros_like(d)))
 
 
+W8_MAX = 127
+
+
+def pack_w8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per output channel of w (N, K): sw = max|w[n]| / 127, Wq = round(w / sw) in
+    [−127, 127]; returns Wq (N, K) int8 and sw (N,) float32 (the decode graph's `w8a8`). Where the CPU
+    has no VNNI (AVX-VNNI or AVX512-VNNI), ONNX Runtime multiplies uint8 × int8 pairs into a saturating
+    int16 (VPMADDUBSW), which two codes near 255 against two weights near ±127 can reach: there a
+    product may be clipped (ONNX Runtime documents it as rarely mattering); with VNNI it is exact."""
+    a = np.asarray(w, dtype=np.float32)
+    sw = np.abs(a).max(-1) / np.float32(W8_MAX)
+    sw = np.where(sw > 0, sw, 1.0).astype(np.float32)
+    return np.clip(np.rint(a / sw[:, None]), -W8_MAX, W8_MAX).astype(np.int8), sw
+
+
+def smoothing(x_max: np.ndarray, w: np.ndarray, alpha: float = 0.5) -> np.ndarray:
+    """SmoothQuant's per-input-channel factors (K,) for a linear of weight w (N, K) whose inputs reach
+    |x_c| ≤ x_max[c]: s_c = x_max_c^α / max_n|w[n, c]|^(1−α). Dividing the inputs by s (folded into the
+    op that makes them) and multiplying w's columns by s computes the same product, with the inputs'
+    outlier channels moved into the weights, where a per-channel scale absorbs them."""
+    w_max = np.abs(np.asarray(w, dtype=np.float32)).max(0)
+    s = np.power(np.maximum(x_max, 1e-5), alpha) / np.power(np.maximum(w_max, 1e-5), 1 - alpha)
+    return np.clip(s, 1e-3, 1e3).astype(np.float32)
+
+
+def dequantize_w8(wq: np.ndarray, sw: np.ndarray) -> np.ndarray:
+    """The (N, K) float32 weight `w8a8` multiplies by (the reference)."""
+    return wq.astype(np.float32) * sw[:, None]
+
+
+def w8a8_matmul(x: np.ndarray, wq: np.ndarray, sw: np.ndarray) -> np.ndarray:
+    """The plain reference of the decode graph's `w8a8` linear, x (M, K) float32 @ dequantize_w8(wq, sw)ᵀ
+    as the graph computes it: each row's x rounded to int8 with sx = max|x| · (1/127), the integer
+    product, then · (sx · sw)."""
+    x = np.asarray(x, dtype=np.float32)
+    sx = np.maximum(np.abs(x).max(-1, keepdims=True) * np.float32(1 / 127), np.float32(1e-30))
+    xq = np.rint(x / sx).astype(np.int64)
+    return (xq @ wq.T.astype(np.int64)).astype(np.float32) * (sx * sw)
+
+
 def dequantize_q4(p: Packed4) -> np.ndarray:
     """The (N, K) float32 weight the packed form multiplies by (the reference)."""
     n, nb, _ = p.codes.shape

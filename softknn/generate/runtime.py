@@ -23,7 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from softknn.common.errors import ModelRuntimeError
-from softknn.generate.graph import KV_FORMATS, WEIGHTS, DecoderShape, build_decoder, decoder_shape, kv_scales
+from softknn.generate.graph import (
+    KV_FORMATS,
+    WEIGHTS,
+    DecoderShape,
+    build_decoder,
+    decoder_shape,
+    input_maxima,
+    kv_scales,
+)
 
 
 def default_graph_cache() -> Path:
@@ -34,7 +42,8 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
                calibration_ids: list[int] | None = None) -> Path:
     """The decode graph of `model` as a file (model.onnx, its initializers in weights.bin; an int8 cache's
     scales also in kv_scales.npy), written once per (the model's weights and config, the weight format,
-    the memory layers, the cache format and its calibration tokens, the code that writes it) under
+    the memory layers, the cache format, the calibration tokens of an int8 cache's scales and of w8a8's
+    smoothing, the code that writes it) under
     cache_dir and renamed into place whole; later calls return it."""
     import onnx
 
@@ -44,11 +53,11 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
     code = hashlib.sha256(Path(graph.__file__).read_bytes() + Path(quant.__file__).read_bytes()).hexdigest()[:12]
     # the config too: two models of the same weights differ in RoPE scaling, windows, ... (the graph bakes them in)
     shape = hashlib.sha256(f"{model.config.to_json_string(use_diff=False)}|{memory_layers}".encode()).hexdigest()[:12]
-    name = f"{weight_fingerprint(model)[:16]}-{weights}-{shape}-{code}"
-    if kv != "fp32":
+    name = f"{weight_fingerprint(model)[:16]}-{weights}-{shape}-{code}-kv{kv}"
+    if kv != "fp32" or weights == "w8a8":
         if not calibration_ids:
-            raise ValueError(f"a {kv} kv cache needs calibration tokens")
-        name += f"-kv{kv}-{hashlib.sha256(str(list(calibration_ids)).encode()).hexdigest()[:8]}"
+            raise ValueError(f"a {kv} kv cache and {weights} weights need calibration tokens")
+        name += f"-{hashlib.sha256(str(list(calibration_ids)).encode()).hexdigest()[:8]}"
     out = Path(cache_dir or default_graph_cache()) / name
     if (out / "done").is_file():
         return out / "model.onnx"
@@ -63,7 +72,8 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
         if kv != "fp32":
             scales = kv_scales(model, list(calibration_ids or []))
             np.save(tmp / "kv_scales.npy", scales)
-        onnx.save_model(build_decoder(model, weights, memory_layers, kv, scales), tmp / "model.onnx", save_as_external_data=True,
+        maxima = input_maxima(model, list(calibration_ids or [])) if weights == "w8a8" else None
+        onnx.save_model(build_decoder(model, weights, memory_layers, kv, scales, maxima), tmp / "model.onnx", save_as_external_data=True,
                         all_tensors_to_one_file=True, location="weights.bin", size_threshold=1024)
         (tmp / "done").write_text("ok")
         try:
