@@ -304,7 +304,8 @@ def wformats(args) -> dict:
     (int8 per output channel, int8 activations per token) against q4a8 (the GGUF file's 4-bit blocks, int8
     activations per block of 32); as `kv`."""
     a, b = args.formats.split(",")
-    return _pair(args, "weights", (a, b), "gen_quality_wformats",
+    name = "gen_quality_wformats" + ("" if args.split == "test" else f"_{args.split}")
+    return _pair(args, "weights", (a, b), name,
                  "greedy, one user turn, refusal off, the decode graph with the default KV cache, one thread")
 
 
@@ -319,7 +320,7 @@ def _pair(args, field: str, formats: tuple[str, str], name: str, params: str) ->
     out: dict = {}
     t0 = time.perf_counter()
     for kb in args.kbs.split(","):
-        b, qs = _built(kb, enc, "test", args.limit)
+        b, qs = _built(kb, enc, getattr(args, "split", "test"), args.limit)
         engines = {f: GenEngine(Retriever(b), enc, gen, **{field: f}) for f in formats}
         k_cal, beta_cal, _ = engines[fa].defaults()
         base = GenParams(max_tokens=args.max_tokens, temperature=0.0, refuse=False)
@@ -335,6 +336,7 @@ def _pair(args, field: str, formats: tuple[str, str], name: str, params: str) ->
                 "per_question": rows}
             print(kb, sname, {k: v for k, v in out[kb]["settings"][sname].items() if k != "per_question"}, flush=True)
     payload = {"command": getattr(args, "command", ""), "max_tokens": args.max_tokens, "compared": {field: list(formats)},
+               "split": getattr(args, "split", "test"),
                "params": params, "results": out, "wall_s": round(time.perf_counter() - t0, 1)}
     return write(name, payload)
 
@@ -453,6 +455,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     wf.add_argument("--kbs", default="sample,obliqa")
     wf.add_argument("--max-tokens", type=int, default=24)
     wf.add_argument("--limit", type=int, default=0)
+    wf.add_argument("--split", default="test", help="test, or validation (→ gen_quality_wformats_validation.json)")
     w = sub.add_parser("weights", help="the decode graph's weight formats (q4, q4a8, fp32) on the same answers")
     w.add_argument("--formats", default="q4,q4a8,fp32")
     w.add_argument("--limit", type=int, default=0)
