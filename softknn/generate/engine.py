@@ -216,7 +216,11 @@ class GenEngine:
         return with_sources(ResolvedGenParams(**{**values, "k": k if p.k is None else p.k,
                                                  "prior": prior if p.prior is None else p.prior}), **src)
 
-    def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None) -> _Prepared:
+    def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None, *,
+                refused_bare: bool = False) -> _Prepared:
+        """The prompt's tokens and R: retrieval, then R's keys/values placed (memory) or its texts in the
+        prompt. `refused_bare`: a question the refusal rule refuses (`grounding`) stops after retrieval,
+        its R never loaded (stream answers it with REFUSAL_TEXT, which attends to nothing)."""
         p = self.resolve(p)
         gen = self.generator
         query = prompt if prompt is not None else _last_user(messages)
@@ -226,6 +230,9 @@ class GenEngine:
         retr = self.retrieve(query, p)
         rows, w = retr.rows[0], retr.weights[0]
         chunks = self.bundle.chunks
+        if refused_bare and rows and self.grounding(p, _Prepared([], [], None, rows, retr)).refused:
+            prefix, rest = gen.layout(prompt, messages)
+            return _Prepared(prefix, rest, None, rows, retr, "none")
         if p.context == "prompt" or not rows:
             prefix, rest = gen.layout(prompt, messages, context=[chunks[r]["text"] for r in rows] if rows else None)
             return _Prepared(prefix, rest, None, rows, retr, "prompt" if rows else "none")
@@ -244,7 +251,7 @@ class GenEngine:
         """Yields a Step per generated token, then the GenAnswer. A question the bundle's refusal rule
         refuses (`grounding`) gets REFUSAL_TEXT's tokens and nothing is decoded."""
         p = self.resolve(p)
-        prep = self.prepare(p, prompt, messages)
+        prep = self.prepare(p, prompt, messages, refused_bare=True)
         verdict = self.grounding(p, prep)
         sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
                             seed=p.seed, ignore_eos=p.ignore_eos)

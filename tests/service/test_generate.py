@@ -345,6 +345,19 @@ def test_a_question_far_from_the_kb_gets_the_refusal_text_and_the_evidence_found
     assert "".join(e["text"] for e in ev[:-2]) == REFUSAL_TEXT and ev[-2]["grounded"] is False
 
 
+def test_a_refused_question_never_loads_its_chunks_keys_and_values(ge, monkeypatch):
+    """The verdict needs retrieval only: R's keys/values (store reads, decoding, the LRU) are loaded for
+    answered questions, and for refuse false, not for refused ones."""
+    loads = []
+    real = ge.chunk_kv
+    monkeypatch.setattr(ge, "chunk_kv", lambda rows, *a: loads.append(list(rows)) or real(rows, *a))
+    assert ge.answer(GenParams(max_tokens=2, k=2), messages=FAR_MESSAGES).text == REFUSAL_TEXT
+    assert loads == []
+    ge.answer(GenParams(max_tokens=2, k=2, refuse=False), messages=FAR_MESSAGES)
+    ge.answer(GenParams(max_tokens=2, k=2), messages=MESSAGES)
+    assert [len(r) for r in loads] == [2, 2]
+
+
 def test_an_in_kb_question_is_answered_and_grounded(client, ge):
     got = generate(client, messages=MESSAGES, k=2)
     want = ge.answer(GenParams(max_tokens=TOKENS, k=2), messages=MESSAGES)
