@@ -10,6 +10,7 @@ logits and the evidence trace as numpy arrays.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
@@ -59,12 +60,15 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
             raise ValueError(f"a {kv} kv cache and {weights} weights need calibration tokens")
         name += f"-{hashlib.sha256(str(list(calibration_ids)).encode()).hexdigest()[:8]}"
     out = Path(cache_dir or default_graph_cache()) / name
+    sweep_stale(out.parent)
     if (out / "done").is_file():
         return out / "model.onnx"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError:  # a read-only home: this process's own temporary directory (rebuilt at each start)
-        out = Path(tempfile.mkdtemp(prefix="softknn-graph-")) / name
+        own = tempfile.mkdtemp(prefix="softknn-graph-")
+        atexit.register(shutil.rmtree, own, True)  # ~200 MB a graph: not left in /tmp by every start
+        out = Path(own) / name
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         tmp.mkdir()
@@ -84,6 +88,29 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out / "model.onnx"
+
+
+STALE_S = 3600.0  # a temporary graph directory older than this belongs to a writer that died
+
+
+def sweep_stale(cache_dir: Path, max_age_s: float = STALE_S) -> list[str]:
+    """Remove the temporary directories (`.NAME.XXXXXXXX.tmp`) that writers killed mid-way left in
+    cache_dir, once older than max_age_s (a live writer's is younger: it finishes in seconds); the
+    names removed. The finished graphs are not touched."""
+    removed: list[str] = []
+    try:
+        entries = list(cache_dir.iterdir())
+    except OSError:
+        return removed
+    now = time.time()
+    for e in entries:
+        try:
+            if e.name.startswith(".") and e.name.endswith(".tmp") and now - e.stat().st_mtime > max_age_s:
+                shutil.rmtree(e, ignore_errors=True)
+                removed.append(e.name)
+        except OSError:  # another process removed it first
+            continue
+    return removed
 
 
 @dataclass(frozen=True)

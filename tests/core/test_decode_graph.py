@@ -522,15 +522,18 @@ def test_a_step_that_fails_fails_its_requests_and_the_loop_serves_the_next(smol,
 
 def test_the_graph_file_is_written_once_per_model_config_and_layers_and_reopens_to_the_same_logits(smol, tmp_path):
     """graph_file: one directory per (weights, config, weight format, layers, code), renamed into place whole
-    (a leftover temporary directory is not it); a second session opens the file without rebuilding it and
+    (a leftover temporary directory is not it, and one left over an hour ago is swept); a second session opens the file without rebuilding it and
     answers the same logits; another RoPE config of the same weights gets its own graph."""
     import copy
     import os
+    import time
 
     from softknn.generate.runtime import graph_file
 
     tiny = _tiny("llama", smol.tokenizer)
-    (tmp_path / ".stale.tmp").mkdir()  # a writer killed mid-way
+    (tmp_path / ".stale.tmp").mkdir()  # a writer killed mid-way, a minute ago: maybe still writing
+    (tmp_path / ".dead.0a1b2c3d.tmp").mkdir()  # one killed two hours ago: swept
+    os.utime(tmp_path / ".dead.0a1b2c3d.tmp", (time.time() - 7200, time.time() - 7200))
     path = graph_file(tiny.model, "fp32", [1, 2], tmp_path)
     assert sorted(p.name for p in path.parent.iterdir()) == ["done", "model.onnx", "weights.bin"]
     assert (path.parent / "weights.bin").stat().st_size > 64 * 128 * 4  # the initializers live outside model.onnx
