@@ -88,8 +88,8 @@ def test_calibration_chooses_by_what_the_answers_score(encoder, sample_bundle):
                                lexical_weight=0.6, temperature=0.05, ks=(1, 2, 4), priors=(0.0, 1.0, 4.0),
                                max_questions=30, min_questions=20)
     assert (rec["k"], rec["prior"]) == (2, 1.0) and rec["questions"] == 30
-    # at k 1 and 4 nothing is ever right: every β ties, the weakest is chosen; at k 2 the weakest that scores
-    assert rec["prior_by_k"] == {"1": 0.0, "2": 1.0, "4": 0.0}
+    # β over k 2 and 4 together: β 1 and 4 both 30 right (k 2), the weaker of them, at every k
+    assert rec["prior_by_k"] == {"1": 1.0, "2": 1.0, "4": 1.0}
     assert [(g["k"], g["prior"]) for g in rec["grid"]] == [(k, b) for k in (1, 2, 4) for b in (0.0, 1.0, 4.0)]
     assert [g["accuracy"] for g in rec["grid"]] == [0, 0, 0, 0, 1, 1, 0, 0, 0]
     assert "within 2 standard errors" in rec["rule"] and rec["method"] == cal.METHOD
@@ -97,10 +97,9 @@ def test_calibration_chooses_by_what_the_answers_score(encoder, sample_bundle):
     assert rec["found_in_top"]["1"] <= rec["found_in_top"]["2"] <= rec["found_in_top"]["4"] and 0 < rec["found_in_top"]["4"] <= 1
 
 
-def test_beta_at_each_k_is_the_best_scoring_one_not_the_weakest_within_the_margin(encoder, sample_bundle):
-    """An answerer right on 3 of 30 questions at k 4 with β 4 and on 1 of them with β 0, never at k 1 or 2:
-    k 1 (0 of 30, within 2 standard errors ≈ 0.11 of the best) stays the chosen k, and at k 4 the prior
-    that scored best is recorded (β 4), not the weakest within the margin (β 0, 2 of 30 behind)."""
+def _calibrated(encoder, sample_bundle, right) -> dict:
+    """calibrate_generation over 30 questions of the sample KB, k 1 / 2 / 4 and β 0 / 1 / 4, with an answerer
+    right where right(i, k, β) says (i: the question's order)."""
     texts = [c["text"] for c in sample_bundle.chunks]
     xb = np.load(Path(sample_bundle.path) / "embeddings.npy")
     order: dict[str, int] = {}
@@ -109,20 +108,34 @@ def test_beta_at_each_k_is_the_best_scoring_one_not_the_weakest_within_the_margi
         out = []
         for q, rows, _w, beta in batch:
             i = order.setdefault(q.question, len(order))
-            right = len(rows) == 4 and ((beta == 4.0 and i < 3) or (beta == 0.0 and i < 1))
-            out.append(q.answer if right else "no idea")
+            out.append(q.answer if right(i, len(rows), beta) else "no idea")
         return out
 
     from softknn.index_builder.pipeline import embed_texts
 
-    rec = calibrate_generation(texts, xb, lambda t: embed_texts(encoder, t), sample_bundle.lexical, answer,
-                               lexical_weight=0.6, temperature=0.05, ks=(1, 2, 4), priors=(0.0, 1.0, 4.0),
-                               max_questions=30, min_questions=20)
+    return calibrate_generation(texts, xb, lambda t: embed_texts(encoder, t), sample_bundle.lexical, answer,
+                                lexical_weight=0.6, temperature=0.05, ks=(1, 2, 4), priors=(0.0, 1.0, 4.0),
+                                max_questions=30, min_questions=20)
+
+
+def test_beta_is_the_best_scoring_one_not_the_weakest_within_the_margin(encoder, sample_bundle):
+    """An answerer right on 3 of 30 questions at k 4 with β 4 and on 1 of them with β 0, never at k 1 or 2:
+    k 1 (0 of 30, within 2 standard errors ≈ 0.11 of the best) stays the chosen k, and the prior that scored
+    best is recorded (β 4), not the weakest within the margin (β 0, 2 of 30 behind)."""
+    rec = _calibrated(encoder, sample_bundle, lambda i, k, b: k == 4 and ((b == 4.0 and i < 3) or (b == 0.0 and i < 1)))
     assert [g["accuracy"] for g in rec["grid"]] == [0, 0, 0, 0, 0, 0, round(1 / 30, 4), 0, 0.1]
     assert rec["best"] == {"k": 4, "prior": 4.0, "accuracy": 0.1}
-    assert (rec["k"], rec["prior"]) == (1, 0.0)  # 0 of 30 at k 1 is within 2 SE of 3 of 30
-    assert rec["prior_by_k"] == {"1": 0.0, "2": 0.0, "4": 4.0}
-    assert rec["rule"].endswith("β: the best at that k (ties: the weaker)")
+    assert (rec["k"], rec["prior"]) == (1, 4.0)  # 0 of 30 at k 1 is within 2 SE of 3 of 30
+    assert rec["prior_by_k"] == {"1": 4.0, "2": 4.0, "4": 4.0}
+    assert rec["rule"].endswith("β: the most right answers over every k ≥ 2 together (ties: the weaker)")
+
+
+def test_beta_is_pooled_over_every_k_so_a_tie_at_one_k_does_not_decide_it(encoder, sample_bundle):
+    """At k 4 every β is right on the same one question (a tie, which per k went to β 0); at k 2 β 1 is right
+    on 3 and the others on 1: over k 2 and 4 together β 1 leads (4 against 2), at every k."""
+    rec = _calibrated(encoder, sample_bundle, lambda i, k, b: (k == 4 and i < 1) or (k == 2 and i < (3 if b == 1.0 else 1)))
+    assert [g["accuracy"] for g in rec["grid"]][3:] == [round(x / 30, 4) for x in (1, 3, 1, 1, 1, 1)]
+    assert rec["prior"] == 1.0 and rec["prior_by_k"] == {"1": 1.0, "2": 1.0, "4": 1.0}
 
 
 def test_too_few_questions_leave_the_fixed_defaults(encoder):
