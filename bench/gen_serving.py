@@ -23,6 +23,9 @@ answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmark
   same thread count, in its own process.
 - `obliqa`: 1 and 16 streams of ObliQA questions against the ObliQA bundle `gen_build` builds (1,000
   regulatory passages, q4 store), k = 8: the server's peak RSS beside its mapped store's size.
+- `profile` (not in the default parts): py-spy on the `streams` server while the largest level runs,
+  and the decode thread's time split into decode steps, prefills, placing memory, choosing tokens
+  (`decode_thread_split`); every thread's inclusive shares in bench/results/NAME_profile.txt.
 
     python -m bench gen_serving [--questions 4] [--ks 4,8,16] [--streams 1,4,8,16] [--weights w8a8,q4a8]
         [--weights-baseline q4a8] [--kv-baseline fp32]
@@ -331,6 +334,75 @@ def streams_obliqa(args, ctx) -> dict:
     return out
 
 
+# the decode thread's time, by what it runs (py-spy frames, first match wins)
+DECODE_PARTS = (("step: ORT", ("DecodeLoop._step", "Bound.run")),  # the decode graph's run
+                ("prefill: ORT", ("DecodeLoop._prefill_chunk", "DecoderSession.run")),
+                ("place memory", ("KVCache.place",)),  # a new request's row
+                ("tokens+trace", ("DecodeLoop._emit",)),  # choosing the token, its text, the evidence trace
+                ("step: Python", ("DecodeLoop._step",)),  # masks, binding
+                ("prefill: Python", ("DecodeLoop._prefill_chunk",)))
+
+
+def decode_thread_split(raw: Path) -> dict:
+    """Samples of py-spy's raw (collapsed) stacks per thread kind, and the decode thread's split into
+    DECODE_PARTS (the rest: 'other'), as shares of its samples."""
+    totals: dict[str, int] = {}
+    parts: dict[str, int] = {}
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if not stack:
+            continue
+        frames = stack.split(";")
+        thread = frames[0]
+        kind = ("decode loop" if "softknn-decode" in thread else "request threads" if "softknn-gen" in thread
+                else "event loop" if "MainThread" in thread else "other threads")
+        totals[kind] = totals.get(kind, 0) + int(n)
+        if kind != "decode loop":
+            continue
+        names = [f.split(" (")[0] for f in frames[1:]]
+        part = next((label for label, need in DECODE_PARTS if all(x in names for x in need)), "other")
+        parts[part] = parts.get(part, 0) + int(n)
+    busy = totals.get("decode loop", 0)
+    return {"samples_by_thread": totals,
+            "decode_thread_share": {k: round(v / busy, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])} if busy else {}}
+
+
+def profile(args, ctx) -> dict:
+    """py-spy on the `streams` server while the last --streams level runs (the figures of that run are
+    py-spy's, slowed by its sampling: the split is the point); the decode thread's split and every
+    thread's inclusive shares (bench/profile_service.summarize) in bench/results/NAME_profile.txt."""
+    import shutil
+
+    from bench.profile_service import summarize
+    from tests.harness import LiveServer, free_port
+
+    n = max(int(x) for x in args.streams.split(","))
+    qs = [q["question"] for q in ctx["all_test"]]
+    env = {"HF_HUB_OFFLINE": "1", "SOFTKNN_GENERATOR__THREADS": "1", "SOFTKNN_GENERATOR__MAX_CONCURRENT": str(n),
+           "SOFTKNN_MODEL__THREADS": "1"}
+    pyspy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    port = free_port()
+    srv = LiveServer.spawn(LiveServer.command(ctx["bundle_path"], port, log_level="warning"),
+                           Path("/tmp/bench_gen_serving_profile.log"), port=port, env=env)
+    raw = Path("/tmp") / f"{args.name}_profile.raw"
+    try:
+        srv.wait_ready(600)
+        asyncio.run(_chat_streams(srv.url, qs[:2], 8, 4))  # warm-up: the decode graph
+        spy = subprocess.Popen([pyspy, "record", "--pid", str(srv.proc.pid), "--format", "raw", "--output", str(raw),
+                                "--rate", "100", "--threads", "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        time.sleep(1)
+        run = _streams_summary(asyncio.run(_chat_streams(srv.url, qs[:n], 8, args.max_tokens)))
+        spy.send_signal(2)  # SIGINT: py-spy writes what it sampled and exits
+        spy.wait(60)
+    finally:
+        srv.close()
+    out = {"streams": n, "k": 8, "max_tokens": args.max_tokens, "run_under_pyspy": run, **decode_thread_split(raw),
+           "file": str(RESULTS / f"{args.name}_profile.txt")}
+    (RESULTS / f"{args.name}_profile.txt").write_text(f"{args.command}\n{n} streams under py-spy: {run}\n" + summarize(raw))
+    print(json.dumps(out, indent=1), flush=True)
+    return out
+
+
 def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--questions", type=int, default=4, help="test questions per k in `single`")
     ap.add_argument("--ks", default="4,8,16")
@@ -344,7 +416,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--weights-baseline", default="q4a8", help="`streams` also runs the server with this weight format "
                     "(SOFTKNN_GENERATOR__WEIGHTS), side by side; empty: not")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens every answer decodes (ignore_eos)")
-    ap.add_argument("--parts", default="single,streams,obliqa")
+    ap.add_argument("--parts", default="single,streams,obliqa", help="also: profile (py-spy on the server at the "
+                    "largest --streams level, a run of its own: python -m bench gen_serving --parts profile --name gen_serving_profile)")
     ap.add_argument("--name", default="gen_serving", help="result file name (bench/results/NAME.json): a partial "
                     "run under another name leaves the full run's file alone")
     ap.add_argument("--llama-python", default=str(LLAMA_PY))
@@ -389,6 +462,8 @@ def run(args: argparse.Namespace) -> dict:
         payload["streams"] = streams(args, ctx)
     if "obliqa" in parts:
         payload["streams_obliqa"] = streams_obliqa(args, ctx)
+    if "profile" in parts:
+        payload["profile"] = profile(args, ctx)
     payload["wall_s"] = round(time.perf_counter() - t_start, 1)
     payload["peak_rss"] = _peak_rss_mb()
     out = write(getattr(args, "name", "gen_serving"), payload)
@@ -402,6 +477,13 @@ def plot(payload: dict, name: str = "gen_serving") -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if "single" not in payload and "streams" not in payload and "profile" in payload:  # a profile run alone
+        from bench.common import plot_bars
+
+        share = payload["profile"]["decode_thread_share"]
+        plot_bars(name, list(share), [100 * v for v in share.values()], None,
+                  "% of the decode thread's samples", f"decode thread at {payload['profile']['streams']} streams (py-spy)")
+        return
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     if "single" in payload:
         summ = payload["single"]["summary"]

@@ -62,10 +62,19 @@ class PackedMemory:
     lengths: list[int]
     prefix_len: int
     prompt_start: int
+    _offset: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @property
     def columns(self) -> int:
         return int(self.bias.shape[0])
+
+    @property
+    def offset(self) -> np.ndarray:
+        """(M,) each column's token index within its chunk (computed once: the trace reads it every step)."""
+        if self._offset is None:
+            starts = np.concatenate([[0], np.cumsum(self.lengths)[:-1]]).astype(np.int64)
+            self._offset = np.arange(self.columns, dtype=np.int64) - starts[self.chunk]
+        return self._offset
 
 
 def _prior(weight: torch.Tensor, lengths: list[int], prior: float) -> tuple[np.ndarray, np.ndarray]:
@@ -120,6 +129,7 @@ class DecodeJob:
     keep_logits: bool = False
     cancelled: Callable[[], bool] = lambda: False
     out: queue.Queue = field(default_factory=queue.Queue)  # Step…, then Generation, or an exception
+    laid: tuple[np.ndarray, np.ndarray] | None = None  # KVCache.layout of the memory, until its row holds it
 
 
 @dataclass(eq=False)  # compared by identity: the loop finds a sequence in `running` by itself
@@ -161,7 +171,7 @@ class KVCache:
     grow (copying the rows in use), never shrink while in use. The key/value buffers are anonymous
     mappings: a page is resident once written, and `release` gives a row's pages back when it empties,
     so the cache's resident size is what its live rows have written. With `scales` (L, 2, nkv, hs) the
-    buffers are int8 (the decode graph's int8 cache) and `place` quantises the memory with them."""
+    buffers are int8 (the decode graph's int8 cache) and `layout` quantises the memory with them."""
 
     def __init__(self, layers: int, nkv: int, hs: int, scales: np.ndarray | None = None):
         self.L, self.nkv, self.hs = layers, nkv, hs
@@ -216,12 +226,14 @@ class KVCache:
         for m in self._maps:
             m.madvise(mmap.MADV_DONTNEED, row * size, size)
 
-    def place(self, slot: int, mem: PackedMemory | None) -> int:
-        """Row `slot` reset, R's keys/values written into its first M columns (memory layers) with their
-        prior in the mask row; M."""
-        self.bias[slot], self.bias_plain[slot] = NEG_INF, NEG_INF
-        if mem is None:
-            return 0
+    def layout(self, mem: PackedMemory) -> tuple[np.ndarray, np.ndarray]:
+        """R's keys and values as a row of this cache holds them: (len(mem.layers), nkv, M, hs) each, in
+        mem.layers' order and the cache's dtype (an int8 cache's quantised with its scales, as the kernel
+        quantises a new token). DecodeLoop.submit computes it on the caller's thread, so the loop's
+        thread, which every running request waits on, only copies it (`place`)."""
+        shape = (len(mem.layers), self.nkv, mem.columns, self.hs)
+        keys: np.ndarray = np.empty(shape, dtype=self.dtype)
+        values: np.ndarray = np.empty(shape, dtype=self.dtype)
         o = 0
         for kv in mem.kv:  # (n, L, 2, nkv, hs)
             n = kv.shape[0]
@@ -229,11 +241,24 @@ class KVCache:
                 k, v = kv[:, j, 0].transpose(1, 0, 2), kv[:, j, 1].transpose(1, 0, 2)  # (nkv, n, hs)
                 if self.scales is not None:
                     k, v = quantize_kv(k, self.scales[li, 0]), quantize_kv(v, self.scales[li, 1])
-                self.keys[li][slot, :, o : o + n] = k
-                self.values[li][slot, :, o : o + n] = v
+                keys[j, :, o : o + n] = k
+                values[j, :, o : o + n] = v
             o += n
-        self.bias[slot, :o] = mem.bias
-        return o
+        return keys, values
+
+    def place(self, slot: int, mem: PackedMemory | None, laid: tuple[np.ndarray, np.ndarray] | None = None) -> int:
+        """Row `slot` reset, R's keys/values written into its first M columns (memory layers) with their
+        prior in the mask row; M. `laid`: `layout(mem)` computed beforehand (else computed here)."""
+        self.bias[slot], self.bias_plain[slot] = NEG_INF, NEG_INF
+        if mem is None:
+            return 0
+        keys, values = laid if laid is not None else self.layout(mem)
+        M = mem.columns
+        for j, li in enumerate(mem.layers):
+            self.keys[li][slot, :, :M] = keys[j]
+            self.values[li][slot, :, :M] = values[j]
+        self.bias[slot, :M] = mem.bias
+        return M
 
 
 class DecodeLoop:
@@ -279,6 +304,10 @@ class DecodeLoop:
         """Queue the job now; the iterator yields its Steps as the loop chooses them, then its
         Generation. Closing the iterator early cancels the job at its next step."""
         self._check(job)
+        if job.memory is not None and self.cache.scales is not None:
+            # quantised here, on the caller's thread: ~10 MB of int8 for 8 chunks, where the float rows
+            # (4x that) would be a second copy of what the store gave; the float cache's rows are placed by the loop
+            job.laid = self.cache.layout(job.memory)
         cancel = threading.Event()
         outer = job.cancelled
         job.cancelled = lambda: cancel.is_set() or outer()
@@ -417,7 +446,8 @@ class DecodeLoop:
         # every row the loop may run, at once: pages never written are never touched (a row costs what it
         # fills), and growing row by row would copy the whole cache at each admission
         self.cache.ensure(self.max_batch, need, n)
-        self.cache.place(n, mem)
+        self.cache.place(n, mem, job.laid)
+        job.laid = None  # the row holds it now
         rng = torch.Generator().manual_seed(job.sampling.seed) if job.sampling.seed is not None else None
         self.reserved += need
         seq = _Seq(job, n, M, max(job.positions) + 1, TextStream(self.tokenizer, self.eos_ids, job.sampling.stop,
@@ -493,13 +523,14 @@ class DecodeLoop:
             empty, f.slot = f.slot, len(self.running)
         self.cache.release(empty)
 
-    def _emit(self, seq: _Seq, logits: np.ndarray, attn: np.ndarray | None) -> None:
-        """Choose seq's next token from its logits (V,); record the trace; finish it when done."""
+    def _emit(self, seq: _Seq, logits: np.ndarray, attn: np.ndarray | None, greedy: int | None = None) -> None:
+        """Choose seq's next token from its logits (V,) (`greedy`: their argmax, taken for the whole
+        batch at once, which temperature 0 uses); record the trace; finish it when done."""
         job = seq.job
         lt = torch.from_numpy(logits)  # a view of the step's output buffer: copied where it is kept
         if seq.gen.trace is not None and attn is not None and job.memory is not None:
             _trace_step(seq.gen.trace, attn[: job.memory.columns], job.memory)
-        tok = choose_token(lt, job.sampling, seq.rng)
+        tok = int(greedy) if greedy is not None and job.sampling.temperature <= 0 else choose_token(lt, job.sampling, seq.rng)
         kept = lt.clone() if job.keep_logits else None
         if kept is not None:
             seq.gen.logits.append(kept)
@@ -589,8 +620,9 @@ class DecodeLoop:
             s.length += 1
             s.next_pos += 1
         attn = out.get("attn")
+        greedy = out["logits"].argmax(axis=1)  # one call for the batch; the first maximum, as torch's argmax
         for j, s in enumerate(seqs):
-            self._emit(s, out["logits"][j], None if attn is None else attn[j])
+            self._emit(s, out["logits"][j], None if attn is None else attn[j], int(greedy[j]))
 
 
 def _need(job: DecodeJob) -> int:
@@ -598,9 +630,10 @@ def _need(job: DecodeJob) -> int:
     return (job.memory.columns if job.memory is not None else 0) + len(job.prompt_ids) + job.sampling.max_tokens
 
 
-def _trace_step(trace: Trace, attn: np.ndarray, mem: PackedMemory) -> None:
+def _trace_step_reference(trace: Trace, attn: np.ndarray, mem: PackedMemory) -> None:
     """One token's memory mass from the graph's attention row over the memory columns (M,): per
-    chunk the sum of its columns (the joint gate g_c, = its share), per chunk token the column."""
+    chunk the sum of its columns (the joint gate g_c, = its share), per chunk token the column. The
+    plain per-chunk loop `_trace_step` is compared with (tests/core/test_decode_graph.py)."""
     S, Lm = len(mem.lengths), max(mem.lengths)
     a = torch.from_numpy(np.asarray(attn, dtype=np.float32))
     mass = torch.zeros(S).index_add_(0, torch.from_numpy(mem.chunk).long(), a)
@@ -614,6 +647,23 @@ def _trace_step(trace: Trace, attn: np.ndarray, mem: PackedMemory) -> None:
     trace.token_mass = tok if trace.token_mass is None else trace.token_mass + tok
     p = mass / mass.sum().clamp(min=1e-30)
     trace.attention_entropy.append(float(torch.special.entr(p).sum()))
+
+
+def _trace_step(trace: Trace, attn: np.ndarray, mem: PackedMemory) -> None:
+    """_trace_step_reference in a few numpy calls (the decode thread runs it for every row at every
+    step): the chunk sums by bincount, the token columns scattered by mem.offset."""
+    S, Lm = len(mem.lengths), max(mem.lengths)
+    a = np.asarray(attn, dtype=np.float32)
+    mass = np.bincount(mem.chunk, weights=a, minlength=S).astype(np.float32)
+    tok = np.zeros((S, Lm), dtype=np.float32)
+    tok[mem.chunk, mem.offset] = a
+    trace.mass.append(torch.from_numpy(mass))
+    trace.share.append(torch.from_numpy(mass.copy()))
+    t = torch.from_numpy(tok)
+    trace.token_mass = t if trace.token_mass is None else trace.token_mass + t
+    p = mass / max(float(mass.sum()), 1e-30)
+    nz = p[p > 0]
+    trace.attention_entropy.append(float(-(nz * np.log(nz)).sum()))
 
 
 def job_for(prompt_ids: list[int], memory: GenMemory | PackedMemory | None, sampling: Sampling, *, prior: float = 0.0,

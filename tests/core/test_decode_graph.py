@@ -5,15 +5,28 @@ request's solo run; cancellation and refusals."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 
 from softknn.common.errors import InvalidInput
-from softknn.generate.attention import place_memory
-from softknn.generate.batch import DecodeLoop, KVCache, _need, job_for, pack_chunks, pack_memory, quantize_kv
+from softknn.generate.attention import Trace, place_memory
+from softknn.generate.batch import (
+    DecodeLoop,
+    KVCache,
+    PackedMemory,
+    _need,
+    _trace_step,
+    _trace_step_reference,
+    job_for,
+    pack_chunks,
+    pack_memory,
+    quantize_kv,
+)
 from softknn.generate.graph import lossless_q4, resolve_weights
-from softknn.generate.model import Generation, Generator, Sampling
+from softknn.generate.model import Generation, Generator, Sampling, choose_token
 from softknn.generate.quant import (
     dequantize_q4,
     dequantize_w8,
@@ -293,6 +306,46 @@ def test_the_int8_cache_holds_each_key_and_value_rounded_by_its_layer_and_channe
         assert np.abs(want).max() <= 127 and (want != 0).mean() > 0.9  # the scales use the int8 range
 
 
+def test_memory_is_quantised_on_the_callers_thread_and_placed_as_each_chunk_token_rounded(smol, int8, monkeypatch):
+    """DecodeLoop.submit lays R out for an int8 cache on the request's own thread (KVCache.layout), so
+    the loop's thread, which every running request waits on, only copies it. Column o_c + t of memory
+    layer j holds chunk c's token t quantised with that layer's key or value scale, and a row placed from
+    it holds the bytes of a row placed without it."""
+    prompt, gm, _, prior = _requests(smol)[2]  # k 8, composite
+    mem = pack_memory(gm, prior)
+    sh = int8.shape
+    cache = KVCache(sh.layers, sh.kv_heads, sh.head_dim, int8.kv_scales)
+    laid: list = []
+    worker = threading.Thread(target=lambda: laid.append(cache.layout(mem)))
+    worker.start()
+    worker.join()
+    keys, values = laid[0]
+    assert keys.dtype == np.int8 and keys.shape == (len(mem.layers), sh.kv_heads, mem.columns, sh.head_dim)
+    scales = int8.kv_scales
+    starts = np.cumsum([0, *mem.lengths])
+    for c, kv in enumerate(mem.kv):
+        for t in (0, kv.shape[0] - 1):
+            for j, li in enumerate(mem.layers):
+                assert np.array_equal(keys[j, :, starts[c] + t], quantize_kv(kv[t, j, 0], scales[li, 0]))
+                assert np.array_equal(values[j, :, starts[c] + t], quantize_kv(kv[t, j, 1], scales[li, 1]))
+    cache.ensure(2, mem.columns + 8, 0)
+    assert cache.place(0, mem) == cache.place(1, mem, laid[0]) == mem.columns
+    for a in cache.keys + cache.values:
+        assert np.array_equal(a[0], a[1])
+    assert np.array_equal(cache.bias[0], cache.bias[1])
+
+    threads: list[str] = []
+    layout = KVCache.layout
+    monkeypatch.setattr(KVCache, "layout", lambda self, m: threads.append(threading.current_thread().name) or layout(self, m))
+    loop = DecodeLoop(int8, smol.eos_ids, smol.tokenizer)
+    try:
+        job = job_for(prompt, gm, Sampling(max_tokens=2), prior=prior)
+        assert _gen(loop.submit(job)).token_ids and job.laid is None  # the row held it; the job lets it go
+    finally:
+        loop.close()
+    assert threads == [threading.current_thread().name]
+
+
 def test_the_int8_cache_keeps_the_float_caches_attention_and_logits(smol, sessions, int8):
     """With memory (k 4, β 4, chat prompts): the evidence trace within 0.01 of the float32 cache's and
     the first step's logits, up to a common shift, within 3% of their spread (measured: ≤ 1.9%, from
@@ -426,6 +479,38 @@ def test_requests_wait_for_cache_room_and_get_their_solo_tokens(smol, sessions):
     finally:
         free.close()
         tight.close()
+
+
+def test_the_trace_step_in_numpy_is_the_per_chunk_loop():
+    """_trace_step (bincount and a scatter, every row at every step) against _trace_step_reference
+    (the per-chunk loop in torch): the same chunk mass, shares, token mass and entropy over several
+    steps, chunks of different lengths, and a step that gives the memory no mass at all."""
+    rng = np.random.default_rng(3)
+    lengths = [5, 1, 9, 3]
+    chunk = np.repeat(np.arange(len(lengths)), lengths)
+    mem = PackedMemory([], [0], np.zeros(chunk.shape[0], np.float32), chunk, lengths, 0, 0)
+    fast, ref = Trace(), Trace()
+    rows = [rng.random(chunk.shape[0]).astype(np.float32) * 0.1 for _ in range(3)] + [np.zeros(chunk.shape[0], np.float32)]
+    for a in rows:
+        _trace_step(fast, a, mem)
+        _trace_step_reference(ref, a, mem)
+    for got, want in ((fast.mass, ref.mass), (fast.share, ref.share)):
+        assert all(torch.allclose(g, w, rtol=1e-6, atol=1e-9) for g, w in zip(got, want, strict=True))
+    assert fast.token_mass is not None and ref.token_mass is not None
+    assert torch.equal(fast.token_mass, ref.token_mass) and fast.token_mass[1, 1:].abs().sum() == 0
+    assert np.allclose(fast.attention_entropy, ref.attention_entropy, rtol=1e-5) and fast.attention_entropy[-1] == 0.0
+
+
+def test_the_batchs_argmax_is_each_rows_greedy_choice_ties_to_the_first():
+    """The decode step takes the argmax of every row's logits in one call; temperature 0 uses it in
+    place of choose_token, which it equals row by row, ties included (the first maximum)."""
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal((6, 997)).astype(np.float32)
+    logits[1, [10, 500]] = logits[1].max() + 1.0  # a tie: the first wins
+    logits[2, :] = 0.0
+    greedy = logits.argmax(axis=1)
+    assert greedy[1] == 10 and greedy[2] == 0
+    assert list(greedy) == [choose_token(torch.from_numpy(row), Sampling(temperature=0.0), None) for row in logits]
 
 
 def test_a_released_row_gives_its_pages_back_and_reads_zeros():
