@@ -83,6 +83,14 @@ class _Prepared:
     memory_source: str = "none"
     kept: list[np.ndarray | None] = field(default_factory=list)  # each slot's stored tokens (None: all)
     _memory: GenMemory | None = None
+    _tokens: int | None = None  # memory_tokens, kept by `released`
+
+    def released(self) -> _Prepared:
+        """This preparation without R's float K/V (what the answer reads of R stays: rows, weights,
+        its token count), once the decode loop holds its own copy of them."""
+        if self.placed is None:
+            return self
+        return replace(self, placed=replace(self.placed, chunks=[]), _memory=None, _tokens=self.memory_tokens)
 
     def memory(self, gen: Generator, layers: list[int]) -> GenMemory | None:
         """R as the torch path takes it (padded slots), built once."""
@@ -102,6 +110,8 @@ class _Prepared:
 
     @property
     def memory_tokens(self) -> int:
+        if self._tokens is not None:
+            return self._tokens
         return sum(int(c.shape[0]) for c in self.placed.chunks) if self.placed is not None else 0
 
 
@@ -263,6 +273,8 @@ class GenEngine:
             job = job_for(prep.prefix + prep.rest, prep.packed(self.generator, self.layers, p.prior), sampling,
                           keep_logits=keep_logits, cancelled=cancelled)
             items = self.decode_loop().submit(job)
+            if job.memory is not None and not job.memory.kv:  # laid out for an int8 cache: the float copies can go
+                prep = prep.released()
         else:
             items = self._in_torch(prep, p, sampling, keep_logits, cancelled)
         for item in items:

@@ -308,7 +308,8 @@ def test_the_int8_cache_holds_each_key_and_value_rounded_by_its_layer_and_channe
 
 def test_memory_is_quantised_on_the_callers_thread_and_placed_as_each_chunk_token_rounded(smol, int8, monkeypatch):
     """DecodeLoop.submit lays R out for an int8 cache on the request's own thread (KVCache.layout), so
-    the loop's thread, which every running request waits on, only copies it. Column o_c + t of memory
+    the loop's thread, which every running request waits on, only copies it, and the job drops its float
+    rows. Column o_c + t of memory
     layer j holds chunk c's token t quantised with that layer's key or value scale, and a row placed from
     it holds the bytes of a row placed without it."""
     prompt, gm, _, prior = _requests(smol)[2]  # k 8, composite
@@ -339,8 +340,11 @@ def test_memory_is_quantised_on_the_callers_thread_and_placed_as_each_chunk_toke
     monkeypatch.setattr(KVCache, "layout", lambda self, m: threads.append(threading.current_thread().name) or layout(self, m))
     loop = DecodeLoop(int8, smol.eos_ids, smol.tokenizer)
     try:
-        job = job_for(prompt, gm, Sampling(max_tokens=2), prior=prior)
-        assert _gen(loop.submit(job)).token_ids and job.laid is None  # the row held it; the job lets it go
+        job = job_for(prompt, mem, Sampling(max_tokens=2))
+        it = loop.submit(job)
+        # the job keeps the int8 copy only; the caller's PackedMemory is not touched (it may let it go)
+        assert job.memory is not None and job.memory.kv == [] and len(mem.kv) == len(mem.lengths)
+        assert _gen(it).token_ids and job.laid is None  # the row held it; the job lets it go
     finally:
         loop.close()
     assert threads == [threading.current_thread().name]

@@ -15,10 +15,11 @@ import time
 import httpx
 import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from softknn.common.console import sample_kb_path
-from softknn.generate.engine import GenEngine, GenParams
+from softknn.generate.engine import GenEngine, GenParams, _Prepared
 from softknn.generate.model import Sampling
 from softknn.generate.refusal import REFUSAL_TEXT, calibrate_refusal
 from softknn.index_builder.pipeline import BuildConfig, build_bundle, embed_texts
@@ -393,3 +394,21 @@ def test_a_bundle_without_the_refusal_record_never_refuses(tmp_path, encoder, ge
     g = a.diagnostics["grounding"]
     assert (g["refused"], g["threshold"], g["note"]) == (
         False, None, "the bundle was built without a refusal threshold: never refuses")
+
+
+def test_a_graph_answer_lets_rs_float_copies_go_and_reports_what_it_read(ge, monkeypatch):
+    """With the int8 cache the decode loop holds R as int8 from submission on: the preparation drops
+    R's float K/V (what the answer reports of R stays), and the answer's diagnostics still count R's
+    tokens and name the graph."""
+    p = ge.resolve(GenParams(max_tokens=TOKENS, k=2))
+    prep = ge.prepare(p, None, MESSAGES)
+    assert prep.placed is not None and prep.placed.chunks and prep.memory_tokens > 0
+    slim = prep.released()
+    assert slim.placed is not None and slim.placed.chunks == [] and slim.memory_tokens == prep.memory_tokens
+    assert slim.rows == prep.rows and torch.equal(slim.placed.weight, prep.placed.weight)
+    calls = []
+    release = _Prepared.released
+    monkeypatch.setattr(_Prepared, "released", lambda self: calls.append(1) or release(self))
+    got = ge.answer(GenParams(max_tokens=TOKENS, k=2), messages=MESSAGES)
+    assert calls == [1]  # the answer let them go once submitted
+    assert got.diagnostics["memory_tokens"] == prep.memory_tokens and got.diagnostics["runtime"].startswith("graph")
