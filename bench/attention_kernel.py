@@ -10,6 +10,15 @@ The keys and values are random with the spread of real ones (int8 codes of std 3
 scores of std ~2): random codes at full scale make softmax underflow to subnormal floats, which
 slows every kernel several-fold and measures nothing real.
 
+Beside it, `matmul_integer_decode`: the memory part of a decode step in standard operators
+(MatMulInteger over int8 keys stored transposed and int8 values, the probabilities in two 8-bit
+planes), a lower bound of what a graph without GroupQueryAttention would cost.
+
+And `fused_c_decode`: bench/attention_kernel.c, one plain C loop per row and kv head over the int8
+cache (q·k with the key scales folded into q, the softmax, p·v), compiled here with gcc -O3
+-march=native -ffast-math and called through ctypes for each layer, checked against a float64 numpy
+reference; what a fused kernel gains before any hand vectorisation (skipped, saying so, without gcc).
+
 Reported: ms per call (30 layers), ms per row (decode) and per query token (prefill), and for decode
 the cache bytes read per ms (GB/s of the int8 or float32 buffer itself), and this process's peak
 RSS. Writes bench/results/attention_kernel.json and .png.
@@ -107,6 +116,137 @@ def _time(kv: str, B: int, T: int, columns: int, repeats: int, rng: np.random.Ge
     return 1000 * statistics.median(times)
 
 
+def _matmul_integer_ms(B: int, columns: int, repeats: int, rng: np.random.Generator) -> float:
+    """The memory part of a decode step in standard ONNX operators, for comparison: per layer and kv
+    head, q (the group's 3 query heads, times the key scales) rounded to uint8 per row, MatMulInteger
+    with the int8 keys stored transposed, softmax, the probabilities in two uint8 planes (p·255 and its
+    remainder·255) through MatMulInteger with the int8 values. No own tokens, no cache append: a lower
+    bound of what such a graph would cost."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    G = HEADS // KV_HEADS
+    nodes, inits = [], []
+
+    def const(name: str, a: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(a, name))
+        return name
+
+    def op(kind: str, ins: list[str], out: str, **kw) -> str:
+        nodes.append(helper.make_node(kind, ins, [out], **kw))
+        return out
+
+    for name, v, dt in (("zp128", 128, np.uint8), ("zu", 0, np.uint8), ("zs", 0, np.int8), ("f255", 255.0, np.float32),
+                        ("f127", 127.0, np.float32), ("f128", 128.0, np.float32), ("i255", 1 / 255, np.float32),
+                        ("i65025", 1 / 65025, np.float32), ("eps", 1e-12, np.float32)):
+        const(name, np.array(v, dtype=dt))
+    const("last", np.array([-1], dtype=np.int64))
+    inputs = [helper.make_tensor_value_info("q", TensorProto.FLOAT, ["B", KV_HEADS, G, DIM]),
+              helper.make_tensor_value_info("mbias", TensorProto.FLOAT, ["B", 1, 1, "M"])]
+    outputs = []
+    for li in range(LAYERS):
+        inputs += [helper.make_tensor_value_info(f"kt_{li}", TensorProto.INT8, ["B", KV_HEADS, DIM, "M"]),
+                   helper.make_tensor_value_info(f"v_{li}", TensorProto.INT8, ["B", KV_HEADS, "M", DIM])]
+        ks = const(f"ks_{li}", np.full((KV_HEADS, 1, DIM), 1 / 128, np.float32))
+        vs = const(f"vs_{li}", np.full((KV_HEADS, 1, DIM), 1 / 128, np.float32))
+        qs = op("Mul", ["q", ks], f"qs_{li}")
+        sq = op("Div", [op("Max", [op("ReduceMax", [op("Abs", [qs], f"qa_{li}"), "last"], f"qm_{li}", keepdims=1), "eps"],
+                           f"qx_{li}"), "f127"], f"sq_{li}")
+        qu = op("Cast", [op("Add", [op("Round", [op("Div", [qs, sq], f"qd_{li}")], f"qr_{li}"), "f128"], f"qo_{li}")],
+                f"qu_{li}", to=TensorProto.UINT8)
+        sc = op("Add", [op("Mul", [op("Cast", [op("MatMulInteger", [qu, f"kt_{li}", "zp128", "zs"], f"si_{li}")], f"sf_{li}",
+                                      to=TensorProto.FLOAT), sq], f"ss_{li}"), "mbias"], f"sc_{li}")
+        e = op("Exp", [op("Sub", [sc, op("ReduceMax", [sc, "last"], f"mx_{li}", keepdims=1)], f"sm_{li}")], f"e_{li}")
+        z = op("ReduceSum", [e, "last"], f"z_{li}", keepdims=1)
+        p255 = op("Mul", [e, "f255"], f"p_{li}")
+        r1 = op("Round", [p255], f"r1_{li}")
+        u1 = op("Cast", [r1], f"u1_{li}", to=TensorProto.UINT8)
+        u2 = op("Cast", [op("Add", [op("Round", [op("Mul", [op("Sub", [p255, r1], f"d_{li}"), "f255"], f"d2_{li}")], f"r2_{li}"),
+                                    "f128"], f"r3_{li}")], f"u2_{li}", to=TensorProto.UINT8)
+        o1 = op("Mul", [op("Cast", [op("MatMulInteger", [u1, f"v_{li}", "zu", "zs"], f"o1_{li}")], f"o1f_{li}", to=TensorProto.FLOAT), "i255"], f"o1s_{li}")
+        o2 = op("Mul", [op("Cast", [op("MatMulInteger", [u2, f"v_{li}", "zp128", "zs"], f"o2_{li}")], f"o2f_{li}", to=TensorProto.FLOAT), "i65025"], f"o2s_{li}")
+        out = op("Div", [op("Mul", [op("Add", [o1, o2], f"o_{li}"), vs], f"ov_{li}"), z], f"out_{li}")
+        outputs.append(helper.make_tensor_value_info(out, TensorProto.FLOAT, None))
+    model = helper.make_model(helper.make_graph(nodes, "memattn", inputs, outputs, inits), opset_imports=[helper.make_opsetid("", 18)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads, so.inter_op_num_threads, so.log_severity_level = 1, 1, 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feed = {"q": (rng.standard_normal((B, KV_HEADS, G, DIM)) * 0.5).astype(np.float32),
+            "mbias": np.zeros((B, 1, 1, columns), np.float32)}
+    for li in range(LAYERS):
+        feed[f"kt_{li}"] = np.clip(np.rint(rng.standard_normal((B, KV_HEADS, DIM, columns)) * 32), -127, 127).astype(np.int8)
+        feed[f"v_{li}"] = np.clip(np.rint(rng.standard_normal((B, KV_HEADS, columns, DIM)) * 32), -127, 127).astype(np.int8)
+    sess.run(None, feed)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        sess.run(None, feed)
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def _fused_c_ms(B: int, columns: int, repeats: int, rng: np.random.Generator, lib) -> dict:
+    """bench/attention_kernel.c over the same rows (int8 keys and values, 30 layers): median ms, and its
+    largest difference from a numpy float64 reference of one row and kv head (outputs, probabilities)."""
+    import ctypes
+
+    S, C = columns + 1, 128 * -(-(columns + 1) // 128)
+    q = (rng.standard_normal((B, HEADS, DIM)) * 0.5).astype(np.float32)
+    ks = [np.clip(np.rint(rng.standard_normal((B, KV_HEADS, C, DIM)) * 32), -127, 127).astype(np.int8) for _ in range(LAYERS)]
+    vs = [np.clip(np.rint(rng.standard_normal((B, KV_HEADS, C, DIM)) * 32), -127, 127).astype(np.int8) for _ in range(LAYERS)]
+    kscale = np.full((KV_HEADS, DIM), 1 / 128, np.float32)
+    vscale = kscale.copy()
+    bias = np.zeros((B, S), np.float32)
+    out, probs = np.empty((B, HEADS, DIM), np.float32), np.empty((B, HEADS, S), np.float32)
+
+    def call(li: int) -> None:
+        rc = lib.attn_int8(B, HEADS, KV_HEADS, C, DIM, S, *(ctypes.c_void_p(a.ctypes.data) for a in
+                                                          (q, ks[li], vs[li], kscale, vscale, bias, out, probs)))
+        assert rc == 0
+
+    for li in range(LAYERS):
+        call(li)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for li in range(LAYERS):
+            call(li)
+        times.append(time.perf_counter() - t0)
+    b, h, G = B - 1, KV_HEADS - 1, HEADS // KV_HEADS  # the last layer's last row and kv head, in float64
+    qs = q[b, h * G : (h + 1) * G].astype(np.float64) * kscale[h]
+    sc = qs @ ks[-1][b, h, :S].astype(np.float64).T
+    p = np.exp(sc - sc.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    ref = (p @ vs[-1][b, h, :S].astype(np.float64)) * vscale[h]
+    return {"ms": round(1000 * statistics.median(times), 2), "ms_per_row": round(1000 * statistics.median(times) / B, 3),
+            "max_abs_err_out": float(np.abs(ref - out[b, h * G : (h + 1) * G]).max()),
+            "max_abs_err_probs": float(np.abs(p - probs[b, h * G : (h + 1) * G]).max())}
+
+
+def _build_c():
+    """bench/attention_kernel.c compiled (gcc -O3 -march=native -ffast-math) into a temporary directory
+    and loaded, or (None, why) where there is no gcc or it fails."""
+    import ctypes
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return None, "no gcc on PATH"
+    so = Path(tempfile.mkdtemp(prefix="softknn-attn-")) / "attention_kernel.so"
+    cmd = [gcc, "-O3", "-march=native", "-ffast-math", "-shared", "-fPIC", "-o", str(so),
+           str(Path(__file__).with_suffix(".c")), "-lm"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        return None, f"gcc failed: {r.stderr[-300:]}"
+    lib = ctypes.CDLL(str(so))
+    lib.attn_int8.restype = ctypes.c_int
+    lib.attn_int8.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 8
+    return lib, " ".join(cmd[:5])
+
+
 def run(args: argparse.Namespace) -> dict:
     rng = np.random.default_rng(0)
     rows = [int(x) for x in args.rows.split(",")]
@@ -126,6 +266,17 @@ def run(args: argparse.Namespace) -> dict:
             res["prefill"][str(T)] = {"ms": round(ms, 2), "ms_per_token": round(ms / T, 3)}
             print(kv, "prefill", T, res["prefill"][str(T)], flush=True)
         out["by_cache"][kv] = res
+    out["matmul_integer_decode"] = {}
+    for B in rows:
+        ms = _matmul_integer_ms(B, args.columns, args.repeats, rng)
+        out["matmul_integer_decode"][str(B)] = {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3)}
+        print("MatMulInteger memory attention", B, out["matmul_integer_decode"][str(B)], flush=True)
+    lib, how = _build_c()
+    out["fused_c_decode"] = {"built": how} if lib is not None else {"skipped": how}
+    if lib is not None:
+        for B in rows:
+            out["fused_c_decode"][str(B)] = _fused_c_ms(B, args.columns, args.repeats, rng, lib)
+            print("fused C", B, out["fused_c_decode"][str(B)], flush=True)
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     payload = write("attention_kernel", out)
     plot(payload)
@@ -143,6 +294,12 @@ def plot(payload: dict) -> None:
         d, p = res["decode"], res["prefill"]
         a.plot([int(x) for x in d], [v["ms"] for v in d.values()], "o-", label=f"{kv} cache")
         b.plot([int(x) for x in p], [v["ms"] for v in p.values()], "o-", label=f"{kv} cache")
+    mi = payload.get("matmul_integer_decode") or {}
+    if mi:
+        a.plot([int(x) for x in mi], [v["ms"] for v in mi.values()], "s--", label="int8, MatMulInteger (memory only)")
+    fc = {k: v for k, v in (payload.get("fused_c_decode") or {}).items() if k.isdigit()}
+    if fc:
+        a.plot([int(x) for x in fc], [v["ms"] for v in fc.values()], "^--", label="int8, fused C loop (bench/attention_kernel.c)")
     a.set(xlabel="rows (decode step, T = 1)", ylabel="ms per call, 30 layers", title="decode: GroupQueryAttention")
     b.set(xlabel="prompt tokens (prefill, B = 1)", ylabel="ms per call, 30 layers", title="prefill: GroupQueryAttention")
     for ax in (a, b):
