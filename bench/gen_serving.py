@@ -346,22 +346,18 @@ DECODE_PARTS = (("step: ORT", ("DecodeLoop._step", "Bound.run")),  # the decode 
 def decode_thread_split(raw: Path) -> dict:
     """Samples of py-spy's raw (collapsed) stacks per thread kind, and the decode thread's split into
     DECODE_PARTS (the rest: 'other'), as shares of its samples."""
+    from bench.profile_service import stacks
+
     totals: dict[str, int] = {}
     parts: dict[str, int] = {}
-    for line in raw.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack:
-            continue
-        frames = stack.split(";")
-        thread = frames[0]
+    for thread, names, n in stacks(raw):
         kind = ("decode loop" if "softknn-decode" in thread else "request threads" if "softknn-gen" in thread
                 else "event loop" if "MainThread" in thread else "other threads")
-        totals[kind] = totals.get(kind, 0) + int(n)
+        totals[kind] = totals.get(kind, 0) + n
         if kind != "decode loop":
             continue
-        names = [f.split(" (")[0] for f in frames[1:]]
         part = next((label for label, need in DECODE_PARTS if all(x in names for x in need)), "other")
-        parts[part] = parts.get(part, 0) + int(n)
+        parts[part] = parts.get(part, 0) + n
     busy = totals.get("decode loop", 0)
     return {"samples_by_thread": totals,
             "decode_thread_share": {k: round(v / busy, 3) for k, v in sorted(parts.items(), key=lambda kv: -kv[1])} if busy else {}}

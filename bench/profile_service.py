@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.common import RESULTS
@@ -32,19 +33,23 @@ WATCH = ("Engine.infer", "forward_plain", "retrieve", "fuse", "gather", "forward
          "_wait_to_fill", "wait", "tokenize", "middleware", "validate", "select", "_run_once", "httptools", "h11")
 
 
+def stacks(raw: Path) -> Iterator[tuple[str, list[str], int]]:
+    """py-spy's collapsed (raw) stacks: (thread, its functions outermost first, samples) per line."""
+    for line in raw.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        if stack:
+            thread, *frames = stack.split(";")
+            yield thread, [f.split(" (")[0] for f in frames], int(n)
+
+
 def summarize(raw: Path, top: int = 40) -> str:
     """Inclusive sample share per function, per thread, from py-spy's collapsed (raw) stacks."""
     per_thread: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     totals: collections.Counter = collections.Counter()
-    for line in raw.read_text().splitlines():
-        stack, _, n = line.rpartition(" ")
-        if not stack:
-            continue
-        frames = stack.split(";")
-        thread = frames[0]
-        totals[thread] += int(n)
-        for f in {f.split(" (")[0] for f in frames[1:]}:
-            per_thread[thread][f] += int(n)
+    for thread, names, n in stacks(raw):
+        totals[thread] += n
+        for f in set(names):
+            per_thread[thread][f] += n
     out = []
     for thread, total in totals.most_common():
         out.append(f"\n== {thread}: {total} samples")
