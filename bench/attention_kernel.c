@@ -38,13 +38,28 @@ int attn_int8(int B, int H, int KV, int C, int D, int S, const float* q, const i
         for (int c = 0; c < S; c++) { float e = expf(p[c] - mg); p[c] = e; z += e; }
         inv[g] = 1.f / z;
       }
-      memset(acc, 0, sizeof(float) * G * D);
-      for (int c = 0; c < S; c++) {
-        const int8_t* vc = Vb + (size_t)c * D;
-        for (int d = 0; d < D; d++) kf[d] = (float)vc[d];
-        for (int g = 0; g < G; g++) {
-          const float pg = P[(size_t)g * S + c];
-          for (int d = 0; d < D; d++) acc[g * D + d] += pg * kf[d];
+      if (G == 3 && D == 64) {  /* SmolLM2's shape: 3 x 64 accumulators, kept in registers */
+        float a0[64] = {0}, a1[64] = {0}, a2[64] = {0};
+        for (int c = 0; c < S; c++) {
+          const int8_t* vc = Vb + (size_t)c * 64;
+          const float p0 = P[c], p1 = P[(size_t)S + c], p2 = P[2 * (size_t)S + c];
+          for (int d = 0; d < 64; d++) {
+            const float v = (float)vc[d];
+            a0[d] += p0 * v;
+            a1[d] += p1 * v;
+            a2[d] += p2 * v;
+          }
+        }
+        for (int d = 0; d < 64; d++) { acc[d] = a0[d]; acc[64 + d] = a1[d]; acc[128 + d] = a2[d]; }
+      } else {
+        memset(acc, 0, sizeof(float) * G * D);
+        for (int c = 0; c < S; c++) {
+          const int8_t* vc = Vb + (size_t)c * D;
+          for (int d = 0; d < D; d++) kf[d] = (float)vc[d];
+          for (int g = 0; g < G; g++) {
+            const float pg = P[(size_t)g * S + c];
+            for (int d = 0; d < D; d++) acc[g * D + d] += pg * kf[d];
+          }
         }
       }
       for (int g = 0; g < G; g++) {
