@@ -12,9 +12,10 @@ answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmark
   token (softknn: retrieval, placing R, prefill; llama.cpp: prefill of the tokenised prompt); decode
   tok/s over the remaining tokens; prefill tok/s = prompt tokens / TTFT for the prompt modes. Medians.
 - `streams`: N = 1, 4, 8, 16 concurrent streams through `POST /v1/chat/completions` (stream: true) of
-  a live `softknn serve` (the default weights and KV cache, one decode-graph thread; and the same server
-  with the `--weights-baseline` weights, q4a8, and the `--kv-baseline` KV cache where given, side by
-  side), each a different question,
+  a live `softknn serve` (the default weights, KV cache and attention, one decode-graph thread; and the
+  same server with the `--attention-baseline` attention, graph (ONNX Runtime's GroupQueryAttention in
+  place of the C kernel), the `--weights-baseline` weights, q4a8, and the `--kv-baseline` KV cache where
+  given, side by side), each a different question,
   k = 8, all sent at once; aggregate tokens/s (all tokens / wall time from the first request to the
   last token), per-stream p50 inter-token latency, TTFT, and the server's peak RSS (anonymous and
   file-backed: the mapped generator store is the latter); and llama.cpp the way llama-server serves
@@ -28,7 +29,7 @@ answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmark
   (`decode_thread_split`); every thread's inclusive shares in bench/results/NAME_profile.txt.
 
     python -m bench gen_serving [--questions 4] [--ks 4,8,16] [--streams 1,4,8,16] [--weights w8a8,q4a8]
-        [--weights-baseline q4a8] [--kv-baseline fp32]
+        [--attention-baseline graph] [--weights-baseline q4a8] [--kv-baseline fp32]
         [--max-tokens 128] [--llama-python /work/peers/llamacpp/venv/bin/python
         --llama-preload /work/peers/llamacpp/libisoc23shim.so]
 
@@ -281,6 +282,11 @@ def streams(args, ctx) -> dict:
         name = f"softknn_kv_{args.kv_baseline}"
         out[name], out[f"server_peak_rss_kv_{args.kv_baseline}"], _ = _softknn_streams(
             ctx, {**env, "SOFTKNN_GENERATOR__KV_CACHE": args.kv_baseline}, levels, qs, args.max_tokens, name)
+    if args.attention_baseline:  # the same server with the other attention, side by side
+        name = f"softknn_attn_{args.attention_baseline}"
+        out[name], out[f"server_peak_rss_attn_{args.attention_baseline}"], out[f"server_runtime_attn_{args.attention_baseline}"] = \
+            _softknn_streams(ctx, {**env, "SOFTKNN_GENERATOR__ATTENTION": args.attention_baseline}, levels, qs,
+                             args.max_tokens, name)
     if args.weights_baseline:  # the same server with another weight format, side by side
         name = f"softknn_w_{args.weights_baseline}"
         out[name], out[f"server_peak_rss_w_{args.weights_baseline}"], _ = _softknn_streams(
@@ -409,6 +415,9 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
                     "(default: the settings' default)")
     ap.add_argument("--kv-baseline", default="", help="`streams` also runs the server with this KV cache format "
                     "(SOFTKNN_GENERATOR__KV_CACHE), side by side; empty: not")
+    ap.add_argument("--attention-baseline", default="graph", help="`streams` also runs the server with this decode "
+                    "attention (SOFTKNN_GENERATOR__ATTENTION: graph = ONNX Runtime's GroupQueryAttention, beside the "
+                    "default C kernel), side by side; empty: not")
     ap.add_argument("--weights-baseline", default="q4a8", help="`streams` also runs the server with this weight format "
                     "(SOFTKNN_GENERATOR__WEIGHTS), side by side; empty: not")
     ap.add_argument("--max-tokens", type=int, default=128, help="tokens every answer decodes (ignore_eos)")
@@ -492,7 +501,7 @@ def plot(payload: dict, name: str = "gen_serving") -> None:
         axes[0].legend(fontsize=7)
         axes[1].legend(fontsize=7)
     if "streams" in payload:
-        for label in ("softknn", *[n for n in payload["streams"] if n.startswith(("softknn_kv_", "softknn_w_"))], "llama_cpp"):
+        for label in ("softknn", *[n for n in payload["streams"] if n.startswith(("softknn_kv_", "softknn_w_", "softknn_attn_"))], "llama_cpp"):
             per_n = payload["streams"].get(label) or {}
             ns = sorted(int(n) for n in per_n)
             if ns:

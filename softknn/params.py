@@ -175,6 +175,13 @@ class GeneratorSettings(BaseModel):
     kv_cache: Literal["fp32", "int8"] = Field("int8", description="the decode graph's KV cache: int8 = keys and "
                                               "values rounded to 8 bits with a fixed scale per layer and channel "
                                               "(a quarter of fp32's bytes to read each step), fp32 = as computed")
+    attention: Literal["auto", "kernel", "graph"] = Field("auto", description="the decode graph's attention over "
+                                                          "an int8 cache: kernel = a C kernel compiled at first "
+                                                          "use with the machine's C compiler (cc), the graph run "
+                                                          "in segments around it (a 16-row step's attention in "
+                                                          "half the time); graph = ONNX Runtime's "
+                                                          "GroupQueryAttention; auto = kernel where it compiles, "
+                                                          "else graph")
 
 
 class Settings(BaseSettings):

@@ -36,11 +36,12 @@ from typing import cast
 import numpy as np
 import torch
 
-from softknn.common.errors import InvalidInput
+from softknn.common.errors import InvalidInput, ModelRuntimeError
+from softknn.generate import kernel
 from softknn.generate.attention import GenMemory, Trace, log_prior, placement, prompt_positions, rotate_keys
 from softknn.generate.graph import KV_DEFAULT
 from softknn.generate.model import Generation, Generator, Sampling, Step, TextStream, choose_token
-from softknn.generate.runtime import DecoderSession
+from softknn.generate.runtime import DecoderSession, SplitDecoderSession, default_graph_cache
 
 log = logging.getLogger(__name__)
 COLUMN_BLOCK = 128  # the cache grows in blocks of this many columns
@@ -269,7 +270,7 @@ class DecodeLoop:
     new prompts never stall the running ones for more than one budget of tokens (as vLLM's chunked
     prefill and llama-server's batches do)."""
 
-    def __init__(self, session: DecoderSession, eos_ids: set[int], tokenizer, *, max_batch: int = 16,
+    def __init__(self, session: DecoderSession | SplitDecoderSession, eos_ids: set[int], tokenizer, *, max_batch: int = 16,
                  prefill_chunk: int = 256, cache_mb: float = 1024):
         self.session = session
         self.shape = session.shape
@@ -296,6 +297,7 @@ class DecodeLoop:
         # caching, for the chat template's head that every request with memory starts with)
         self._prefixes: collections.OrderedDict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
         self.prefix_hits = 0
+        self.prefill_batches = 0  # runs of _prefill_together
         self.steps = 0  # batched decode steps run (tests, metrics)
         self.max_running = 0
 
@@ -401,18 +403,21 @@ class DecodeLoop:
             job.out.put(Generation(prompt_tokens=len(job.prompt_ids), finish_reason="cancelled"))
 
     def _fail_all(self, e: Exception) -> None:
-        for seq in self.running:
-            seq.job.out.put(e)
-        if self.filling is not None:
-            self.filling.job.out.put(e)
-        for row in range(len(self.running) + (self.filling is not None)):
+        """Every request in flight fails with e; the loop is empty before the first of them hears it."""
+        failed = self.running + ([self.filling] if self.filling is not None else [])
+        for row in range(len(failed)):
             self.cache.release(row)
         self.running, self.filling, self._bound, self.reserved = [], None, None, 0
+        for seq in failed:
+            seq.job.out.put(e)
 
     def _round(self) -> None:
         """Up to `prefill_chunk` prompt tokens prefilled (the request being filled, then the oldest waiting
-        ones while rows are free), then one decode step of the running requests."""
+        ones while rows are free: with a session that takes rows of different lengths, the waiting prompts
+        that fit whole in one run, `_prefill_together`), then one decode step of the running requests."""
         budget = self.prefill_chunk
+        if self.filling is None and getattr(self.session, "ragged", False):
+            budget -= self._prefill_together(budget)
         while budget > 0:
             if self.filling is None:
                 if len(self.running) >= self.max_batch:
@@ -423,6 +428,76 @@ class DecodeLoop:
             budget -= self._prefill_chunk(self.filling, budget)
         if self.running:
             self._step()
+
+    def _prefill_together(self, budget: int) -> int:
+        """The oldest waiting requests whose prompts (what the loop's kept prefix leaves of them) fit whole in
+        `budget` tokens and the free rows, admitted into rows len(running)… and prefilled in one run of rows
+        padded to the longest (the padding neither attended nor written: SplitBound.run's lengths); they join
+        the running batch with their first token. One run reads the weights once for all of them, where a
+        prefill each read them once each (~10 ms a run at 135M parameters). Returns the tokens taken."""
+        seqs: list[_Seq] = []
+        left = budget
+        while self._waiting and len(self.running) + len(seqs) < self.max_batch:
+            job = self._waiting[0]
+            if self.reserved + _need(job) > self.budget and (self.running or seqs):
+                break  # the oldest waits for cache room (no overtaking: it would starve)
+            key = self._prefix_of(job)
+            rest = len(job.prompt_ids) - (len(key) if key is not None and key in self._prefixes else 0)
+            if rest > left:
+                break  # a long prompt: prefilled in chunks between steps (the loop after this)
+            self._waiting.popleft()
+            if job.cancelled():
+                job.out.put(Generation(prompt_tokens=len(job.prompt_ids), finish_reason="cancelled"))
+                continue
+            try:
+                seq = self._admit(job, len(self.running) + len(seqs))
+            except Exception as e:  # noqa: BLE001 - the failure goes back to its request only
+                job.out.put(e)
+                continue
+            seqs.append(seq)
+            left -= len(job.prompt_ids) - seq.fed
+        if not seqs:
+            return 0
+        c, n = self.cache, len(self.running)
+        lengths = np.array([len(s.job.prompt_ids) - s.fed for s in seqs])
+        B, T = len(seqs), int(lengths.max())
+        S = max(s.length + int(t) for s, t in zip(seqs, lengths, strict=True))
+        ids, pos = np.zeros((B, T), dtype=np.int64), np.zeros((B, T), dtype=np.int64)
+        bias = np.zeros((B, 1, T, S), dtype=np.float32)
+        for b, s in enumerate(seqs):  # as _prefill_chunk's bias, row by row
+            job, a, t = s.job, s.fed, int(lengths[b])
+            ids[b, :t], pos[b, :t] = job.prompt_ids[a:], job.positions[a:]
+            pos[b, t:] = job.positions[-1]  # padding: any position the tables hold
+            M = s.memory_columns
+            bias[b, 0, :, :M] = c.bias[s.slot, :M]
+            P = job.memory.prefix_len if job.memory is not None else 0
+            bias[b, 0, : max(P - a, 0), :M] = NEG_INF
+        plain = bias.copy()
+        for b, s in enumerate(seqs):
+            plain[b, 0, :, : s.memory_columns] = NEG_INF
+        cols = np.array([s.length + int(t) - 1 for s, t in zip(seqs, lengths, strict=True)])
+        try:
+            out = self.session.run(ids, pos, cols, bias, plain, [k[n : n + B] for k in c.keys],
+                                   [v[n : n + B] for v in c.values], lengths=lengths)
+        except Exception as e:  # noqa: BLE001 - the failure goes back to these requests only
+            for s in seqs:
+                s.job.out.put(e)
+                self.reserved -= s.need
+                c.release(s.slot)
+            return int(lengths.sum())
+        attn = out.get("attn")
+        for b, s in enumerate(seqs):
+            t = int(lengths[b])
+            c.bias[s.slot, s.length : s.length + t] = 0.0
+            c.bias_plain[s.slot, s.length : s.length + t] = 0.0
+            s.length, s.fed = s.length + t, s.fed + t
+            self._remember_prefix(s)
+            self.running.append(s)  # its row is len(running) already
+        self.max_running = max(self.max_running, len(self.running))
+        self.prefill_batches += 1
+        for b, s in enumerate(seqs):
+            self._emit(s, out["logits"][b], None if attn is None else attn[b])
+        return int(lengths.sum())
 
     def _start_next(self) -> None:
         while self._waiting:
@@ -439,12 +514,12 @@ class DecodeLoop:
                 continue
             return
 
-    def _admit(self, job: DecodeJob) -> _Seq:
-        """A row for `job` (row len(running)), its memory written into it."""
+    def _admit(self, job: DecodeJob, n: int | None = None) -> _Seq:
+        """A row for `job` (row n, len(running) by default: rows below it are in use), its memory written into it."""
         mem = job.memory
         M = mem.columns if mem is not None else 0
         need = _need(job)
-        n = len(self.running)
+        n = len(self.running) if n is None else n
         # every row the loop may run, at once: pages never written are never touched (a row costs what it
         # fills), and growing row by row would copy the whole cache at each admission
         self.cache.ensure(self.max_batch, need, n)
@@ -627,6 +702,24 @@ class DecodeLoop:
             self._emit(s, out["logits"][j], None if attn is None else attn[j], int(greedy[j]))
 
 
+ATTENTION = ("auto", "kernel", "graph")
+
+
+def decoder_session(generator: Generator, weights: str, layers: list[int], *, threads: int = 1, kv: str = KV_DEFAULT,
+                    attention: str = "auto") -> DecoderSession | SplitDecoderSession:
+    """The decode graph's session: the segments around the C kernel (an int8 cache, `attention` kernel or auto
+    where the kernel compiles), else the whole graph (decode_loop)."""
+    calib = generator.calibration_ids()
+    if kv == "int8" and attention != "graph":
+        kern, why = kernel.load(default_graph_cache())
+        if kern is not None:
+            return SplitDecoderSession(generator.model, weights, layers, kern, threads=threads, calibration_ids=calib)
+        if attention == "kernel":
+            raise ModelRuntimeError(f"generator.attention kernel: the attention kernel did not build: {why}")
+        log.warning("decode attention: GroupQueryAttention (the C kernel did not build: %s)", why)
+    return DecoderSession(generator.model, weights, layers, threads=threads, kv=kv, calibration_ids=calib)
+
+
 def _need(job: DecodeJob) -> int:
     """Cache columns a job may fill: its memory, its prompt and max_tokens."""
     return (job.memory.columns if job.memory is not None else 0) + len(job.prompt_ids) + job.sampling.max_tokens
@@ -678,17 +771,20 @@ def job_for(prompt_ids: list[int], memory: GenMemory | PackedMemory | None, samp
 
 
 def decode_loop(generator: Generator, layers: list[int], *, weights: str = "auto", threads: int = 1,
-                max_batch: int = 16, cache_mb: float = 1024, kv: str = KV_DEFAULT) -> DecodeLoop:
+                max_batch: int = 16, cache_mb: float = 1024, kv: str = KV_DEFAULT, attention: str = "auto") -> DecodeLoop:
     """The continuous-batching decode loop of `generator`'s model with memory at `layers`: one per
-    (weights, layers, threads, max_batch, cache_mb, kv cache format), kept on the generator and shared by
-    every engine that asks for the same."""
+    (weights, layers, threads, max_batch, cache_mb, kv cache format, attention), kept on the generator and
+    shared by every engine that asks for the same. `attention` (an int8 cache's): `kernel` the C kernel
+    (softknn.generate.kernel; ModelRuntimeError where it does not compile), `graph` ONNX Runtime's
+    GroupQueryAttention, `auto` the kernel where it compiles (else graph, and a warning saying why)."""
+    if attention not in ATTENTION:
+        raise ValueError(f"decode attention must be one of {ATTENTION}, not {attention!r}")
     w = generator.weights(weights)
-    key = (w, tuple(sorted(layers)), threads, max_batch, cache_mb, kv)
+    key = (w, tuple(sorted(layers)), threads, max_batch, cache_mb, kv, attention)
     with generator.loops_lock:
         loop = generator.decode_loops.get(key)
         if loop is None:
-            session = DecoderSession(generator.model, w, list(key[1]), threads=threads, kv=kv,
-                                     calibration_ids=generator.calibration_ids())
+            session = decoder_session(generator, w, list(key[1]), threads=threads, kv=kv, attention=attention)
             loop = generator.decode_loops[key] = DecodeLoop(session, generator.eos_ids, generator.tokenizer,
                                                             max_batch=max_batch, cache_mb=cache_mb)
         return cast("DecodeLoop", loop)

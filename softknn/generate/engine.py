@@ -122,12 +122,12 @@ class GenEngine:
     """Generation over one bundle. `runtime` "graph" decodes joint mixing and the plain model in the
     decode graph with continuous batching (softknn.generate.batch; `weights` its format, `threads` its
     ONNX Runtime threads, `max_batch` the most sequences a step decodes, `kv_cache` its KV cache format:
-    softknn.generate.graph); fixed α mixing, `exact`
+    softknn.generate.graph, `attention` its attention: decode_loop); fixed α mixing, `exact`
     requests and runtime "torch" run the model in torch with the memory hook (the reference)."""
 
     def __init__(self, retriever: Retriever, encoder: ModelForward, generator: Generator, *, runtime: str = "graph",
                  weights: str = "auto", threads: int = 1, max_batch: int = 16, torch_concurrent: int = 2,
-                 cache_mb: float = 1024, kv_cache: str = KV_DEFAULT):
+                 cache_mb: float = 1024, kv_cache: str = KV_DEFAULT, attention: str = "auto"):
         bundle = retriever.bundle
         rec = bundle.manifest.generator
         if rec is None:
@@ -144,7 +144,7 @@ class GenEngine:
         if runtime not in RUNTIMES:
             raise ValueError(f"generation runtime must be one of {RUNTIMES}, not {runtime!r}")
         self.runtime, self.weights, self.threads, self.max_batch = runtime, weights, threads, max_batch
-        self.cache_mb, self.kv_cache = cache_mb, kv_cache
+        self.cache_mb, self.kv_cache, self.attention = cache_mb, kv_cache, attention
         self._torch_slots = threading.BoundedSemaphore(torch_concurrent)  # generations in torch at once
 
     def uses_graph(self, p: GenParams, has_memory: bool) -> bool:
@@ -161,7 +161,13 @@ class GenEngine:
     def decode_loop(self):
         """The decode graph's loop for this bundle's memory layers (built on first use)."""
         return decode_loop(self.generator, self.layers, weights=self.weights, threads=self.threads,
-                           max_batch=self.max_batch, cache_mb=self.cache_mb, kv=self.kv_cache)
+                           max_batch=self.max_batch, cache_mb=self.cache_mb, kv=self.kv_cache,
+                           attention=self.attention)
+
+    def _graph_runtime(self) -> str:
+        """`graph WEIGHTS KV ATTENTION` of the decode loop that answers: e.g. `graph w8a8 int8 kernel`."""
+        s = self.decode_loop().session
+        return f"graph {s.weights} {s.kv} {s.attention}"
 
     # --- retrieval and memory -------------------------------------------------------------------
     def retrieve(self, query: str, p: GenParams):
@@ -381,8 +387,7 @@ class GenEngine:
             "memory_layers": len(self.layers) if prep.placed is not None else 0,
             "memory_tokens": prep.memory_tokens,
             "memory_source": prep.memory_source,
-            "runtime": (f"graph {self.generator.weights(self.weights)}" if self.uses_graph(p, prep.placed is not None)
-                        else "torch"),
+            "runtime": self._graph_runtime() if self.uses_graph(p, prep.placed is not None) else "torch",
             "w_db_entropy": h_w, "w_db_effective_k": math.exp(h_w),
             "attention_effective_k": math.exp(h_att),
             "exact": p.exact,

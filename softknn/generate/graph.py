@@ -211,6 +211,13 @@ def rope_tables(inv_freq: torch.Tensor, max_positions: int, attention_scaling: f
     return (freqs.cos() * attention_scaling).numpy(), (freqs.sin() * attention_scaling).numpy()
 
 
+def rope_for(model) -> tuple[np.ndarray, np.ndarray]:
+    """The decode graph's RoPE tables of `model` (rope_tables at its rotary embedding, up to its positions)."""
+    rotary = model.model.rotary_emb
+    return rope_tables(rotary.inv_freq, decoder_shape(model.config).max_positions,
+                       float(getattr(rotary, "attention_scaling", 1.0)))
+
+
 # the int8 cache's calibration: prose of the kinds a KB holds (rules, FAQ answers, figures, names), read
 # as the chat template's user turn so the template's own tokens (the attention sink among them) are in it
 CALIBRATION_TEXT = (
@@ -278,12 +285,19 @@ def input_maxima(model, ids: list[int]) -> dict[str, np.ndarray]:
 
 
 def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32", scales: np.ndarray | None = None,
-                  maxima: dict[str, np.ndarray] | None = None):
+                  maxima: dict[str, np.ndarray] | None = None, split: bool = False):
     """The onnx.ModelProto of `model`'s decode step (module doc) with memory at `memory_layers`, its KV
     cache in `kv` format (`int8`: `scales` from kv_scales). `w8a8` with `maxima` (input_maxima): each
     linear's input channels smoothed (softknn.generate.quant.smoothing), the factors folded into the
     RMSNorm weights before q/k/v and gate/up and into up's rows before down, and into the weights'
-    columns: the same function, with the activations' outlier channels moved into the weights."""
+    columns: the same function, with the activations' outlier channels moved into the weights.
+
+    `split`: the same graph without its attention, cut at each layer's attention into L + 1 segments (a
+    list of ModelProtos; split_segments), for the C kernel (softknn.generate.kernel) to run attention
+    between them: segment ℓ outputs `xres_ℓ` (the residual stream before layer ℓ's attention) and `q_ℓ`,
+    `k_ℓ`, `v_ℓ` (after RoPE); segment ℓ + 1 reads `xres_ℓ` and the attention's output `o_ℓ` (B, T, nh·hs);
+    the last outputs `logits` of each row's token `last_index` (B, 1) (rows of T tokens and fewer, padded). The RoPE tables are the inputs `rope_cos`, `rope_sin` (rope_tables), one
+    array the caller binds to every segment rather than a copy in each."""
     from onnx import TensorProto, helper
 
     if weights not in WEIGHTS:
@@ -302,9 +316,12 @@ def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32
     plain_needed = len(mem) < sh.layers
     cache_type = TensorProto.INT8 if kv == "int8" else TensorProto.FLOAT
 
-    rotary = model.model.rotary_emb
-    cos, sin = rope_tables(rotary.inv_freq, sh.max_positions, float(getattr(rotary, "attention_scaling", 1.0)))
-    cos_c, sin_c = b.const(cos, "cos"), b.const(sin, "sin")
+    cos, sin = rope_for(model)
+    if split:
+        cos_c, sin_c = "rope_cos", "rope_sin"
+    else:
+        cos_c, sin_c = b.const(cos, "cos"), b.const(sin, "sin")
+    cuts: list[int] = []
     last = b.const(np.array(-1, dtype=np.int64), "last")
     axis_heads = b.ints([1], "axes")
 
@@ -346,36 +363,43 @@ def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32
                  num_heads=nh, interleaved=0)  # (B, T, nh·hs), scaled
         k = b.op("RotaryEmbedding", [k, "position_ids", cos_c, sin_c], "k", domain="com.microsoft",
                  num_heads=nkv, interleaved=0)  # (B, T, nkv·hs)
-        # the cache is one buffer per layer, past and present bound to it (B, nkv, C, hs): the kernel
-        # appends the T new keys/values at columns seqlens_k + 1 − T … seqlens_k of each row and reads
-        # only that row's columns 0 … seqlens_k (causal among the new ones); `bias` adds the prior and
-        # hides what a row may not see
-        outs = [b.name("o"), f"present_key_{li}", f"present_value_{li}"] + ([b.name("qk")] if li in mem else [])
-        gqa_in = [q, k, v, f"past_key_{li}", f"past_value_{li}", "seqlens_k", "total_sequence_length",
-                  "", "", "", "bias" if li in mem else "bias_plain"]
-        quant: dict[str, Any] = {}
-        if scales is not None:  # int8: inputs 12, 13 are the layer's key and value scales, one per channel (nkv·hs)
-            gqa_in += ["", b.const(scales[li, 0].reshape(-1), "k_scale"), b.const(scales[li, 1].reshape(-1), "v_scale")]
-            quant = {"k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL", "kv_cache_bit_width": 8}
-        b.nodes.append(helper.make_node(
-            "GroupQueryAttention", gqa_in, outs, name=b.name("gqa"), domain="com.microsoft", num_heads=nh,
-            kv_num_heads=nkv, scale=1.0, qk_output=2 if li in mem else 0, **quant))
-        for kind in ("key", "value"):
-            inputs.append(helper.make_tensor_value_info(f"past_{kind}_{li}", cache_type, ["B", nkv, "C", hs]))
-            outputs.append(helper.make_tensor_value_info(f"present_{kind}_{li}", cache_type, ["B", nkv, "C", hs]))
-        x = b.op("Add", [x, lin(outs[0], sd[p + "self_attn.o_proj.weight"], f"o{li}")], "x")  # (B, T, H)
+        if split:  # the segment ends here: the kernel attends, the next segment reads o_ℓ
+            for role, val in (("xres", x), ("q", q), ("k", k), ("v", v)):
+                b.nodes.append(helper.make_node("Identity", [val], [f"{role}_{li}"], name=f"{role}_{li}_out"))
+            cuts.append(len(b.nodes))
+            x, o = f"xres_{li}", f"o_{li}"
+        else:
+            # the cache is one buffer per layer, past and present bound to it (B, nkv, C, hs): the kernel
+            # appends the T new keys/values at columns seqlens_k + 1 − T … seqlens_k of each row and reads
+            # only that row's columns 0 … seqlens_k (causal among the new ones); `bias` adds the prior and
+            # hides what a row may not see
+            outs = [b.name("o"), f"present_key_{li}", f"present_value_{li}"] + ([b.name("qk")] if li in mem else [])
+            gqa_in = [q, k, v, f"past_key_{li}", f"past_value_{li}", "seqlens_k", "total_sequence_length",
+                      "", "", "", "bias" if li in mem else "bias_plain"]
+            quant: dict[str, Any] = {}
+            if scales is not None:  # int8: inputs 12, 13 are the layer's key and value scales, one per channel (nkv·hs)
+                gqa_in += ["", b.const(scales[li, 0].reshape(-1), "k_scale"), b.const(scales[li, 1].reshape(-1), "v_scale")]
+                quant = {"k_quant_type": "PER_CHANNEL", "v_quant_type": "PER_CHANNEL", "kv_cache_bit_width": 8}
+            b.nodes.append(helper.make_node(
+                "GroupQueryAttention", gqa_in, outs, name=b.name("gqa"), domain="com.microsoft", num_heads=nh,
+                kv_num_heads=nkv, scale=1.0, qk_output=2 if li in mem else 0, **quant))
+            for kind in ("key", "value"):
+                inputs.append(helper.make_tensor_value_info(f"past_{kind}_{li}", cache_type, ["B", nkv, "C", hs]))
+                outputs.append(helper.make_tensor_value_info(f"present_{kind}_{li}", cache_type, ["B", nkv, "C", hs]))
+            o = outs[0]
+        x = b.op("Add", [x, lin(o, sd[p + "self_attn.o_proj.weight"], f"o{li}")], "x")  # (B, T, H)
         h = b.op("SimplifiedLayerNormalization", [x, b.const(ln2.astype(np.float32), "ln2")], "h",
                  axis=-1, epsilon=sh.eps, stash_type=1)
-        gu = lin(h, wgu, f"gu{li}")
-        gate, up = b.ops("Split", [gu, b.ints([sh.intermediate, sh.intermediate], "split")], "gu", 2, axis=-1)
-        act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], "sig")], "silu"), up], "act")
-        x = b.op("Add", [x, lin(act, wdown, f"down{li}")], "x")
-        if li in mem:  # the last row's probabilities, summed over memory layers: (B, nh, S)
+        x = _mlp(b, lin, x, h, wgu, wdown, sh, li)
+        if li in mem and not split:  # the last row's probabilities, summed over memory layers: (B, nh, S)
             pl = b.op("Gather", [outs[3], last], "plast", axis=2)
             attn_sum = pl if attn_sum is None else b.op("Add", [attn_sum, pl], "attn")
     x = b.op("SimplifiedLayerNormalization", [x, b.const(sd["model.norm.weight"], "norm")], "h", axis=-1,
              epsilon=sh.eps, stash_type=1)
-    xl = b.op("Gather", [x, last], "xlast", axis=1)  # (B, H): the last position
+    if split:  # (B, H): each row's own last token (`last_index` (B, 1): rows of a batched prefill end apart)
+        xl = b.op("GatherND", [x, "last_index"], "xlast", batch_dims=1)
+    else:
+        xl = b.op("Gather", [x, last], "xlast", axis=1)  # (B, H): the last position
     head_w = model.get_output_embeddings().weight.detach().float().numpy()  # the embedding itself when tied
     q8 = weights != "fp32" and is_lossless(head_w, list(pack_q8_as_two_q4(head_w)))
     logits = lin(xl, head_w, "head", q8=q8, rank=2)
@@ -385,9 +409,58 @@ def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32
         b.nodes.append(helper.make_node("Mul", [pm, b.const(np.array(1.0 / len(mem), dtype=np.float32), "inv")],
                                         ["attn"], name="attn_out"))
         outputs.append(helper.make_tensor_value_info("attn", TensorProto.FLOAT, ["B", "S"]))
+    if split:
+        return split_segments(b, cuts, {f"{r}_{li}" for li in range(sh.layers) for r in "qkv"} | {"logits"}, sh)
     graph = helper.make_graph(b.nodes, "softknn_decoder", inputs, outputs, b.inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)],
                              producer_name="softknn")
+
+
+def _mlp(b: _Builder, lin: _Linear, x: str, h: str, wgu: np.ndarray, wdown: np.ndarray, sh: DecoderShape, li: int) -> str:
+    """x + down(silu(gate(h)) · up(h)): the layer's MLP on its residual stream."""
+    gu = lin(h, wgu, f"gu{li}")
+    gate, up = b.ops("Split", [gu, b.ints([sh.intermediate, sh.intermediate], "split")], "gu", 2, axis=-1)
+    act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], "sig")], "silu"), up], "act")
+    return b.op("Add", [x, lin(act, wdown, f"down{li}")], "x")
+
+
+
+
+def split_segments(b: _Builder, cuts: list[int], exports: set[str], sh: DecoderShape) -> list:
+    """The builder's nodes cut before each index of `cuts` into graphs: each holds its nodes and the
+    initializers they read; a value one segment makes and a later one reads is the first's output and the
+    second's input (by name), as are the graph's own inputs a segment reads; `exports`: the values read
+    outside the graphs, outputs of the segment that makes them."""
+    from onnx import TensorProto, helper
+
+    def info(n: str):  # the boundary values' types and shapes (ONNX Runtime's fusions look at them)
+        role = n.rpartition("_")[0]
+        shape: dict[str, list[str | int]] = {"input_ids": ["B", "T"], "position_ids": ["B", "T"], "last_index": ["B", 1], "rope_cos": ["P", sh.head_dim // 2],
+                 "rope_sin": ["P", sh.head_dim // 2], "logits": ["B", sh.vocab], "xres": ["B", "T", sh.hidden],
+                 "q": ["B", "T", sh.heads * sh.head_dim], "o": ["B", "T", sh.heads * sh.head_dim],
+                 "k": ["B", "T", sh.kv_heads * sh.head_dim], "v": ["B", "T", sh.kv_heads * sh.head_dim]}
+        dims = shape.get(n, shape.get(role))
+        kind = TensorProto.INT64 if n.endswith("_ids") or n == "last_index" else TensorProto.FLOAT
+        return helper.make_tensor_value_info(n, kind, dims)
+
+    bounds = [0, *cuts, len(b.nodes)]
+    inits = {t.name: t for t in b.inits}
+    segs = [b.nodes[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+    made = [{o for n in seg for o in n.output} for seg in segs]
+    read = [{i for n in seg for i in n.input if i} for seg in segs]
+    models = []
+    for si, seg in enumerate(segs):
+        ins = sorted(read[si] - made[si] - inits.keys())
+        later = set().union(*read[si + 1 :]) if si + 1 < len(segs) else set()
+        outs = sorted(made[si] & (later | exports))
+        graph = helper.make_graph(
+            seg, f"softknn_decoder_{si}",
+            [info(n) for n in ins], [info(n) for n in outs],
+            [inits[n] for n in sorted(read[si] & inits.keys())])
+        models.append(helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                              helper.make_opsetid("com.microsoft", 1)],
+                                        producer_name="softknn"))
+    return models
 
 
 def lossless_q4(model) -> bool:

@@ -14,6 +14,7 @@ import atexit
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +34,7 @@ from softknn.generate.graph import (
     input_maxima,
     kv_scales,
 )
+from softknn.generate.kernel import Kernel
 
 
 def default_graph_cache() -> Path:
@@ -40,12 +42,14 @@ def default_graph_cache() -> Path:
 
 
 def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | None = None, kv: str = "fp32",
-               calibration_ids: list[int] | None = None) -> Path:
+               calibration_ids: list[int] | None = None, split: bool = False) -> Path:
     """The decode graph of `model` as a file (model.onnx, its initializers in weights.bin; an int8 cache's
     scales also in kv_scales.npy), written once per (the model's weights and config, the weight format,
     the memory layers, the cache format, the calibration tokens of an int8 cache's scales and of w8a8's
     smoothing, the code that writes it) under
-    cache_dir and renamed into place whole; later calls return it."""
+    cache_dir and renamed into place whole; later calls return it. `split`: the graph cut at each layer's
+    attention (graph.build_decoder), its segments seg_000.onnx … (each with its .bin) in that directory;
+    returns the first."""
     import onnx
 
     from softknn.generate import graph, quant
@@ -54,15 +58,16 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
     code = hashlib.sha256(Path(graph.__file__).read_bytes() + Path(quant.__file__).read_bytes()).hexdigest()[:12]
     # the config too: two models of the same weights differ in RoPE scaling, windows, ... (the graph bakes them in)
     shape = hashlib.sha256(f"{model.config.to_json_string(use_diff=False)}|{memory_layers}".encode()).hexdigest()[:12]
-    name = f"{weight_fingerprint(model)[:16]}-{weights}-{shape}-{code}-kv{kv}"
+    name = f"{weight_fingerprint(model)[:16]}-{weights}-{shape}-{code}-kv{kv}" + ("-split" if split else "")
     if kv != "fp32" or weights == "w8a8":
         if not calibration_ids:
             raise ValueError(f"a {kv} kv cache and {weights} weights need calibration tokens")
         name += f"-{hashlib.sha256(str(list(calibration_ids)).encode()).hexdigest()[:8]}"
     out = Path(cache_dir or default_graph_cache()) / name
     sweep_stale(out.parent)
+    first = "seg_000.onnx" if split else "model.onnx"
     if (out / "done").is_file():
-        return out / "model.onnx"
+        return out / first
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError:  # a read-only home: this process's own temporary directory (rebuilt at each start)
@@ -77,8 +82,11 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
             scales = kv_scales(model, list(calibration_ids or []))
             np.save(tmp / "kv_scales.npy", scales)
         maxima = input_maxima(model, list(calibration_ids or [])) if weights == "w8a8" else None
-        onnx.save_model(build_decoder(model, weights, memory_layers, kv, scales, maxima), tmp / "model.onnx", save_as_external_data=True,
-                        all_tensors_to_one_file=True, location="weights.bin", size_threshold=1024)
+        built = build_decoder(model, weights, memory_layers, kv, scales, maxima, split=split)
+        parts = [(f"seg_{i:03d}", m) for i, m in enumerate(built)] if split else [("model", built)]
+        for stem, m in parts:
+            onnx.save_model(m, tmp / f"{stem}.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                            location="weights.bin" if stem == "model" else f"{stem}.bin", size_threshold=1024)
         (tmp / "done").write_text("ok")
         try:
             os.replace(tmp, out)
@@ -87,7 +95,7 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out / "model.onnx"
+    return out / first
 
 
 STALE_S = 3600.0  # a temporary graph directory older than this belongs to a writer that died
@@ -113,6 +121,20 @@ def sweep_stale(cache_dir: Path, max_age_s: float = STALE_S) -> list[str]:
     return removed
 
 
+def session_options(threads: int, profile: bool = False):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = max(threads, 0)
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.enable_mem_pattern = False  # shapes change every step: no plan to reuse
+    so.log_severity_level = 3  # the lenient shape merges of the dynamic dims are expected
+    so.enable_profiling = profile  # ONNX Runtime's per-node trace (bench/profile_decode.py)
+    return so
+
+
 @dataclass(frozen=True)
 class DecoderKey:
     weights: str
@@ -123,6 +145,9 @@ class DecoderSession:
     """An ORT session of the decode graph for one (weights, memory layers, KV cache format). `kv_scales`
     (L, 2, nkv, hs): an int8 cache's scales (keys, values), which the caller quantises the memory with;
     None for float32."""
+
+    attention = "graph"  # ONNX Runtime's GroupQueryAttention (SplitDecoderSession: the C kernel)
+    ragged = False  # every row of a run has T new tokens (GroupQueryAttention: B = 1 when T > 1)
 
     def __init__(self, model, weights: str, memory_layers: list[int], *, threads: int = 1, profile: bool = False,
                  cache_dir: Path | None = None, kv: str = "fp32", calibration_ids: list[int] | None = None):
@@ -138,14 +163,7 @@ class DecoderSession:
         self.memory_layers = sorted(set(memory_layers))
         path = graph_file(model, weights, self.memory_layers, cache_dir, kv, calibration_ids)
         self.kv_scales: np.ndarray | None = np.load(path.parent / "kv_scales.npy") if kv != "fp32" else None
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = max(threads, 0)
-        so.inter_op_num_threads = 1
-        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.enable_mem_pattern = False  # shapes change every step: no plan to reuse
-        so.log_severity_level = 3  # the lenient shape merges of the dynamic dims are expected
-        so.enable_profiling = profile  # ONNX Runtime's per-node trace (bench/profile_decode.py)
+        so = session_options(threads, profile)
         try:
             self.session = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - any ORT failure to open is the runtime's failure
@@ -161,12 +179,15 @@ class DecoderSession:
         self.shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, seqlens_k: np.ndarray, bias: np.ndarray,
-            bias_plain: np.ndarray | None, keys: list[np.ndarray], values: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """input_ids, position_ids (B, T) int64; seqlens_k (B,) each row's columns after the step − 1;
+            bias_plain: np.ndarray | None, keys: list[np.ndarray], values: list[np.ndarray],
+            lengths: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """input_ids, position_ids (B, T) int64; `lengths` None or T for every row (`ragged` False); seqlens_k (B,) each row's columns after the step − 1;
         bias[_plain] (B, 1, T, S) float32, S = max(seqlens_k) + 1; keys[ℓ], values[ℓ] (B, nkv, C, hs)
         float32 (int8 for an int8 cache), C-contiguous, updated in place. Returns the outputs by name: logits (B, V), attn (B, S)
         where the graph has memory."""
         B, T = input_ids.shape
+        if lengths is not None and np.any(np.asarray(lengths) != T):
+            raise ValueError("GroupQueryAttention's graph: every row of a run has T new tokens")
         return self.bind(keys, values, B, T).run(input_ids, position_ids, seqlens_k, bias, bias_plain)
 
     def bind(self, keys: list[np.ndarray], values: list[np.ndarray], B: int, T: int) -> Bound:
@@ -217,4 +238,159 @@ class Bound:
         out = {"logits": self.logits}
         if self.has_attn:
             out["attn"] = self.binding.get_outputs()[-1].numpy()
+        return out
+
+
+SWITCH_INTERVAL_S = 0.0002  # sys.setswitchinterval while a SplitDecoderSession serves (its __init__)
+
+
+class SplitDecoderSession:
+    """The decode graph with its attention in the C kernel (softknn.generate.kernel): the graph cut at each
+    layer's attention (graph.build_decoder, split) into L + 1 ORT sessions, the kernel between them; an
+    int8 cache only. The interface of DecoderSession (run, bind, shape, kv_scales, ...), the same numbers
+    within the kernel's float rounding (tests/core/test_decode_kernel.py); a row's result does not depend
+    on the rows beside it, as with the whole graph."""
+
+    attention = "kernel"
+    ragged = True  # run() takes rows of different token counts (DecodeLoop prefills waiting prompts together)
+
+    def __init__(self, model, weights: str, memory_layers: list[int], kernel: Kernel, *, threads: int = 1,
+                 cache_dir: Path | None = None, calibration_ids: list[int] | None = None):
+        import onnxruntime as ort
+
+        from softknn.generate.graph import rope_for
+
+        if weights not in WEIGHTS:
+            raise ValueError(f"generator weights must be one of {WEIGHTS}, not {weights!r}")
+        t0 = time.perf_counter()
+        self.shape: DecoderShape = decoder_shape(model.config)
+        self.weights, self.kv, self.kernel = weights, "int8", kernel
+        self.memory_layers = sorted(set(memory_layers))
+        first = graph_file(model, weights, self.memory_layers, cache_dir, "int8", calibration_ids, split=True)
+        self.kv_scales: np.ndarray | None = np.load(first.parent / "kv_scales.npy")
+        self.scales = [(np.ascontiguousarray(self.kv_scales[li, 0].reshape(-1)),
+                        np.ascontiguousarray(self.kv_scales[li, 1].reshape(-1))) for li in range(self.shape.layers)]
+        files = sorted(first.parent.glob("seg_*.onnx"))
+        if len(files) != self.shape.layers + 1:
+            raise ModelRuntimeError(f"decode graph segments: {len(files)} files in {first.parent}, not "
+                                    f"{self.shape.layers + 1}")
+        so = session_options(threads)
+        try:
+            self.sessions = [ort.InferenceSession(str(f), so, providers=["CPUExecutionProvider"]) for f in files]
+        except Exception as e:  # noqa: BLE001 - any ORT failure to open is the runtime's failure
+            raise ModelRuntimeError(f"decode graph segments ({weights}) did not open in ONNX Runtime: {e}") from e
+        self.seg_inputs = [[i.name for i in s.get_inputs()] for s in self.sessions]
+        self.seg_outputs = [[o.name for o in s.get_outputs()] for s in self.sessions]
+        self.rope = {"rope_cos": rope_for(model)[0], "rope_sin": rope_for(model)[1]}
+        self.output_names = ["logits"] + (["attn"] if self.memory_layers else [])
+        self.input_names = {n for ins in self.seg_inputs for n in ins}
+        self.has_plain_bias = len(self.memory_layers) < self.shape.layers
+        self.load_s = time.perf_counter() - t0
+        self._lock = threading.Lock()
+        self.shrink = ort.RunOptions()
+        self.shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        # a step gives the GIL up at each of its L + 1 segment runs and takes it back after: with Python's
+        # default 5 ms switch interval the decode thread then waited at each for whatever the event loop was
+        # doing: one stream's p50 inter-token 13.2 ms at 5 ms, 10.6 ms at 0.2 ms (gen_serving streams, docs/generation.md)
+        if sys.getswitchinterval() > SWITCH_INTERVAL_S:
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, seqlens_k: np.ndarray, bias: np.ndarray,
+            bias_plain: np.ndarray | None, keys: list[np.ndarray], values: list[np.ndarray],
+            lengths: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """As DecoderSession.run; `lengths` as SplitBound.run (rows of fewer new tokens than T)."""
+        B, T = input_ids.shape
+        return self.bind(keys, values, B, T).run(input_ids, position_ids, seqlens_k, bias, bias_plain, lengths)
+
+    def bind(self, keys: list[np.ndarray], values: list[np.ndarray], B: int, T: int) -> SplitBound:
+        return SplitBound(self, keys, values, B, T)
+
+
+class SplitBound:
+    """The segments' IOBindings over preallocated buffers for steps of B rows of T tokens: the residual
+    stream in two buffers (one segment reads one, writes the other), q, k, v and the attention's output
+    in one each, the ids and positions copied in each step; the cache arrays as given (int8, C-contiguous,
+    (B, nkv, C, hs)), which the kernel writes the new columns into."""
+
+    def __init__(self, ds: SplitDecoderSession, keys: list[np.ndarray], values: list[np.ndarray], B: int, T: int):
+        sh = ds.shape
+        self.ds, self.B, self.T = ds, B, T
+        for li in range(sh.layers):
+            for kind, arr in (("key", keys[li]), ("value", values[li])):
+                if arr.dtype != np.int8 or not arr.flags.c_contiguous or arr.shape[:2] != (B, sh.kv_heads) \
+                        or arr.shape[3] != sh.head_dim:
+                    raise ValueError(f"{kind} cache of layer {li}: C-contiguous int8 (B, nkv, C, hs) expected")
+        self.keys, self.values = keys, values
+        self.C = keys[0].shape[2]
+        self._caches = [(keys[li].ctypes.data, values[li].ctypes.data, ds.scales[li][0].ctypes.data,
+                         ds.scales[li][1].ctypes.data) for li in range(sh.layers)]
+        f32 = np.float32
+        self.buffers: dict[str, np.ndarray] = {
+            "input_ids": np.zeros((B, T), np.int64), "position_ids": np.zeros((B, T), np.int64),
+            "last_index": np.full((B, 1), T - 1, np.int64),
+            "x0": np.empty((B, T, sh.hidden), f32), "x1": np.empty((B, T, sh.hidden), f32),
+            "q": np.empty((B, T, sh.heads * sh.head_dim), f32), "o": np.empty((B, T, sh.heads * sh.head_dim), f32),
+            "k": np.empty((B, T, sh.kv_heads * sh.head_dim), f32), "v": np.empty((B, T, sh.kv_heads * sh.head_dim), f32),
+            "logits": np.empty((B, sh.vocab), f32), **ds.rope}
+        self.logits = self.buffers["logits"]
+        self.bindings = []
+        for si, sess in enumerate(ds.sessions):
+            binding = sess.io_binding()
+            for name in ds.seg_inputs[si]:
+                a = self.buffers[self._buffer(name)]
+                binding.bind_input(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+            for name in ds.seg_outputs[si]:
+                a = self.buffers[self._buffer(name)]
+                binding.bind_output(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
+            self.bindings.append(binding)
+
+    @staticmethod
+    def _buffer(name: str) -> str:
+        """The buffer a segment's input or output lives in: xres_ℓ alternates between x0 and x1."""
+        role, _, li = name.rpartition("_")
+        if role == "xres":
+            return f"x{int(li) % 2}"
+        if role in ("q", "k", "v", "o") and li.isdigit():
+            return role
+        return name
+
+    def run(self, input_ids: np.ndarray, position_ids: np.ndarray, seqlens_k: np.ndarray, bias: np.ndarray,
+            bias_plain: np.ndarray | None, lengths: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """One step (DecoderSession's Bound.run): `logits` is this binding's array, overwritten by the next run.
+        `lengths` (B,): row b's new tokens are its first lengths[b] (the rest padding: not attended, not
+        written into the cache, and the logits are of its token lengths[b] − 1); T each where None."""
+        ds, B, T, buf = self.ds, self.B, self.T, self.buffers
+        np.copyto(buf["input_ids"], input_ids)
+        np.copyto(buf["position_ids"], position_ids)
+        tlen = None if lengths is None else np.ascontiguousarray(lengths, dtype=np.int32)
+        buf["last_index"][:, 0] = T - 1 if tlen is None else tlen - 1
+        seq = np.ascontiguousarray(seqlens_k, dtype=np.int32)
+        S = int(seq.max()) + 1
+        if bias.shape != (B, 1, T, S) or (bias_plain is not None and bias_plain.shape != bias.shape):
+            raise ValueError(f"bias must be (B, 1, T, S) = {(B, 1, T, S)}, not {bias.shape}")
+        if seq.shape != (B,) or (tlen is not None and (tlen.shape != (B,) or tlen.min() < 1 or tlen.max() > T)):
+            raise ValueError(f"seqlens_k and lengths must be (B,) = ({B},), lengths within 1…{T}")
+        mem = set(ds.memory_layers)
+        b_mem = np.ascontiguousarray(bias, dtype=np.float32).reshape(B, T, S)
+        b_plain = b_mem if bias_plain is None else np.ascontiguousarray(bias_plain, dtype=np.float32).reshape(B, T, S)
+        attn = np.zeros((B, S), np.float32) if mem else None
+        w = 1.0 / (ds.shape.heads * max(len(mem), 1))
+        ro = ds.shrink if T > 1 else None
+        sh = ds.shape
+        # the addresses the kernel reads, checked here once (SplitBound.__init__: the cache and buffers)
+        q, k, v, o = (buf[n].ctypes.data for n in ("q", "k", "v", "o"))
+        ptl = None if tlen is None else tlen.ctypes.data
+        pa = None if attn is None else attn.ctypes.data
+        pm, pp = b_mem.ctypes.data, b_plain.ctypes.data
+        with ds._lock:
+            for li in range(sh.layers):
+                ds.sessions[li].run_with_iobinding(self.bindings[li], ro)
+                K, V, ks, vs = self._caches[li]
+                on = li in mem
+                ds.kernel.attend_raw(B, T, sh.heads, sh.kv_heads, self.C, sh.head_dim, S, q, k, v, K, V, ks, vs,
+                                     seq.ctypes.data, ptl, pm if on else pp, o, pa if on else None, w)
+            ds.sessions[-1].run_with_iobinding(self.bindings[-1], ro)
+        out = {"logits": self.logits}
+        if attn is not None:
+            out["attn"] = attn
         return out

@@ -190,8 +190,9 @@ class GenDiagnostics(Out):
     defaults: Literal["calibrated", "fixed"] | None = Field(None, description="where k and β came from when the "
                                                             "request left them unset: the bundle's calibration or "
                                                             "the fixed defaults")
-    runtime: str | None = Field(None, description="what decoded: `graph q4` (the decode graph and its weights) or "
-                                "`torch` (the memory hook: fixed α, exact)")
+    runtime: str | None = Field(None, description="what decoded: `graph w8a8 int8 kernel` (the decode graph: its "
+                                "weights, KV cache and attention, generator.attention) or `torch` (the memory "
+                                "hook: fixed α, exact)")
     w_db_entropy: float
     w_db_effective_k: float
     attention_effective_k: float

@@ -40,8 +40,8 @@ class GenDiagnostics:
             the bundle's calibration or the fixed defaults
         grounding (GroundingDiagnostics | None | Unset): the refusal verdict and why
         prior (float | None | Unset): β of the k-NN prior (joint mixing; null otherwise)
-        runtime (None | str | Unset): what decoded: `graph q4` (the decode graph and its weights) or `torch` (the memory
-            hook: fixed α, exact)
+        runtime (None | str | Unset): what decoded: `graph w8a8 int8 kernel` (the decode graph: its weights, KV cache
+            and attention, generator.attention) or `torch` (the memory hook: fixed α, exact)
         sources (GenDiagnosticsSources | Unset): where each parameter's value came from: request (the request or the
             command's option), settings (the server's SOFTKNN_DEFAULTS__* / SOFTKNN_GENERATE__*), bundle (its calibration or
             its indexes) or default (the parameter's declared default)

@@ -1,0 +1,213 @@
+"""The decode graph's attention in the C kernel (softknn.generate.kernel) against its references: ONNX
+Runtime's GroupQueryAttention on the same int8 cache (the op the whole graph runs), a float64 numpy
+computation, and the whole graph: the segmented graph around the kernel keeps the float graph's logits and
+evidence as the whole graph does, and batched decoding still gives each request its solo tokens."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from softknn.common.errors import ModelRuntimeError
+from softknn.generate import kernel
+from softknn.generate.batch import DecodeLoop, decoder_session, job_for
+from softknn.generate.model import Generator
+from softknn.generate.runtime import DecoderSession, SplitDecoderSession
+from tests.core.test_decode_graph import _all_close, _first_steps_agree, _gen, _requests
+
+H, KV, D = 9, 3, 64  # SmolLM2-135M's heads, kv heads and head dim (the kernel's register-resident case)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["native", "generic"])
+def kern(request, tmp_path_factory) -> kernel.Kernel:
+    """The kernel as this machine builds it (AVX-512 intrinsics where the CPU has them), and its plain C loops."""
+    k, why = kernel.load(tmp_path_factory.mktemp("kernel"), generic=request.param)
+    if k is None:  # CI and the images have gcc: a missing compiler here is a broken machine, not a skip
+        pytest.fail(f"the attention kernel did not build: {why}")
+    return k
+
+
+def _gqa(heads: int, kv_heads: int, dim: int):
+    """One GroupQueryAttention node over an int8 cache, as graph.build_decoder writes it, with its
+    probabilities (qk_output 2) as an output."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("q", f, ["B", "T", heads * dim]),
+           helper.make_tensor_value_info("k", f, ["B", "T", kv_heads * dim]),
+           helper.make_tensor_value_info("v", f, ["B", "T", kv_heads * dim]),
+           helper.make_tensor_value_info("past_key", TensorProto.INT8, ["B", kv_heads, "C", dim]),
+           helper.make_tensor_value_info("past_value", TensorProto.INT8, ["B", kv_heads, "C", dim]),
+           helper.make_tensor_value_info("seqlens_k", TensorProto.INT32, ["B"]),
+           helper.make_tensor_value_info("total", TensorProto.INT32, []),
+           helper.make_tensor_value_info("bias", f, ["B", 1, "T", "S"]),
+           helper.make_tensor_value_info("ks", f, [kv_heads * dim]),
+           helper.make_tensor_value_info("vs", f, [kv_heads * dim])]
+    outs = [helper.make_tensor_value_info(n, t, None) for n, t in
+            (("o", f), ("present_key", TensorProto.INT8), ("present_value", TensorProto.INT8), ("qk", f))]
+    node = helper.make_node("GroupQueryAttention", ["q", "k", "v", "past_key", "past_value", "seqlens_k", "total",
+                                                    "", "", "", "bias", "", "ks", "vs"],
+                            ["o", "present_key", "present_value", "qk"], domain="com.microsoft", num_heads=heads,
+                            kv_num_heads=kv_heads, scale=1.0, qk_output=2, k_quant_type="PER_CHANNEL",
+                            v_quant_type="PER_CHANNEL", kv_cache_bit_width=8)
+    model = helper.make_model(helper.make_graph([node], "gqa", ins, outs),
+                              opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def _case(B: int, T: int, pasts: list[int], seed: int, heads: int = H, kv_heads: int = KV, dim: int = D):
+    """Random q, k, v of a real layer's spread (keys ~0.25, scores ~2), caches of random codes past each row's
+    own columns, a bias with the k-NN prior on the first columns and −inf on a few (a prefix row's view)."""
+    rng = np.random.default_rng(seed)
+    seqlens = np.array([p + T - 1 for p in pasts], dtype=np.int32)
+    S = int(seqlens.max()) + 1
+    C = S + 5
+    q = (rng.standard_normal((B, T, heads * dim)) * 0.5).astype(np.float32)
+    k = (rng.standard_normal((B, T, kv_heads * dim)) * 0.25).astype(np.float32)
+    v = (rng.standard_normal((B, T, kv_heads * dim)) * 0.25).astype(np.float32)
+    K = rng.integers(-127, 128, (B, kv_heads, C, dim)).astype(np.int8)
+    V = rng.integers(-127, 128, (B, kv_heads, C, dim)).astype(np.int8)
+    ks = (rng.random(kv_heads * dim) * 0.004 + 0.001).astype(np.float32)  # codes ±127 → keys within ±0.64
+    vs = (rng.random(kv_heads * dim) * 0.004 + 0.001).astype(np.float32)
+    bias = np.zeros((B, 1, T, S), np.float32)
+    bias[:, :, :, :4] = np.log(0.3)  # a chunk's prior
+    bias[:, :, : max(T - 2, 0), 4:6] = -np.inf  # the first rows may not see two columns
+    return q, k, v, K, V, ks, vs, seqlens, bias
+
+
+@pytest.mark.parametrize(("B", "T", "pasts"), [(1, 1, [40]), (4, 1, [40, 3, 17, 0]), (1, 6, [30]), (1, 9, [0]),
+                                               (1, 40, [900])])
+def test_the_kernel_is_group_query_attention_on_the_same_int8_cache(kern, B, T, pasts):
+    """Rows of different lengths, decode steps and prefills (causal among the new tokens): the same cache bytes
+    written (the new keys and values rounded alike), outputs within 1e-6 (measured ≤ 1.2e-7: float32 sums in
+    another order), the last token's probabilities summed over the heads within 1e-6."""
+    q, k, v, K, V, ks, vs, seqlens, bias = _case(B, T, pasts, seed=B * 100 + T)
+    S = bias.shape[-1]
+    K2, V2 = K.copy(), V.copy()
+    ref_o, ref_k, ref_v, ref_p = _gqa(H, KV, D).run(None, {
+        "q": q, "k": k, "v": v, "past_key": K, "past_value": V, "seqlens_k": seqlens, "total": np.array(S, np.int32),
+        "bias": bias, "ks": ks, "vs": vs})
+    out, attn = np.zeros_like(q), np.zeros((B, S), np.float32)
+    kern.attend(q, k, v, K2, V2, ks, vs, seqlens, np.ascontiguousarray(bias.reshape(B, T, S)), out, attn, 1.0)
+    for b, past in enumerate(pasts):  # ORT returns the cache bound as present: compare the columns it holds
+        n = past + T
+        assert np.array_equal(ref_k[b, :, :n], K2[b, :, :n]) and np.array_equal(ref_v[b, :, :n], V2[b, :, :n])
+        assert np.abs(ref_p[b, :, -1, :n].sum(0) - attn[b, :n]).max() <= 1e-6
+        assert not attn[b, n:].any()
+    assert np.abs(ref_o - out).max() <= 1e-6
+
+
+def test_the_kernel_is_its_float64_reference_for_any_grouping(kern):
+    """Another shape than SmolLM2's (4 heads over 2 kv heads of 32 dims: the general p·v loop)."""
+    q, k, v, K, V, ks, vs, seqlens, bias = _case(3, 2, [9, 0, 21], seed=7, heads=4, kv_heads=2, dim=32)
+    B, T, S = 3, 2, bias.shape[-1]
+    K2, V2 = K.copy(), V.copy()
+    out, attn = np.zeros_like(q), np.zeros((B, S), np.float32)
+    kern.attend(q, k, v, K, V, ks, vs, seqlens, np.ascontiguousarray(bias.reshape(B, T, S)), out, attn, 0.5)
+    ref_o, ref_p = kernel.attend_reference(q, k, v, K2, V2, ks, vs, seqlens, bias.reshape(B, T, S))
+    assert np.array_equal(K, K2) and np.array_equal(V, V2)
+    assert np.abs(out - ref_o).max() <= 2e-6 and np.abs(attn - 0.5 * ref_p).max() <= 1e-6
+
+
+def test_rows_of_fewer_tokens_are_the_rows_alone_and_their_padding_is_not_written(kern):
+    """A prefill of three prompts padded to 7 tokens (tlen 7, 2, 4): each row's output, cache and last-token
+    probabilities are those of the row run alone with its own tokens, to the bit; the padding's columns keep
+    their bytes and its outputs are not written."""
+    q, k, v, K, V, ks, vs, _, bias = _case(3, 7, [30, 12, 0], seed=11)
+    tlen = np.array([7, 2, 4], np.int32)
+    seqlens = np.array([30 + 6, 12 + 1, 0 + 3], np.int32)  # each row's past + its own tokens − 1
+    S = bias.shape[-1]
+    b3 = np.ascontiguousarray(bias.reshape(3, 7, S))
+    before, vbefore = K.copy(), V.copy()
+    out, attn = np.full_like(q, 7.0), np.zeros((3, S), np.float32)
+    kern.attend(q, k, v, K, V, ks, vs, seqlens, b3, out, attn, 1.0, tlen)
+    for b, t in enumerate(tlen):
+        K1, V1 = before[b : b + 1].copy(), vbefore[b : b + 1].copy()
+        o1, a1 = np.zeros((1, t, H * D), np.float32), np.zeros((1, S), np.float32)
+        kern.attend(np.ascontiguousarray(q[b : b + 1, :t]), np.ascontiguousarray(k[b : b + 1, :t]),
+                    np.ascontiguousarray(v[b : b + 1, :t]), K1, V1, ks, vs, seqlens[b : b + 1],
+                    np.ascontiguousarray(b3[b : b + 1, :t]), o1, a1, 1.0)
+        assert np.array_equal(o1[0], out[b, :t]) and np.array_equal(a1[0], attn[b])
+        assert np.array_equal(K1[0], K[b]) and np.array_equal(V1[0], V[b])
+        assert (out[b, t:] == 7.0).all()  # padding: not written
+        assert np.array_equal(K[b, :, seqlens[b] + 1 :], before[b, :, seqlens[b] + 1 :])
+        assert not np.array_equal(K[b], before[b])  # its own columns were written
+
+
+def test_the_kernel_refuses_what_it_cannot_read(kern):
+    q, k, v, K, V, ks, vs, seqlens, bias = _case(1, 1, [5], seed=1)
+    S = bias.shape[-1]
+    out = np.zeros_like(q)
+    with pytest.raises(ValueError, match="K must be C-contiguous int8"):
+        kern.attend(q, k, v, K.astype(np.int16), V, ks, vs, seqlens, bias.reshape(1, 1, S), out)
+    with pytest.raises(ValueError, match="a row does not fit"):
+        kern.attend(q, k, v, K, V, ks, vs, seqlens + 100, np.zeros((1, 1, S + 100), np.float32), out)
+
+
+def test_without_a_compiler_the_kernel_says_why_and_auto_keeps_group_query_attention(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    kernel.load.cache_clear()
+    try:
+        k, why = kernel.load(tmp_path)
+        assert k is None and why == "no C compiler (cc/gcc, or $CC)"
+    finally:
+        kernel.load.cache_clear()
+    calls = []
+    monkeypatch.setattr(kernel, "load", lambda d: calls.append(d) or (None, "no C compiler (cc/gcc, or $CC)"))
+    monkeypatch.setattr("softknn.generate.batch.DecoderSession", lambda *a, **kw: ("whole graph", kw["kv"]))
+    gen = Generator.__new__(Generator)
+    gen.calibration_ids = lambda: [1, 2, 3]  # type: ignore[method-assign]
+    gen.model = None
+    with caplog.at_level(logging.WARNING, logger="softknn.generate.batch"):
+        assert decoder_session(gen, "w8a8", [0], kv="int8", attention="auto") == ("whole graph", "int8")
+    assert "the C kernel did not build: no C compiler" in caplog.text
+    with pytest.raises(ModelRuntimeError, match="attention kernel did not build: no C compiler"):
+        decoder_session(gen, "w8a8", [0], kv="int8", attention="kernel")
+    assert decoder_session(gen, "w8a8", [0], kv="int8", attention="graph") == ("whole graph", "int8")
+    assert decoder_session(gen, "w8a8", [0], kv="fp32", attention="auto") == ("whole graph", "fp32")
+    assert len(calls) == 2  # graph and a float32 cache never build it
+
+
+# --- the segmented graph around the kernel, on SmolLM2 ------------------------------------------------
+@pytest.fixture(scope="module")
+def smol() -> Generator:
+    return Generator.load()
+
+
+@pytest.fixture(scope="module")
+def split(smol) -> SplitDecoderSession:
+    """w8a8 weights, the int8 cache, the kernel: what a server decodes with by default."""
+    s = decoder_session(smol, "w8a8", list(range(smol.info.num_layers)), kv="int8", attention="kernel")
+    assert isinstance(s, SplitDecoderSession)
+    return s
+
+
+def test_the_kernels_graph_keeps_the_float_graphs_attention_and_logits(smol, split):
+    """Against the float32 graph and cache, with memory (k 4, β 4): as the whole w8a8 graph over the int8 cache
+    (tests/core/test_decode_graph.py, 8% of the logits' spread, the trace within 0.02)."""
+    _first_steps_agree(smol, DecoderSession(smol.model, "fp32", list(range(smol.info.num_layers))), split,
+                       logits=0.08, trace=0.02)
+
+
+def test_the_kernels_graph_batched_gives_each_request_its_solo_tokens_and_logits(smol, split):
+    """Four requests of their own memory and lengths, alone then as one batch: the same tokens, and the same
+    logits to the bit (each row's integers and sums do not depend on the rows beside it)."""
+    loop = DecodeLoop(split, smol.eos_ids, smol.tokenizer, max_batch=8)
+    try:
+        reqs = _requests(smol)
+        solo = [_gen(loop.submit(job_for(p, m, s, prior=b, keep_logits=True))) for p, m, s, b in reqs]
+        with loop.paused():
+            its = [loop.submit(job_for(p, m, s, prior=b, keep_logits=True)) for p, m, s, b in reqs]
+        together = [_gen(it) for it in its]
+        assert loop.max_running == 4 and loop.prefill_batches >= 1  # the four prompts prefilled in one run
+        for a, b in zip(together, solo, strict=True):
+            assert a.token_ids == b.token_ids and a.text == b.text
+            assert _all_close(a.logits, b.logits, 0.0)
+    finally:
+        loop.close()
