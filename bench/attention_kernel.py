@@ -1,4 +1,4 @@
-"""The decode graph's attention op alone: ONNX Runtime's GroupQueryAttention over an int8 cache (the default) and a float32 one, decode steps of 1/4/16 rows and prefills of 8/32/64 tokens, per row and per query token.
+"""The decode graph's attention alone: ONNX Runtime's GroupQueryAttention over an int8 cache and a float32 one, and softknn's C kernel over the int8 cache, decode steps of 1/4/16 rows and prefills of 8/32/64 tokens, per row and per query token.
 
     python -m bench attention_kernel [--columns 890] [--rows 1,4,16] [--prefill 8,32,64] [--repeats 10]
 
@@ -14,10 +14,11 @@ Beside it, `matmul_integer_decode`: the memory part of a decode step in standard
 (MatMulInteger over int8 keys stored transposed and int8 values, the probabilities in two 8-bit
 planes), a lower bound of what a graph without GroupQueryAttention would cost.
 
-And `fused_c_decode`: bench/attention_kernel.c, one plain C loop per row and kv head over the int8
-cache (q·k with the key scales folded into q, the softmax, p·v), compiled here with gcc -O3
--march=native -ffast-math and called through ctypes for each layer, checked against a float64 numpy
-reference; what a fused kernel gains before any hand vectorisation (skipped, saying so, without gcc).
+And `kernel`: softknn's own attention kernel (softknn/generate/attend.c through softknn.generate.kernel,
+what the server runs between the decode graph's segments: generator.attention), built here as the
+server builds it (AVX-512 intrinsics where the CPU has them), and `kernel_generic`, its plain C loops,
+on the same decode rows and prefills, with their largest difference from the float64 reference
+(skipped, saying so, without a C compiler).
 
 Reported: ms per call (30 layers), ms per row (decode) and per query token (prefill), and for decode
 the cache bytes read per ms (GB/s of the int8 or float32 buffer itself), and this process's peak
@@ -29,7 +30,9 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -185,66 +188,40 @@ def _matmul_integer_ms(B: int, columns: int, repeats: int, rng: np.random.Genera
     return 1000 * statistics.median(times)
 
 
-def _fused_c_ms(B: int, columns: int, repeats: int, rng: np.random.Generator, lib) -> dict:
-    """bench/attention_kernel.c over the same rows (int8 keys and values, 30 layers): median ms, and its
-    largest difference from a numpy float64 reference of one row and kv head (outputs, probabilities)."""
-    import ctypes
+def _kernel_ms(kern, B: int, T: int, columns: int, repeats: int, rng: np.random.Generator) -> dict:
+    """softknn.generate.kernel (what the server runs between the graph's segments) over B rows of `columns`
+    past columns and T new tokens each, 30 layers of their own int8 caches (read from memory, as a step
+    reads them): median ms; and, on the last layer's first row, its largest difference from the float64
+    reference (kernel.attend_reference)."""
+    from softknn.generate import kernel
 
-    S, C = columns + 1, 128 * -(-(columns + 1) // 128)
-    q = (rng.standard_normal((B, HEADS, DIM)) * 0.5).astype(np.float32)
-    ks = [np.clip(np.rint(rng.standard_normal((B, KV_HEADS, C, DIM)) * 32), -127, 127).astype(np.int8) for _ in range(LAYERS)]
-    vs = [np.clip(np.rint(rng.standard_normal((B, KV_HEADS, C, DIM)) * 32), -127, 127).astype(np.int8) for _ in range(LAYERS)]
-    kscale = np.full((KV_HEADS, DIM), 1 / 128, np.float32)
-    vscale = kscale.copy()
-    bias = np.zeros((B, S), np.float32)
-    out, probs = np.empty((B, HEADS, DIM), np.float32), np.empty((B, HEADS, S), np.float32)
+    S = columns + T
+    C = 128 * -(-S // 128)
+    q = (rng.standard_normal((B, T, HEADS * DIM)) * 0.5).astype(np.float32)
+    k = (rng.standard_normal((B, T, KV_HEADS * DIM)) * 0.25).astype(np.float32)
+    v = (rng.standard_normal((B, T, KV_HEADS * DIM)) * 0.25).astype(np.float32)
+    Ks = [np.clip(np.rint(rng.standard_normal((B, KV_HEADS, C, DIM)) * 32), -127, 127).astype(np.int8) for _ in range(LAYERS)]
+    Vs = [np.clip(np.rint(rng.standard_normal((B, KV_HEADS, C, DIM)) * 32), -127, 127).astype(np.int8) for _ in range(LAYERS)]
+    scale = np.full(KV_HEADS * DIM, 1 / 128, np.float32)
+    seqlens = np.full(B, S - 1, np.int32)
+    bias = np.zeros((B, T, S), np.float32)
+    out, attn = np.empty((B, T, HEADS * DIM), np.float32), np.zeros((B, S), np.float32)
+    ref_in = (Ks[-1][:1].copy(), Vs[-1][:1].copy())
 
-    def call(li: int) -> None:
-        rc = lib.attn_int8(B, HEADS, KV_HEADS, C, DIM, S, *(ctypes.c_void_p(a.ctypes.data) for a in
-                                                          (q, ks[li], vs[li], kscale, vscale, bias, out, probs)))
-        assert rc == 0
+    def call() -> None:
+        for li in range(LAYERS):
+            kern.attend(q, k, v, Ks[li], Vs[li], scale, scale, seqlens, bias, out, attn, 1.0 / (HEADS * LAYERS))
 
-    for li in range(LAYERS):
-        call(li)
+    call()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
-        for li in range(LAYERS):
-            call(li)
+        call()
         times.append(time.perf_counter() - t0)
-    b, h, G = B - 1, KV_HEADS - 1, HEADS // KV_HEADS  # the last layer's last row and kv head, in float64
-    qs = q[b, h * G : (h + 1) * G].astype(np.float64) * kscale[h]
-    sc = qs @ ks[-1][b, h, :S].astype(np.float64).T
-    p = np.exp(sc - sc.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    ref = (p @ vs[-1][b, h, :S].astype(np.float64)) * vscale[h]
-    return {"ms": round(1000 * statistics.median(times), 2), "ms_per_row": round(1000 * statistics.median(times) / B, 3),
-            "max_abs_err_out": float(np.abs(ref - out[b, h * G : (h + 1) * G]).max()),
-            "max_abs_err_probs": float(np.abs(p - probs[b, h * G : (h + 1) * G]).max())}
-
-
-def _build_c():
-    """bench/attention_kernel.c compiled (gcc -O3 -march=native -ffast-math) into a temporary directory
-    and loaded, or (None, why) where there is no gcc or it fails."""
-    import ctypes
-    import shutil
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        return None, "no gcc on PATH"
-    so = Path(tempfile.mkdtemp(prefix="softknn-attn-")) / "attention_kernel.so"
-    cmd = [gcc, "-O3", "-march=native", "-ffast-math", "-shared", "-fPIC", "-o", str(so),
-           str(Path(__file__).with_suffix(".c")), "-lm"]
-    r = subprocess.run(cmd, capture_output=True, text=True)
-    if r.returncode:
-        return None, f"gcc failed: {r.stderr[-300:]}"
-    lib = ctypes.CDLL(str(so))
-    lib.attn_int8.restype = ctypes.c_int
-    lib.attn_int8.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 8
-    return lib, " ".join(cmd[:5])
+    ref, _ = kernel.attend_reference(q[:1], k[:1], v[:1], *ref_in, scale, scale, seqlens[:1], bias[:1])
+    ms = 1000 * statistics.median(times)
+    return {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3), "ms_per_token": round(ms / (B * T), 3),
+            "max_abs_err_out": float(np.abs(ref - out[:1]).max())}
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -271,12 +248,19 @@ def run(args: argparse.Namespace) -> dict:
         ms = _matmul_integer_ms(B, args.columns, args.repeats, rng)
         out["matmul_integer_decode"][str(B)] = {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3)}
         print("MatMulInteger memory attention", B, out["matmul_integer_decode"][str(B)], flush=True)
-    lib, how = _build_c()
-    out["fused_c_decode"] = {"built": how} if lib is not None else {"skipped": how}
-    if lib is not None:
-        for B in rows:
-            out["fused_c_decode"][str(B)] = _fused_c_ms(B, args.columns, args.repeats, rng, lib)
-            print("fused C", B, out["fused_c_decode"][str(B)], flush=True)
+    from softknn.generate import kernel
+
+    for build, generic in (("kernel", False), ("kernel_generic", True)):
+        kern, how = kernel.load(Path(tempfile.mkdtemp(prefix="softknn-kernel-")), generic=generic)
+        res = {"built": how} if kern is not None else {"skipped": how}
+        if kern is not None:
+            for B in rows:
+                res[f"decode_{B}"] = _kernel_ms(kern, B, 1, args.columns, args.repeats, rng)
+                print(build, "decode", B, res[f"decode_{B}"], flush=True)
+            for T in prefill:
+                res[f"prefill_{T}"] = _kernel_ms(kern, 1, T, args.columns, args.repeats, rng)
+                print(build, "prefill", T, res[f"prefill_{T}"], flush=True)
+        out[build] = res
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     payload = write("attention_kernel", out)
     plot(payload)
@@ -297,11 +281,17 @@ def plot(payload: dict) -> None:
     mi = payload.get("matmul_integer_decode") or {}
     if mi:
         a.plot([int(x) for x in mi], [v["ms"] for v in mi.values()], "s--", label="int8, MatMulInteger (memory only)")
-    fc = {k: v for k, v in (payload.get("fused_c_decode") or {}).items() if k.isdigit()}
-    if fc:
-        a.plot([int(x) for x in fc], [v["ms"] for v in fc.values()], "^--", label="int8, fused C loop (bench/attention_kernel.c)")
-    a.set(xlabel="rows (decode step, T = 1)", ylabel="ms per call, 30 layers", title="decode: GroupQueryAttention")
-    b.set(xlabel="prompt tokens (prefill, B = 1)", ylabel="ms per call, 30 layers", title="prefill: GroupQueryAttention")
+    for build, style in (("kernel", "^-"), ("kernel_generic", "v--")):
+        res = payload.get(build) or {}
+        dec = {int(x.split("_")[1]): v["ms"] for x, v in res.items() if x.startswith("decode_")}
+        pre = {int(x.split("_")[1]): v["ms"] for x, v in res.items() if x.startswith("prefill_")}
+        label = "int8, softknn's C kernel" + (" (plain loops)" if build.endswith("generic") else "")
+        if dec:
+            a.plot(list(dec), list(dec.values()), style, label=label)
+        if pre:
+            b.plot(list(pre), list(pre.values()), style, label=label)
+    a.set(xlabel="rows (decode step, T = 1)", ylabel="ms per call, 30 layers", title="decode")
+    b.set(xlabel="prompt tokens (prefill, B = 1)", ylabel="ms per call, 30 layers", title="prefill")
     for ax in (a, b):
         ax.grid(alpha=0.3)
         ax.legend()
