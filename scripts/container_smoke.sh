@@ -186,6 +186,14 @@ timeout 60 podman exec "$SVC" /opt/venv/bin/python -c 'import s3fs, softknn.stor
   || die "the image cannot serve from object storage (s3fs missing)"
 lap "s3fs importable in the image"
 
+# the decode attention kernel compiles in the image, as the service user (generator.attention auto)
+kern=$(timeout 120 podman exec "$SVC" /opt/venv/bin/python -c 'import tempfile; from pathlib import Path
+from softknn.generate import kernel
+k, why = kernel.load(Path(tempfile.mkdtemp()))
+assert k is not None, why
+print(why)') || die "the attention kernel does not build in the image: $kern"
+lap "attention kernel built: $kern"
+
 timeout 60 podman healthcheck run "$SVC" >/dev/null \
   || die "podman healthcheck run: $(podman inspect "$SVC" --format '{{.State.Health.Status}}')"
 lap "HEALTHCHECK: $(podman inspect "$SVC" --format '{{.State.Health.Status}}')"
