@@ -179,7 +179,7 @@ class GeneratorSettings(BaseModel):
                                                           "an int8 cache: kernel = a C kernel compiled at first "
                                                           "use with the machine's C compiler (cc), the graph run "
                                                           "in segments around it (a 16-row step's attention in "
-                                                          "half the time); graph = ONNX Runtime's "
+                                                          "a quarter of the time); graph = ONNX Runtime's "
                                                           "GroupQueryAttention; auto = kernel where it compiles, "
                                                           "else graph")
 
