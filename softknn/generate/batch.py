@@ -297,7 +297,7 @@ class DecodeLoop:
         # caching, for the chat template's head that every request with memory starts with)
         self._prefixes: collections.OrderedDict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = collections.OrderedDict()
         self.prefix_hits = 0
-        self.prefill_batches = 0  # runs of _prefill_together
+        self.max_prefilled_together = 0  # the most prompts one run of _prefill_together held
         self.steps = 0  # batched decode steps run (tests, metrics)
         self.max_running = 0
 
@@ -494,7 +494,7 @@ class DecodeLoop:
             self._remember_prefix(s)
             self.running.append(s)  # its row is len(running) already
         self.max_running = max(self.max_running, len(self.running))
-        self.prefill_batches += 1
+        self.max_prefilled_together = max(self.max_prefilled_together, len(seqs))
         for b, s in enumerate(seqs):
             self._emit(s, out["logits"][b], None if attn is None else attn[b])
         return int(lengths.sum())

@@ -1,7 +1,8 @@
 """The decode graph's attention in the C kernel (softknn.generate.kernel) against its references: ONNX
 Runtime's GroupQueryAttention on the same int8 cache (the op the whole graph runs), a float64 numpy
 computation, and the whole graph: the segmented graph around the kernel keeps the float graph's logits and
-evidence as the whole graph does, and batched decoding still gives each request its solo tokens."""
+evidence as the whole graph does (batched decoding still giving each request its solo tokens, to the bit:
+tests/core/test_decode_graph.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import pytest
 
 from softknn.common.errors import ModelRuntimeError
 from softknn.generate import kernel
-from softknn.generate.batch import DecodeLoop, decoder_session, job_for
+from softknn.generate.batch import decoder_session
 from softknn.generate.model import Generator
 from softknn.generate.runtime import DecoderSession, SplitDecoderSession
-from tests.core.test_decode_graph import _all_close, _first_steps_agree, _gen, _requests
+from tests.core.test_decode_graph import _first_steps_agree
 
 H, KV, D = 9, 3, 64  # SmolLM2-135M's heads, kv heads and head dim (the kernel's register-resident case)
 
@@ -193,21 +194,3 @@ def test_the_kernels_graph_keeps_the_float_graphs_attention_and_logits(smol, spl
     (tests/core/test_decode_graph.py, 8% of the logits' spread, the trace within 0.02)."""
     _first_steps_agree(smol, DecoderSession(smol.model, "fp32", list(range(smol.info.num_layers))), split,
                        logits=0.08, trace=0.02)
-
-
-def test_the_kernels_graph_batched_gives_each_request_its_solo_tokens_and_logits(smol, split):
-    """Four requests of their own memory and lengths, alone then as one batch: the same tokens, and the same
-    logits to the bit (each row's integers and sums do not depend on the rows beside it)."""
-    loop = DecodeLoop(split, smol.eos_ids, smol.tokenizer, max_batch=8)
-    try:
-        reqs = _requests(smol)
-        solo = [_gen(loop.submit(job_for(p, m, s, prior=b, keep_logits=True))) for p, m, s, b in reqs]
-        with loop.paused():
-            its = [loop.submit(job_for(p, m, s, prior=b, keep_logits=True)) for p, m, s, b in reqs]
-        together = [_gen(it) for it in its]
-        assert loop.max_running == 4 and loop.prefill_batches >= 1  # the four prompts prefilled in one run
-        for a, b in zip(together, solo, strict=True):
-            assert a.token_ids == b.token_ids and a.text == b.text
-            assert _all_close(a.logits, b.logits, 0.0)
-    finally:
-        loop.close()
