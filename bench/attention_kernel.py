@@ -18,7 +18,9 @@ And `kernel`: softknn's own attention kernel (softknn/generate/attend.c through 
 what the server runs between the decode graph's segments: generator.attention), built here as the
 server builds it (AVX-512 intrinsics where the CPU has them), and `kernel_generic`, its plain C loops,
 on the same decode rows and prefills, with their largest difference from the float64 reference
-(skipped, saying so, without a C compiler).
+(skipped, saying so, without a C compiler); and `kernel_threads`, the kernel as the server calls it, its
+rows' kv heads and prefill tokens shared among `--threads` threads (default: this machine's cores;
+generator.attention_threads).
 
 Reported: ms per call (30 layers), ms per row (decode) and per query token (prefill), and for decode
 the cache bytes read per ms (GB/s of the int8 or float32 buffer itself), and this process's peak
@@ -46,6 +48,7 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rows", default="1,4,16", help="decode steps (T = 1) of these many rows")
     ap.add_argument("--prefill", default="8,32,64", help="prefills (B = 1) of these many tokens")
     ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=0, help="threads of `kernel_threads` (0 = cores)")
 
 
 def _session(kv: str, T: str | int):
@@ -188,7 +191,7 @@ def _matmul_integer_ms(B: int, columns: int, repeats: int, rng: np.random.Genera
     return 1000 * statistics.median(times)
 
 
-def _kernel_ms(kern, B: int, T: int, columns: int, repeats: int, rng: np.random.Generator) -> dict:
+def _kernel_ms(kern, B: int, T: int, columns: int, repeats: int, rng: np.random.Generator, threads: int = 1) -> dict:
     """softknn.generate.kernel (what the server runs between the graph's segments) over B rows of `columns`
     past columns and T new tokens each, 30 layers of their own int8 caches (read from memory, as a step
     reads them): median ms; and, on the last layer's first row, its largest difference from the float64
@@ -210,7 +213,8 @@ def _kernel_ms(kern, B: int, T: int, columns: int, repeats: int, rng: np.random.
 
     def call() -> None:
         for li in range(LAYERS):
-            kern.attend(q, k, v, Ks[li], Vs[li], scale, scale, seqlens, bias, out, attn, 1.0 / (HEADS * LAYERS))
+            kern.attend(q, k, v, Ks[li], Vs[li], scale, scale, seqlens, bias, out, attn, 1.0 / (HEADS * LAYERS),
+                        threads=threads)
 
     call()
     times = []
@@ -249,16 +253,18 @@ def run(args: argparse.Namespace) -> dict:
         out["matmul_integer_decode"][str(B)] = {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3)}
         print("MatMulInteger memory attention", B, out["matmul_integer_decode"][str(B)], flush=True)
     from softknn.generate import kernel
+    from softknn.generate.runtime import cores
 
-    for build, generic in (("kernel", False), ("kernel_generic", True)):
+    threads = args.threads or cores()
+    for build, generic, n in (("kernel", False, 1), ("kernel_threads", False, threads), ("kernel_generic", True, 1)):
         kern, how = kernel.load(Path(tempfile.mkdtemp(prefix="softknn-kernel-")), generic=generic)
-        res = {"built": how} if kern is not None else {"skipped": how}
+        res = {"built": how, "threads": n} if kern is not None else {"skipped": how}
         if kern is not None:
             for B in rows:
-                res[f"decode_{B}"] = _kernel_ms(kern, B, 1, args.columns, args.repeats, rng)
+                res[f"decode_{B}"] = _kernel_ms(kern, B, 1, args.columns, args.repeats, rng, n)
                 print(build, "decode", B, res[f"decode_{B}"], flush=True)
             for T in prefill:
-                res[f"prefill_{T}"] = _kernel_ms(kern, 1, T, args.columns, args.repeats, rng)
+                res[f"prefill_{T}"] = _kernel_ms(kern, 1, T, args.columns, args.repeats, rng, n)
                 print(build, "prefill", T, res[f"prefill_{T}"], flush=True)
         out[build] = res
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
@@ -281,11 +287,12 @@ def plot(payload: dict) -> None:
     mi = payload.get("matmul_integer_decode") or {}
     if mi:
         a.plot([int(x) for x in mi], [v["ms"] for v in mi.values()], "s--", label="int8, MatMulInteger (memory only)")
-    for build, style in (("kernel", "^-"), ("kernel_generic", "v--")):
+    for build, style in (("kernel", "^-"), ("kernel_threads", "D-"), ("kernel_generic", "v--")):
         res = payload.get(build) or {}
         dec = {int(x.split("_")[1]): v["ms"] for x, v in res.items() if x.startswith("decode_")}
         pre = {int(x.split("_")[1]): v["ms"] for x, v in res.items() if x.startswith("prefill_")}
-        label = "int8, softknn's C kernel" + (" (plain loops)" if build.endswith("generic") else "")
+        label = "int8, softknn's C kernel" + (" (plain loops)" if build.endswith("generic") else
+                                              f" ({res.get('threads')} threads)" if build.endswith("threads") else "")
         if dec:
             a.plot(list(dec), list(dec.values()), style, label=label)
         if pre:
@@ -295,7 +302,7 @@ def plot(payload: dict) -> None:
     for ax in (a, b):
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(f"{payload['columns']} past columns a row, one thread")
+    fig.suptitle(f"{payload['columns']} past columns a row, one thread (but the kernel's threads)")
     fig.tight_layout()
     fig.savefig(RESULTS / "attention_kernel.png", dpi=110)
     plt.close(fig)

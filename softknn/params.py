@@ -182,6 +182,9 @@ class GeneratorSettings(BaseModel):
                                                           "a quarter of the time); graph = ONNX Runtime's "
                                                           "GroupQueryAttention; auto = kernel where it compiles, "
                                                           "else graph")
+    attention_threads: int = Field(0, ge=0, description="threads the C kernel shares a step's attention among "
+                                   "(its rows' kv heads and prefill tokens; a call too small to be worth waking "
+                                   "a thread runs alone), whatever the decode graph's threads: 0 = cores")
 
 
 class Settings(BaseSettings):

@@ -27,7 +27,7 @@ log = logging.getLogger("softknn.generate")
 
 SOURCE = Path(__file__).with_name("attend.c")
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros",
-         "-fassociative-math", "-shared", "-fPIC"]
+         "-fassociative-math", "-shared", "-fPIC", "-pthread"]
 
 
 def _cpu_flags() -> str:
@@ -46,20 +46,29 @@ class Kernel:
     def __init__(self, path: Path):
         self.path = path
         self.lib = ctypes.PyDLL(str(path))  # keeps the GIL: a call is short, and one handed back and forth 30
-        # times a step would queue the decode thread behind the event loop at each (see SplitBound.run)
+        # times a step would queue the decode thread behind the event loop at each (see SplitBound.run); it
+        # also makes the calls one at a time, which the kernel's shared workers need (attend.c)
         f = self.lib.softknn_attend
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.c_int] * 7 + [ctypes.c_void_p] * 12 + [ctypes.c_float]
         self._f = f
+        self.lib.softknn_shared_calls.restype = ctypes.c_long
+
+    def shared_calls(self) -> int:
+        """How many calls so far shared their work with the kernel's worker threads (in this process)."""
+        return int(self.lib.softknn_shared_calls())
 
     def attend(self, q: np.ndarray, knew: np.ndarray, vnew: np.ndarray, K: np.ndarray, V: np.ndarray,
                ks: np.ndarray, vs: np.ndarray, seqlens: np.ndarray, bias: np.ndarray, out: np.ndarray,
-               attn: np.ndarray | None = None, attn_w: float = 0.0, tlen: np.ndarray | None = None) -> None:
+               attn: np.ndarray | None = None, attn_w: float = 0.0, tlen: np.ndarray | None = None,
+               threads: int = 1) -> None:
         """q (B, T, H·D), knew/vnew (B, T, KV·D), K/V (B, KV, C, D) int8 (written at each row's new columns),
         ks/vs (KV·D,), seqlens (B,) int32 (each row's columns after the step − 1), bias (B, T, S) float32,
         out (B, T, H·D) written; attn (B, S) += attn_w × the last token's probabilities summed over heads;
         tlen (B,) int32: row b's new tokens are its first tlen[b] (the rest padding, neither read nor
-        written), T where None.
+        written), T where None; threads: how many threads may share the call (the caller and threads − 1
+        workers the kernel starts once for the process; a call too small to be worth it runs on the caller
+        alone); the result is the same to the bit for any number.
         The arrays must be C-contiguous of these dtypes (checked: a wrong one would read the wrong memory)."""
         B, T, HD = q.shape
         _, KV, C, D = K.shape
@@ -79,11 +88,11 @@ class Kernel:
         self.attend_raw(B, T, HD // D, KV, C, D, S, q.ctypes.data, knew.ctypes.data, vnew.ctypes.data, K.ctypes.data,
                         V.ctypes.data, ks.ctypes.data, vs.ctypes.data, seqlens.ctypes.data,
                         None if tlen is None else tlen.ctypes.data, bias.ctypes.data, out.ctypes.data,
-                        None if attn is None else attn.ctypes.data, attn_w)
+                        None if attn is None else attn.ctypes.data, attn_w, threads)
 
     def attend_raw(self, B: int, T: int, H: int, KV: int, C: int, D: int, S: int, *pointers_and_weight) -> None:
         """`attend` on addresses its caller has checked (SplitBound checks its buffers once, not 30 times a
-        step): q, knew, vnew, K, V, ks, vs, seqlens, tlen (or None), bias, out, attn (or None), attn_w."""
+        step): q, knew, vnew, K, V, ks, vs, seqlens, tlen (or None), bias, out, attn (or None), attn_w, threads."""
         if self._f(B, T, H, KV, C, D, S, *pointers_and_weight) != 0:
             raise ValueError(f"attention kernel: a row does not fit (B {B}, T {T}, S {S}, C {C}) or the shape "
                              f"(heads {H}, kv heads {KV}, head dim {D}) is beyond it")

@@ -141,6 +141,36 @@ def test_rows_of_fewer_tokens_are_the_rows_alone_and_their_padding_is_not_writte
         assert not np.array_equal(K[b], before[b])  # its own columns were written
 
 
+@pytest.mark.parametrize(("B", "T", "pasts", "tlen"), [(16, 1, [300 + 37 * i for i in range(16)], None),
+                                                       (1, 40, [900], None), (3, 37, [500, 200, 0], [37, 5, 20])])
+def test_the_kernels_threads_share_a_call_and_give_its_result_to_the_bit(kern, B, T, pasts, tlen):
+    """A 16-row decode step, a 40-token prefill (tokens in blocks of 16 over threads) and three padded prompts:
+    with 2 and 3 threads the same outputs, cache bytes and trace as with 1, to the bit, and the calls were
+    shared (the workers ran); a one-row step (~2,700 column reads) stays on the caller."""
+    q, k, v, K, V, ks, vs, seqlens, bias = _case(B, T, pasts, seed=B + T)
+    S = bias.shape[-1]
+    b3 = np.ascontiguousarray(bias.reshape(B, T, S))
+    tl = None if tlen is None else np.array(tlen, np.int32)
+    if tl is not None:
+        seqlens = np.array([p + t - 1 for p, t in zip(pasts, tlen)], np.int32)
+    results = []
+    for threads in (1, 2, 3):
+        K1, V1 = K.copy(), V.copy()
+        out, attn = np.zeros_like(q), np.zeros((B, S), np.float32)
+        shared = kern.shared_calls()
+        kern.attend(q, k, v, K1, V1, ks, vs, seqlens, b3, out, attn, 0.25, tl, threads=threads)
+        assert kern.shared_calls() - shared == (threads > 1)
+        results.append((out, attn, K1, V1))
+    for other in results[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(results[0], other))
+    ref_o, ref_p = kernel.attend_reference(q, k, v, K.copy(), V.copy(), ks, vs, seqlens, b3, tl)
+    assert np.abs(results[0][0] - ref_o).max() <= 2e-6 and np.abs(results[0][1] - 0.25 * ref_p).max() <= 1e-6
+    q, k, v, K, V, ks, vs, seqlens, bias = _case(1, 1, [890], seed=5)
+    shared = kern.shared_calls()
+    kern.attend(q, k, v, K, V, ks, vs, seqlens, bias.reshape(1, 1, -1), np.zeros_like(q), threads=2)
+    assert kern.shared_calls() == shared
+
+
 def test_the_kernel_refuses_what_it_cannot_read(kern):
     q, k, v, K, V, ks, vs, seqlens, bias = _case(1, 1, [5], seed=1)
     S = bias.shape[-1]
