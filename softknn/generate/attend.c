@@ -457,3 +457,26 @@ int softknn_attend(int B, int T, int H, int KV, int C, int D, int S, const float
 
 /* How many calls so far shared their work with the workers (the tests check that large ones do). */
 long softknn_shared_calls(void) { return g_shared_calls; }
+
+/* One chunk of R's memory laid out as a row of the int8 cache holds it (softknn.generate.batch.KVCache.layout,
+   the numpy reference it is tested against to the bit): kv (n, L, 2, KV, D) float32, the chunk's keys and
+   values at the memory layers; scales (L, 2, KV, D) those layers' cache scales; keys/values (L, KV, M, D)
+   int8, written at columns o .. o + n - 1 as x / scale rounded to the nearest integer (ties to even) and
+   clipped to +-127 (batch.quantize_kv). Touches no shared state: the caller may release the GIL. */
+void softknn_layout(int n, int L, int KV, int D, int M, int o, const float* kv, const float* scales, int8_t* keys,
+                    int8_t* values) {
+  for (int t = 0; t < n; t++)
+    for (int l = 0; l < L; l++)
+      for (int s = 0; s < 2; s++)
+        for (int h = 0; h < KV; h++) {
+          const size_t i = (((size_t)l * 2 + s) * KV + h) * D;
+          const float* x = kv + (size_t)t * L * 2 * KV * D + i;
+          const float* sc = scales + i;
+          int8_t* dst = (s ? values : keys) + (((size_t)l * KV + h) * M + o + t) * D;
+          for (int d = 0; d < D; d++) {
+            float r = rintf(x[d] / sc[d]);
+            r = r > 127.f ? 127.f : (r < -127.f ? -127.f : r);
+            dst[d] = (int8_t)r;
+          }
+        }
+}

@@ -171,6 +171,31 @@ def test_the_kernels_threads_share_a_call_and_give_its_result_to_the_bit(kern, B
     assert kern.shared_calls() == shared
 
 
+def test_the_kernels_layout_of_a_memory_is_the_numpy_layout_to_the_bit(kern):
+    """KVCache.layout with the kernel (one pass a chunk) against layout_reference (numpy, a layer at a time):
+    three chunks at three of four layers, values on rounding ties (x / s = k + 0.5, ties to even) and past
+    ±127 (clipped), the same int8 bytes; bad input refused."""
+    from softknn.generate.batch import KVCache, PackedMemory
+
+    rng = np.random.default_rng(3)
+    L, layers = 4, [0, 2, 3]
+    scales = (rng.random((L, 2, KV, D)) * 0.01 + 0.002).astype(np.float32)
+    chunks = []
+    for n in (5, 17, 1):
+        codes = rng.integers(-140, 141, (n, len(layers), 2, KV, D)).astype(np.float32)
+        codes[:, :, :, :, :8] += 0.5  # ties
+        chunks.append((codes * scales[layers][None]).astype(np.float32))
+    M = sum(c.shape[0] for c in chunks)
+    mem = PackedMemory(chunks, layers, np.zeros(M, np.float32), np.repeat(np.arange(3), [5, 17, 1]), [5, 17, 1], 0, 0)
+    fast = KVCache(L, KV, D, scales, kern).layout(mem)
+    ref = KVCache(L, KV, D, scales).layout_reference(mem)
+    assert fast[0].dtype == np.int8 and fast[0].shape == (3, KV, M, D)
+    assert np.array_equal(fast[0], ref[0]) and np.array_equal(fast[1], ref[1])
+    assert fast[0].max() == 127 and fast[0].min() == -127  # clipped
+    with pytest.raises(ValueError, match="shapes do not agree"):
+        kern.layout(chunks[0], np.ascontiguousarray(scales[layers]), fast[0], fast[1], M - 2)
+
+
 def test_the_kernel_refuses_what_it_cannot_read(kern):
     q, k, v, K, V, ks, vs, seqlens, bias = _case(1, 1, [5], seed=1)
     S = bias.shape[-1]
