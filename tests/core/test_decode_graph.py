@@ -440,6 +440,29 @@ def test_batched_decoding_gives_each_request_the_tokens_of_its_solo_greedy_run(s
         loop.close()
 
 
+def test_prompts_a_run_left_out_go_together_in_the_next_round_not_one_run_each(smol):
+    """Four prompts waiting, a round's budget fitting the first two and half the third: the two go in one
+    run; the third does not begin alone in what is left (a pass over the weights for a few tokens) but goes
+    with the fourth in the next round's run: two prefill runs in all, each request its solo tokens."""
+    session = decoder_session(smol, "w8a8", list(range(smol.info.num_layers)), kv="int8", attention="kernel")
+    loop = DecodeLoop(session, smol.eos_ids, smol.tokenizer, max_batch=8)
+    try:
+        reqs = _requests(smol)
+        solo = [_gen(loop.submit(job_for(p, m, s, prior=b))) for p, m, s, b in reqs]  # the prefix kept too
+        jobs = [job_for(p, m, s, prior=b) for p, m, s, b in reqs]
+        rest = [loop._rest(j) for j in jobs]
+        assert rest[2] >= 2 and rest[2] + rest[3] <= rest[0] + rest[1] + rest[2] // 2
+        loop.prefill_chunk = rest[0] + rest[1] + rest[2] // 2
+        runs = loop.prefill_runs
+        with loop.paused():
+            its = [loop.submit(j) for j in jobs]
+        got = [_gen(it) for it in its]
+        assert loop.prefill_runs - runs == 2 and loop.max_prefilled_together == 2
+        assert [g.token_ids for g in got] == [g.token_ids for g in solo]
+    finally:
+        loop.close()
+
+
 def test_prompts_prefilled_in_chunks_between_decode_steps_give_the_tokens_of_whole_prefills(smol, sessions):
     """Chunks of 7 prompt tokens (the chat template's prefix, facing no memory, split across chunks), each
     chunk run between two decode steps of the requests already running: every request gets the tokens of
