@@ -273,7 +273,7 @@ class SplitDecoderSession:
         # the kernel's threads, apart from the segments': it holds the GIL and its workers sleep between
         # calls, so it may take every core while the segments keep generator.threads (1): with 2 ONNX
         # Runtime threads a segment, which wake beside the request threads and the event loop, a trial of
-        # gen_serving's 16 streams gave 34.3 ms a token against 25.6 with 1
+        # gen_serving's 16 streams gave 34.3 ms a token against 27.1 with 1 (one pair of runs)
         self.attention_threads = attention_threads or cores()
         self.memory_layers = sorted(set(memory_layers))
         first = graph_file(model, weights, self.memory_layers, cache_dir, "int8", calibration_ids, split=True)
