@@ -389,11 +389,12 @@ class DecodeLoop:
     def busy(self) -> bool:
         return bool(self.running or self.filling is not None or self._waiting)
 
-    def _collect(self) -> None:
-        """Move what the inbox holds into the waiting line (blocking while there is nothing to do)."""
+    def _collect(self, block: bool = True) -> None:
+        """Move what the inbox holds into the waiting line (blocking, where `block`, while there is nothing
+        to do)."""
         while True:
             try:
-                job = self._inbox.get(block=not self.busy)
+                job = self._inbox.get(block=block and not self.busy)
             except queue.Empty:
                 return
             if job is None:
@@ -404,10 +405,13 @@ class DecodeLoop:
     def _loop(self) -> None:
         while True:
             self._collect()
-            if self._closing:  # close(): what runs or waits ends as cancelled
-                self._close_all()
-                return
             with self._hold:
+                # what was submitted while paused() held the round joins it: the first job of several woke
+                # this thread alone (a submit's layout gives up the GIL), the others came after
+                self._collect(block=False)
+                if self._closing:  # close(): what runs or waits ends as cancelled
+                    self._close_all()
+                    return
                 try:
                     self._round()
                 except Exception as e:  # noqa: BLE001 - a bug in a step fails the requests in flight, not the loop

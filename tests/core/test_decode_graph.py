@@ -6,6 +6,7 @@ request's solo run; cancellation and refusals."""
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -443,7 +444,8 @@ def test_batched_decoding_gives_each_request_the_tokens_of_its_solo_greedy_run(s
 def test_prompts_a_run_left_out_go_together_in_the_next_round_not_one_run_each(smol):
     """Four prompts waiting, a round's budget fitting the first two and half the third: the two go in one
     run; the third does not begin alone in what is left (a pass over the weights for a few tokens) but goes
-    with the fourth in the next round's run: two prefill runs in all, each request its solo tokens."""
+    with the fourth in the next round's run: two prefill runs in all, each request its solo tokens. The loop
+    thread takes the first job before the others are submitted: what came while paused joins the round."""
     session = decoder_session(smol, "w8a8", list(range(smol.info.num_layers)), kv="int8", attention="kernel")
     loop = DecodeLoop(session, smol.eos_ids, smol.tokenizer, max_batch=8)
     try:
@@ -455,7 +457,9 @@ def test_prompts_a_run_left_out_go_together_in_the_next_round_not_one_run_each(s
         loop.prefill_chunk = rest[0] + rest[1] + rest[2] // 2
         runs = loop.prefill_runs
         with loop.paused():
-            its = [loop.submit(j) for j in jobs]
+            its = [loop.submit(jobs[0])]
+            time.sleep(0.1)  # the loop's thread takes the first job from its inbox before the others come
+            its += [loop.submit(j) for j in jobs[1:]]
         got = [_gen(it) for it in its]
         assert loop.prefill_runs - runs == 2 and loop.max_prefilled_together == 2
         assert [g.token_ids for g in got] == [g.token_ids for g in solo]
