@@ -5,6 +5,7 @@ request's solo run; cancellation and refusals."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 
@@ -463,6 +464,51 @@ def test_prompts_a_run_left_out_go_together_in_the_next_round_not_one_run_each(s
         got = [_gen(it) for it in its]
         assert loop.prefill_runs - runs == 2 and loop.max_prefilled_together == 2
         assert [g.token_ids for g in got] == [g.token_ids for g in solo]
+    finally:
+        loop.close()
+
+
+def test_a_steps_tokens_reach_their_requests_after_every_row_has_chosen_its_own(smol, sessions):
+    """A put wakes its request's thread, which then asks for the GIL beside the rows still being chosen:
+    the step's Steps (and the Generation of a row that ends there) are put once every row has its token,
+    in each request's order. Four requests decoding together: at every put inside a step, all its rows
+    were done; each request gets its solo tokens."""
+    loop = DecodeLoop(sessions["fp32"], smol.eos_ids, smol.tokenizer)
+    seen: list[tuple[int, int]] = []  # (rows chosen so far in the step, rows in the step) at each put
+    state = {"in_step": False, "chosen": 0, "rows": 0}
+    real_step, real_emit = loop._step, loop._emit
+
+    def step():
+        state.update(in_step=True, chosen=0, rows=len(loop.running))
+        try:
+            real_step()
+        finally:
+            state["in_step"] = False
+
+    def emit(*a, **kw):
+        state["chosen"] += 1
+        return real_emit(*a, **kw)
+
+    class Recording(queue.Queue):
+        def put(self, item, *a, **kw):
+            if state["in_step"]:
+                seen.append((state["chosen"], state["rows"]))
+            super().put(item, *a, **kw)
+
+    loop._step, loop._emit = step, emit
+    try:
+        reqs = _requests(smol)
+        solo = [_gen(loop.submit(job_for(p, m, s, prior=b))) for p, m, s, b in reqs]
+        seen.clear()
+        jobs = [job_for(p, m, s, prior=b) for p, m, s, b in reqs]
+        for j in jobs:
+            j.out = Recording()
+        with loop.paused():
+            its = [loop.submit(j) for j in jobs]
+        got = [_gen(it) for it in its]
+        assert [g.token_ids for g in got] == [g.token_ids for g in solo]
+        assert max(rows for _, rows in seen) >= 2
+        assert all(chosen == rows for chosen, rows in seen), [x for x in seen if x[0] != x[1]][:5]
     finally:
         loop.close()
 
