@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from softknn.generate.attention import ReferenceHook, bind, place_memory, rotate_keys
-from softknn.generate.model import Generator, Sampling
+from softknn.generate.model import Generator, Sampling, TextStream
 from tests.numerics import close
 
 CHUNKS = [
@@ -280,3 +280,51 @@ def test_a_selected_chunk_spans_its_whole_length_so_the_prompt_starts_after_it()
     # the second chunk moved by the first's whole span: its keys rotated by 10 positions, not 4
     want = rotate_keys(b[:, :, 0].permute(1, 2, 0, 3), 10, inv)
     assert torch.allclose(re.layers[0].key[:, 1, :6], want[0], atol=1e-6)
+
+
+STREAMED = ["注意力就是软最近邻：每个查询按相似度加权。 — café, naïve 🙂🙂 done.",
+            "The ferry leaves the harbour at nine; dogs on a lead travel free. " * 4 + "  spaces ,  . ! ?",
+            "数据库 lacks the answer → «refuse» ✓ 🚢⛴ end"]
+
+
+@pytest.mark.parametrize("text", STREAMED, ids=["chinese", "english", "mixed"])
+def test_streamed_pieces_join_to_the_tokens_text_and_never_cut_a_character(smol, text):
+    """Token by token, the text out is the decode of every token so far, less a character whose bytes are
+    not all in yet (which comes whole with the token that completes it): the pieces join to the whole
+    decode and none holds U+FFFD. The old stream, which decoded everything each token and sent what
+    followed the last text, sent '����是�最��' for the Chinese line. The window stays short: the
+    decode each token runs reads WINDOW + 1 tokens at most, and the tokens of characters still cut
+    besides (a few), not the whole answer."""
+    ids = smol._ids(text)
+    ts = TextStream(smol.tokenizer, set(), ())
+    lengths: list[int] = []
+    real = ts._decode
+    ts._decode = lambda x: lengths.append(len(x)) or real(x)  # type: ignore[method-assign]
+    pieces = []
+    for i, tok in enumerate(ids):
+        step = ts.add(tok)
+        assert step is not None and step.token_id == tok
+        pieces.append(step.text)
+        whole = smol.tokenizer.decode(ids[: i + 1], skip_special_tokens=True)
+        assert ts.text == whole or (whole.endswith("\ufffd") and whole.startswith(ts.text))
+    assert max(lengths) <= 2 * TextStream.WINDOW < len(ids)
+    assert "".join(pieces) == ts.text == smol.tokenizer.decode(ids, skip_special_tokens=True) == ts.text_reference()
+    assert not any("\ufffd" in p for p in pieces)
+
+
+@pytest.mark.parametrize("stop", ["travel", "; dogs", "e h", "🙂🙂", "软最近", "not in it"])
+def test_a_stop_string_ends_the_stream_at_the_token_that_completes_it_and_cuts_before_it(smol, stop):
+    """Against the whole decode after each token: the stream finishes at the first token whose text holds
+    the stop string (across a token boundary too), and its text is the decode cut before it."""
+    ids = smol._ids(STREAMED[0] + " " + STREAMED[1])
+    ts = TextStream(smol.tokenizer, set(), (stop,))
+    n = 0
+    while not ts.finished and n < len(ids):
+        ts.add(ids[n])
+        n += 1
+    texts = [smol.tokenizer.decode(ids[: i + 1], skip_special_tokens=True) for i in range(len(ids))]
+    first = next((i + 1 for i, t in enumerate(texts) if stop in t), None)
+    if first is None:
+        assert not ts.finished and ts.text == texts[-1]
+    else:
+        assert ts.finished and n == first and ts.text == texts[first - 1][: texts[first - 1].find(stop)]
