@@ -146,6 +146,7 @@ class _Seq:
     steps: int = 0
     fed: int = 0  # prompt tokens prefilled so far
     need: int = 0  # cache columns reserved for it: memory, prompt and max_tokens
+    column_mass: np.ndarray | None = None  # the trace's token mass summed per memory column (_trace_step)
 
     @property
     def memory_columns(self) -> int:
@@ -615,6 +616,8 @@ class DecodeLoop:
         if reason is not None:
             seq.gen.finish_reason = reason
         seq.gen.token_ids, seq.gen.text = seq.text.token_ids, seq.text.text
+        if seq.gen.trace is not None and seq.column_mass is not None and seq.job.memory is not None:
+            _trace_token_mass(seq.gen.trace, seq.column_mass, seq.job.memory)
         self._put(seq.job, seq.gen)
         self._drop(seq)
 
@@ -653,7 +656,7 @@ class DecodeLoop:
         job = seq.job
         lt = torch.from_numpy(logits)  # a view of the step's output buffer: copied where it is kept
         if seq.gen.trace is not None and attn is not None and job.memory is not None:
-            _trace_step(seq.gen.trace, attn[: job.memory.columns], job.memory)
+            seq.column_mass = _trace_step(seq.gen.trace, attn[: job.memory.columns], job.memory, seq.column_mass)
         tok = int(greedy) if greedy is not None and job.sampling.temperature <= 0 else choose_token(lt, job.sampling, seq.rng)
         kept = lt.clone() if job.keep_logits else None
         if kept is not None:
@@ -803,21 +806,31 @@ def _trace_step_reference(trace: Trace, attn: np.ndarray, mem: PackedMemory) -> 
     trace.attention_entropy.append(float(torch.special.entr(p).sum()))
 
 
-def _trace_step(trace: Trace, attn: np.ndarray, mem: PackedMemory) -> None:
+def _trace_step(trace: Trace, attn: np.ndarray, mem: PackedMemory, columns: np.ndarray | None) -> np.ndarray:
     """_trace_step_reference in a few numpy calls (the decode thread runs it for every row at every
-    step): the chunk sums by bincount, the token columns scattered by mem.offset."""
-    S, Lm = len(mem.lengths), max(mem.lengths)
+    step): the chunk sums by bincount; the token mass summed per memory column in `columns` (the row's
+    running sum, returned: None at the first step), laid out as (S, Lm) once, when the row ends
+    (_trace_token_mass): the same float32 sums in the same order as the reference's per-step adds."""
+    S = len(mem.lengths)
     a = np.asarray(attn, dtype=np.float32)
     mass = np.bincount(mem.chunk, weights=a, minlength=S).astype(np.float32)
-    tok = np.zeros((S, Lm), dtype=np.float32)
-    tok[mem.chunk, mem.offset] = a
     trace.mass.append(torch.from_numpy(mass))
     trace.share.append(torch.from_numpy(mass.copy()))
-    t = torch.from_numpy(tok)
-    trace.token_mass = t if trace.token_mass is None else trace.token_mass + t
+    if columns is None:
+        columns = a.copy()
+    else:
+        columns += a
     p = mass / max(float(mass.sum()), 1e-30)
     nz = p[p > 0]
     trace.attention_entropy.append(float(-(nz * np.log(nz)).sum()))
+    return columns
+
+
+def _trace_token_mass(trace: Trace, columns: np.ndarray, mem: PackedMemory) -> None:
+    """trace.token_mass (S, Lm) from a row's per-column sums (_trace_step), scattered by mem.offset."""
+    tok = np.zeros((len(mem.lengths), max(mem.lengths)), dtype=np.float32)
+    tok[mem.chunk, mem.offset] = columns
+    trace.token_mass = torch.from_numpy(tok)
 
 
 def job_for(prompt_ids: list[int], memory: GenMemory | PackedMemory | None, sampling: Sampling, *, prior: float = 0.0,

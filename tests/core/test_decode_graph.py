@@ -22,6 +22,7 @@ from softknn.generate.batch import (
     _need,
     _trace_step,
     _trace_step_reference,
+    _trace_token_mass,
     decoder_session,
     job_for,
     pack_chunks,
@@ -568,18 +569,22 @@ def test_requests_wait_for_cache_room_and_get_their_solo_tokens(smol, sessions):
 
 
 def test_the_trace_step_in_numpy_is_the_per_chunk_loop():
-    """_trace_step (bincount and a scatter, every row at every step) against _trace_step_reference
-    (the per-chunk loop in torch): the same chunk mass, shares, token mass and entropy over several
-    steps, chunks of different lengths, and a step that gives the memory no mass at all."""
+    """_trace_step (bincount and a running sum per column, every row at every step; the token mass laid
+    out once at the end) against _trace_step_reference (the per-chunk loop in torch): the same chunk
+    mass, shares, token mass (to the bit) and entropy over several steps, chunks of different lengths,
+    and a step that gives the memory no mass at all."""
     rng = np.random.default_rng(3)
     lengths = [5, 1, 9, 3]
     chunk = np.repeat(np.arange(len(lengths)), lengths)
     mem = PackedMemory([], [0], np.zeros(chunk.shape[0], np.float32), chunk, lengths, 0, 0)
     fast, ref = Trace(), Trace()
     rows = [rng.random(chunk.shape[0]).astype(np.float32) * 0.1 for _ in range(3)] + [np.zeros(chunk.shape[0], np.float32)]
+    columns = None
     for a in rows:
-        _trace_step(fast, a, mem)
+        columns = _trace_step(fast, a, mem, columns)
         _trace_step_reference(ref, a, mem)
+    assert fast.token_mass is None  # laid out once, when the row ends
+    _trace_token_mass(fast, columns, mem)
     for got, want in ((fast.mass, ref.mass), (fast.share, ref.share)):
         assert all(torch.allclose(g, w, rtol=1e-6, atol=1e-9) for g, w in zip(got, want, strict=True))
     assert fast.token_mass is not None and ref.token_mass is not None
