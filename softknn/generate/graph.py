@@ -57,7 +57,7 @@ from softknn.generate.quant import is_lossless, pack_q4, pack_q8_as_two_q4, pack
 WEIGHTS = ("fp32", "q4", "q4a8", "w8a8")
 KV_FORMATS = ("fp32", "int8")
 KV_DEFAULT = "int8"  # settings.generator.kv_cache's default too (softknn/params.py)
-OPSET = 18
+OPSET = 21  # QuantizeLinear's blocks (w8a8's activations: one scale a row)
 _ACCURACY = {"q4": 0, "q4a8": 4}  # MatMulNBits accuracy_level: 0 float activations, 4 int8
 
 
@@ -155,14 +155,19 @@ class _Linear:
         if weights == "w8a8":
             self._inv127 = b.const(np.array(1 / 127, dtype=np.float32), "inv127")
             self._tiny = b.const(np.array(1e-30, dtype=np.float32), "tiny")
-            self._u8_zero_f = b.const(np.array(128, dtype=np.float32), "u8zero_f")
             self._u8_zero = b.const(np.array(128, dtype=np.uint8), "u8zero")
+            self._u8_zero_block = {r: b.const(np.full((1,) * r, 128, dtype=np.uint8), "u8zero") for r in (2, 3)}
+        self._zero_points: dict[int, str] = {}  # rank -> the (…, 1) zero points of the rows, made once a segment
+
+    def segment(self) -> None:
+        """A new segment begins (split_segments cuts here): its zero points are made in it again."""
+        self._zero_points = {}
 
     def __call__(self, x: str, w: np.ndarray, hint: str, bias: np.ndarray | None = None, q8: bool = False,
                  rank: int = 3) -> str:
         b = self.b
         if self.weights == "w8a8":
-            y = self._w8a8(x, w, hint)
+            y = self._w8a8(x, w, hint, rank)
         elif self.weights == "fp32":
             y = b.op("MatMul", [x, b.const(np.ascontiguousarray(w.T, dtype=np.float32), hint + "_wT")], hint)
         else:
@@ -187,16 +192,19 @@ class _Linear:
             y = b.op("Add", [y, b.const(bias.astype(np.float32), hint + "_b")], hint)
         return y
 
-    def _w8a8(self, x: str, w: np.ndarray, hint: str) -> str:
+    def _w8a8(self, x: str, w: np.ndarray, hint: str, rank: int) -> str:
         """x @ Wᵀ as (sx · xq) @ (Wq · sw)ᵀ = sx · sw · (xq @ Wqᵀ): Wq = round(W / sw) per output channel
         (softknn.generate.quant.pack_w8), xq = round(x / sx) + 128 as uint8 with sx = max|x| / 127 over
-        each row's K (zero point 128: u8 × s8 is the integer kernels' native form)."""
+        each row's K (zero point 128: u8 × s8 is the integer kernels' native form). xq in one
+        QuantizeLinear whose block is the row (x / sx rounded half to even, plus the zero point), not
+        Div, Round, Add and Cast, four passes over the rows: the same codes (tests/core/test_decode_graph.py)."""
         b = self.b
         wq, sw = pack_w8(w)
         amax = b.op("ReduceMax", [b.op("Abs", [x], hint), self._axis], hint, keepdims=1)  # (…, 1)
         sx = b.op("Max", [b.op("Mul", [amax, self._inv127], hint), self._tiny], hint)  # an all-zero row: any scale
-        xq = b.op("Cast", [b.op("Add", [b.op("Round", [b.op("Div", [x, sx], hint)], hint), self._u8_zero_f], hint)],
-                  hint, to=2)  # uint8
+        if rank not in self._zero_points:  # the rows' zero points, shaped as their scales (QuantizeLinear's blocks)
+            self._zero_points[rank] = b.op("Expand", [self._u8_zero_block[rank], b.op("Shape", [sx], hint)], hint)
+        xq = b.op("QuantizeLinear", [x, sx, self._zero_points[rank]], hint, axis=-1, block_size=int(w.shape[1]))
         yi = b.op("MatMulInteger", [xq, b.const(np.ascontiguousarray(wq.T), hint + "_w8T"), self._u8_zero], hint)
         scale = b.op("Mul", [sx, b.const(sw, hint + "_sw")], hint)  # (…, N)
         return b.op("Mul", [b.op("Cast", [yi], hint, to=1), scale], hint)
@@ -367,6 +375,7 @@ def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32
             for role, val in (("xres", x), ("q", q), ("k", k), ("v", v)):
                 b.nodes.append(helper.make_node("Identity", [val], [f"{role}_{li}"], name=f"{role}_{li}_out"))
             cuts.append(len(b.nodes))
+            lin.segment()
             x, o = f"xres_{li}", f"o_{li}"
         else:
             # the cache is one buffer per layer, past and present bound to it (B, nkv, C, hs): the kernel

@@ -151,6 +151,36 @@ def test_the_w8a8_linear_is_its_plain_reference_and_a_row_does_not_depend_on_the
     assert rel[[0, 1, 2, 3]].max() <= 0.02 and rel[5] > rel[[0, 1, 2, 3]].max()
 
 
+def test_the_w8a8_activation_codes_round_half_to_even_as_the_reference_ties_included():
+    """The graph rounds each row to its codes in one QuantizeLinear (x / sx, half to even, + 128), where it
+    once took Div, Round, Add and Cast: against the reference's np.rint, rows whose values are exact
+    halfway cases x / sx = k + 0.5 (and rows of ordinary values, an all-zero row) give the same codes.
+    With W = I (codes 127, scale 1/127) each output is its code times sx, to within float32 rounding
+    of the scales' product: the codes are read back and compared exactly."""
+    rng = np.random.default_rng(5)
+    k = 96
+    x = rng.standard_normal((8, k)).astype(np.float32)
+    ties = 0
+    for r in range(4):  # rows of ties: amax fixed, the others at (c + 0.5)·sx where that is exact in float32
+        amax = np.float32(rng.uniform(0.5, 40))
+        sx = np.maximum(amax * np.float32(1 / 127), np.float32(1e-30))
+        codes = rng.integers(-126, 126, k).astype(np.float32) + np.float32(0.5)
+        row = (codes * sx).astype(np.float32)
+        exact = (row / sx == codes) & (np.abs(row) < amax)
+        row[~exact] = rng.uniform(-amax, amax, int((~exact).sum())).astype(np.float32) * np.float32(0.99)
+        row[0] = amax
+        x[r] = row
+        ties += int(exact[1:].sum())
+    x[7] = 0.0
+    assert ties >= 150  # most of them are exact halfway cases
+    w = np.eye(k, dtype=np.float32)
+    got = _one_linear("w8a8", w).run(None, {"x": x})[0]
+    sx = np.maximum(np.abs(x).max(-1, keepdims=True) * np.float32(1 / 127), np.float32(1e-30))
+    want = np.rint(x / sx)  # numpy: halfway cases to even
+    assert np.array_equal(np.rint(got / sx), want) and np.abs(want).max() == 127
+    assert np.allclose(got, w8a8_matmul(x, *pack_w8(w)), rtol=1e-6, atol=0) and not got[7].any()
+
+
 def test_smoothing_moves_an_outlier_channel_into_the_weights_and_keeps_the_product():
     """SmoothQuant's factors: dividing the inputs by s and multiplying the weight's columns by s is the same
     product (float32 rounding), and with an outlier input channel the w8a8 error falls."""
