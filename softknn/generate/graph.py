@@ -58,6 +58,7 @@ WEIGHTS = ("fp32", "q4", "q4a8", "w8a8")
 KV_FORMATS = ("fp32", "int8")
 KV_DEFAULT = "int8"  # settings.generator.kv_cache's default too (softknn/params.py)
 OPSET = 21  # QuantizeLinear's blocks (w8a8's activations: one scale a row)
+ROUNDING = ("blocks", "ops")  # w8a8's activation rounding: one QuantizeLinear (served), or its reference ops
 _ACCURACY = {"q4": 0, "q4a8": 4}  # MatMulNBits accuracy_level: 0 float activations, 4 int8
 
 
@@ -148,14 +149,17 @@ class _Builder:
 class _Linear:
     """x (…, K) @ Wᵀ (+ b) in the chosen weight format."""
 
-    def __init__(self, b: _Builder, weights: str):
-        self.b, self.weights = b, weights
+    def __init__(self, b: _Builder, weights: str, rounding: str = "blocks"):
+        if rounding not in ROUNDING:
+            raise ValueError(f"w8a8 activation rounding must be one of {ROUNDING}, not {rounding!r}")
+        self.b, self.weights, self.rounding = b, weights, rounding
         self._blocksum_shape = {3: b.ints([0, 0, -1, 32], "blocks"), 2: b.ints([0, -1, 32], "blocks")}
         self._axis = b.ints([-1], "axis")
         if weights == "w8a8":
             self._inv127 = b.const(np.array(1 / 127, dtype=np.float32), "inv127")
             self._tiny = b.const(np.array(1e-30, dtype=np.float32), "tiny")
             self._u8_zero = b.const(np.array(128, dtype=np.uint8), "u8zero")
+            self._u8_zero_f = b.const(np.array(128, dtype=np.float32), "u8zero_f")
             self._u8_zero_block = {r: b.const(np.full((1,) * r, 128, dtype=np.uint8), "u8zero") for r in (2, 3)}
         self._zero_points: dict[int, str] = {}  # rank -> the (…, 1) zero points of the rows, made once a segment
 
@@ -196,18 +200,28 @@ class _Linear:
         """x @ Wᵀ as (sx · xq) @ (Wq · sw)ᵀ = sx · sw · (xq @ Wqᵀ): Wq = round(W / sw) per output channel
         (softknn.generate.quant.pack_w8), xq = round(x / sx) + 128 as uint8 with sx = max|x| / 127 over
         each row's K (zero point 128: u8 × s8 is the integer kernels' native form). xq in one
-        QuantizeLinear whose block is the row (x / sx rounded half to even, plus the zero point), not
-        Div, Round, Add and Cast, four passes over the rows: the same codes (tests/core/test_decode_graph.py)."""
+        QuantizeLinear whose block is the row (x / sx rounded half to even, plus the zero point); the
+        `ops` rounding, the reference kept beside it, in Div, Round, Add and Cast, four passes over the
+        rows: the same codes (tests/core/test_decode_graph.py; bench/step_split.py times both)."""
         b = self.b
         wq, sw = pack_w8(w)
         amax = b.op("ReduceMax", [b.op("Abs", [x], hint), self._axis], hint, keepdims=1)  # (…, 1)
         sx = b.op("Max", [b.op("Mul", [amax, self._inv127], hint), self._tiny], hint)  # an all-zero row: any scale
-        if rank not in self._zero_points:  # the rows' zero points, shaped as their scales (QuantizeLinear's blocks)
-            self._zero_points[rank] = b.op("Expand", [self._u8_zero_block[rank], b.op("Shape", [sx], hint)], hint)
-        xq = b.op("QuantizeLinear", [x, sx, self._zero_points[rank]], hint, axis=-1, block_size=int(w.shape[1]))
+        if self.rounding == "ops":
+            xq = b.op("Cast", [b.op("Add", [b.op("Round", [b.op("Div", [x, sx], hint)], hint), self._u8_zero_f], hint)],
+                      hint, to=2)  # uint8
+        else:
+            xq = self._quantize_rows(x, sx, hint, rank, int(w.shape[1]))
         yi = b.op("MatMulInteger", [xq, b.const(np.ascontiguousarray(wq.T), hint + "_w8T"), self._u8_zero], hint)
         scale = b.op("Mul", [sx, b.const(sw, hint + "_sw")], hint)  # (…, N)
         return b.op("Mul", [b.op("Cast", [yi], hint, to=1), scale], hint)
+
+    def _quantize_rows(self, x: str, sx: str, hint: str, rank: int, k: int) -> str:
+        """round(x / sx) + 128 as uint8 in one QuantizeLinear, a block being a row of K."""
+        b = self.b
+        if rank not in self._zero_points:  # the rows' zero points, shaped as their scales (QuantizeLinear's blocks)
+            self._zero_points[rank] = b.op("Expand", [self._u8_zero_block[rank], b.op("Shape", [sx], hint)], hint)
+        return b.op("QuantizeLinear", [x, sx, self._zero_points[rank]], hint, axis=-1, block_size=k)
 
 
 def rope_tables(inv_freq: torch.Tensor, max_positions: int, attention_scaling: float = 1.0
@@ -293,7 +307,7 @@ def input_maxima(model, ids: list[int]) -> dict[str, np.ndarray]:
 
 
 def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32", scales: np.ndarray | None = None,
-                  maxima: dict[str, np.ndarray] | None = None, split: bool = False):
+                  maxima: dict[str, np.ndarray] | None = None, split: bool = False, rounding: str = "blocks"):
     """The onnx.ModelProto of `model`'s decode step (module doc) with memory at `memory_layers`, its KV
     cache in `kv` format (`int8`: `scales` from kv_scales). `w8a8` with `maxima` (input_maxima): each
     linear's input channels smoothed (softknn.generate.quant.smoothing), the factors folded into the
@@ -318,7 +332,7 @@ def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32
     sh = decoder_shape(model.config)
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     b = _Builder()
-    lin = _Linear(b, weights)
+    lin = _Linear(b, weights, rounding)
     nh, nkv, hs = sh.heads, sh.kv_heads, sh.head_dim
     mem = set(memory_layers)
     plain_needed = len(mem) < sh.layers

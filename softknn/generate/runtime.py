@@ -42,14 +42,14 @@ def default_graph_cache() -> Path:
 
 
 def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | None = None, kv: str = "fp32",
-               calibration_ids: list[int] | None = None, split: bool = False) -> Path:
+               calibration_ids: list[int] | None = None, split: bool = False, rounding: str = "blocks") -> Path:
     """The decode graph of `model` as a file (model.onnx, its initializers in weights.bin; an int8 cache's
     scales also in kv_scales.npy), written once per (the model's weights and config, the weight format,
     the memory layers, the cache format, the calibration tokens of an int8 cache's scales and of w8a8's
     smoothing, the code that writes it) under
     cache_dir and renamed into place whole; later calls return it. `split`: the graph cut at each layer's
     attention (graph.build_decoder), its segments seg_000.onnx … (each with its .bin) in that directory;
-    returns the first."""
+    returns the first. `rounding`: w8a8's activation rounding (graph.ROUNDING; `ops` the reference)."""
     import onnx
 
     from softknn.generate import graph, quant
@@ -59,6 +59,7 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
     # the config too: two models of the same weights differ in RoPE scaling, windows, ... (the graph bakes them in)
     shape = hashlib.sha256(f"{model.config.to_json_string(use_diff=False)}|{memory_layers}".encode()).hexdigest()[:12]
     name = f"{weight_fingerprint(model)[:16]}-{weights}-{shape}-{code}-kv{kv}" + ("-split" if split else "")
+    name += f"-{rounding}" if rounding != "blocks" and weights == "w8a8" else ""
     if kv != "fp32" or weights == "w8a8":
         if not calibration_ids:
             raise ValueError(f"a {kv} kv cache and {weights} weights need calibration tokens")
@@ -82,7 +83,7 @@ def graph_file(model, weights: str, memory_layers: list[int], cache_dir: Path | 
             scales = kv_scales(model, list(calibration_ids or []))
             np.save(tmp / "kv_scales.npy", scales)
         maxima = input_maxima(model, list(calibration_ids or [])) if weights == "w8a8" else None
-        built = build_decoder(model, weights, memory_layers, kv, scales, maxima, split=split)
+        built = build_decoder(model, weights, memory_layers, kv, scales, maxima, split=split, rounding=rounding)
         parts = [(f"seg_{i:03d}", m) for i, m in enumerate(built)] if split else [("model", built)]
         for stem, m in parts:
             onnx.save_model(m, tmp / f"{stem}.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
@@ -260,7 +261,8 @@ class SplitDecoderSession:
     ragged = True  # run() takes rows of different token counts (DecodeLoop prefills waiting prompts together)
 
     def __init__(self, model, weights: str, memory_layers: list[int], kernel: Kernel, *, threads: int = 1,
-                 attention_threads: int = 0, cache_dir: Path | None = None, calibration_ids: list[int] | None = None):
+                 attention_threads: int = 0, cache_dir: Path | None = None, calibration_ids: list[int] | None = None,
+                 rounding: str = "blocks", profile: bool = False):
         import onnxruntime as ort
 
         from softknn.generate.graph import rope_for
@@ -276,7 +278,8 @@ class SplitDecoderSession:
         # gen_serving's 16 streams gave 34.3 ms a token against 27.1 with 1 (one pair of runs)
         self.attention_threads = attention_threads or cores()
         self.memory_layers = sorted(set(memory_layers))
-        first = graph_file(model, weights, self.memory_layers, cache_dir, "int8", calibration_ids, split=True)
+        first = graph_file(model, weights, self.memory_layers, cache_dir, "int8", calibration_ids, split=True,
+                           rounding=rounding)
         self.kv_scales: np.ndarray | None = np.load(first.parent / "kv_scales.npy")
         self.scales = [(np.ascontiguousarray(self.kv_scales[li, 0].reshape(-1)),
                         np.ascontiguousarray(self.kv_scales[li, 1].reshape(-1))) for li in range(self.shape.layers)]
@@ -284,7 +287,7 @@ class SplitDecoderSession:
         if len(files) != self.shape.layers + 1:
             raise ModelRuntimeError(f"decode graph segments: {len(files)} files in {first.parent}, not "
                                     f"{self.shape.layers + 1}")
-        so = session_options(threads)
+        so = session_options(threads, profile)  # profile: ONNX Runtime's per-node trace (bench/step_split.py)
         try:
             self.sessions = [ort.InferenceSession(str(f), so, providers=["CPUExecutionProvider"]) for f in files]
         except Exception as e:  # noqa: BLE001 - any ORT failure to open is the runtime's failure

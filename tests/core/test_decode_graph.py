@@ -94,7 +94,7 @@ def test_the_packaged_model_runs_its_own_gguf_numbers_in_q4(smol):
     assert lossless_q4(smol.model) and resolve_weights(smol.model, "auto") == "w8a8"
 
 
-def _one_linear(weights: str, w: np.ndarray):
+def _one_linear(weights: str, w: np.ndarray, rounding: str = "blocks"):
     """An ORT session of the decode graph's linear alone (x (M, K) → y (M, N)) in `weights` format."""
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -102,7 +102,7 @@ def _one_linear(weights: str, w: np.ndarray):
     from softknn.generate.graph import OPSET, _Builder, _Linear
 
     b = _Builder()
-    y = _Linear(b, weights)("x", w, "lin", rank=2)
+    y = _Linear(b, weights, rounding)("x", w, "lin", rank=2)
     b.nodes.append(helper.make_node("Identity", [y], ["y"]))
     n, k = w.shape
     g = helper.make_graph(b.nodes, "lin", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", k])],
@@ -152,11 +152,11 @@ def test_the_w8a8_linear_is_its_plain_reference_and_a_row_does_not_depend_on_the
 
 
 def test_the_w8a8_activation_codes_round_half_to_even_as_the_reference_ties_included():
-    """The graph rounds each row to its codes in one QuantizeLinear (x / sx, half to even, + 128), where it
-    once took Div, Round, Add and Cast: against the reference's np.rint, rows whose values are exact
-    halfway cases x / sx = k + 0.5 (and rows of ordinary values, an all-zero row) give the same codes.
-    With W = I (codes 127, scale 1/127) each output is its code times sx, to within float32 rounding
-    of the scales' product: the codes are read back and compared exactly."""
+    """The graph rounds each row to its codes in one QuantizeLinear (x / sx, half to even, + 128); its
+    reference rounding (`ops`: Div, Round, Add, Cast) gives the same outputs to the bit, and both the
+    codes of np.rint, on rows whose values are exact halfway cases x / sx = k + 0.5 (and rows of
+    ordinary values, an all-zero row). With W = I (codes 127, scale 1/127) each output is its code
+    times sx, to within float32 rounding of the scales' product: the codes are read back exactly."""
     rng = np.random.default_rng(5)
     k = 96
     x = rng.standard_normal((8, k)).astype(np.float32)
@@ -175,6 +175,7 @@ def test_the_w8a8_activation_codes_round_half_to_even_as_the_reference_ties_incl
     assert ties >= 150  # most of them are exact halfway cases
     w = np.eye(k, dtype=np.float32)
     got = _one_linear("w8a8", w).run(None, {"x": x})[0]
+    assert np.array_equal(got, _one_linear("w8a8", w, "ops").run(None, {"x": x})[0])
     sx = np.maximum(np.abs(x).max(-1, keepdims=True) * np.float32(1 / 127), np.float32(1e-30))
     want = np.rint(x / sx)  # numpy: halfway cases to even
     assert np.array_equal(np.rint(got / sx), want) and np.abs(want).max() == 127
