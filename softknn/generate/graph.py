@@ -203,18 +203,42 @@ class _Linear:
         QuantizeLinear whose block is the row (x / sx rounded half to even, plus the zero point); the
         `ops` rounding, the reference kept beside it, in Div, Round, Add and Cast, four passes over the
         rows: the same codes (tests/core/test_decode_graph.py; bench/step_split.py times both)."""
+        xq, sx = self._activations(x, int(w.shape[1]), hint, rank)
+        return self._w8_product(xq, sx, w, hint)
+
+    def _activations(self, x: str, k: int, hint: str, rank: int) -> tuple[str, str]:
+        """(xq, sx) of x's rows (_w8a8): the codes as uint8 and the scales (…, 1)."""
         b = self.b
-        wq, sw = pack_w8(w)
         amax = b.op("ReduceMax", [b.op("Abs", [x], hint), self._axis], hint, keepdims=1)  # (…, 1)
         sx = b.op("Max", [b.op("Mul", [amax, self._inv127], hint), self._tiny], hint)  # an all-zero row: any scale
         if self.rounding == "ops":
             xq = b.op("Cast", [b.op("Add", [b.op("Round", [b.op("Div", [x, sx], hint)], hint), self._u8_zero_f], hint)],
                       hint, to=2)  # uint8
         else:
-            xq = self._quantize_rows(x, sx, hint, rank, int(w.shape[1]))
+            xq = self._quantize_rows(x, sx, hint, rank, k)
+        return xq, sx
+
+    def _w8_product(self, xq: str, sx: str, w: np.ndarray, hint: str) -> str:
+        b = self.b
+        wq, sw = pack_w8(w)
         yi = b.op("MatMulInteger", [xq, b.const(np.ascontiguousarray(wq.T), hint + "_w8T"), self._u8_zero], hint)
         scale = b.op("Mul", [sx, b.const(sw, hint + "_sw")], hint)  # (…, N)
         return b.op("Mul", [b.op("Cast", [yi], hint, to=1), scale], hint)
+
+    def many(self, x: str, ws: list[np.ndarray], hint: str, biases: list[np.ndarray] | None = None,
+             rank: int = 3) -> list[str]:
+        """x @ Wᵀ (+ bias) for each W of ws, each output its own tensor: w8a8 rounds x's rows once for all
+        of them (a product per W, no Split of one wide product afterwards; each output channel is its
+        own weight row and scale, so the numbers are those of one product over the stacked weights)."""
+        bs = biases or [None] * len(ws)
+        if self.weights != "w8a8":
+            return [self(x, w, f"{hint}_{i}", bias, rank=rank) for i, (w, bias) in enumerate(zip(ws, bs, strict=True))]
+        xq, sx = self._activations(x, int(ws[0].shape[1]), hint, rank)
+        out = []
+        for i, (w, bias) in enumerate(zip(ws, bs, strict=True)):
+            y = self._w8_product(xq, sx, w, f"{hint}_{i}")
+            out.append(y if bias is None else self.b.op("Add", [y, self.b.const(bias.astype(np.float32), f"{hint}_{i}_b")], hint))
+        return out
 
     def _quantize_rows(self, x: str, sx: str, hint: str, rank: int, k: int) -> str:
         """round(x / sx) + 128 as uint8 in one QuantizeLinear, a block being a row of K."""
@@ -441,8 +465,7 @@ def build_decoder(model, weights: str, memory_layers: list[int], kv: str = "fp32
 
 def _mlp(b: _Builder, lin: _Linear, x: str, h: str, wgu: np.ndarray, wdown: np.ndarray, sh: DecoderShape, li: int) -> str:
     """x + down(silu(gate(h)) · up(h)): the layer's MLP on its residual stream."""
-    gu = lin(h, wgu, f"gu{li}")
-    gate, up = b.ops("Split", [gu, b.ints([sh.intermediate, sh.intermediate], "split")], "gu", 2, axis=-1)
+    gate, up = lin.many(h, [wgu[: sh.intermediate], wgu[sh.intermediate :]], f"gu{li}")
     act = b.op("Mul", [b.op("Mul", [gate, b.op("Sigmoid", [gate], "sig")], "silu"), up], "act")
     return b.op("Add", [x, lin(act, wdown, f"down{li}")], "x")
 

@@ -182,6 +182,43 @@ def test_the_w8a8_activation_codes_round_half_to_even_as_the_reference_ties_incl
     assert np.allclose(got, w8a8_matmul(x, *pack_w8(w)), rtol=1e-6, atol=0) and not got[7].any()
 
 
+@pytest.mark.parametrize("weights", ["w8a8", "fp32"])
+def test_products_that_share_their_input_are_the_wide_products_parts(weights):
+    """The MLP's gate and up as two products of h (w8a8 rounds h's rows once for both, _Linear.many), not
+    one product over the stacked weights split afterwards: the same numbers (to the bit for w8a8, whose
+    output channels each have their own weight row and scale), a bias added to each."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from softknn.generate.graph import OPSET, _Builder, _Linear
+
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((40, 64)).astype(np.float32)
+    bias = rng.standard_normal(40).astype(np.float32)
+    x = rng.standard_normal((5, 64)).astype(np.float32) * np.float32(3)
+
+    def session(build):
+        b = _Builder()
+        outs = build(b, _Linear(b, weights))
+        for i, y in enumerate(outs):
+            b.nodes.append(helper.make_node("Identity", [y], [f"y{i}"]))
+        g = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["M", 64])],
+                              [helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None) for i in range(len(outs))],
+                              b.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)])
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        return ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+    wide = session(lambda b, lin: [lin("x", w, "wide", bias, rank=2)])[0]
+    parts = session(lambda b, lin: lin.many("x", [w[:25], w[25:]], "parts", [bias[:25], bias[25:]], rank=2))
+    assert [p.shape for p in parts] == [(5, 25), (5, 15)]
+    if weights == "w8a8":
+        assert np.array_equal(np.concatenate(parts, axis=1), wide)
+    else:
+        assert np.allclose(np.concatenate(parts, axis=1), wide, rtol=1e-6, atol=1e-5)
+
+
 def test_smoothing_moves_an_outlier_channel_into_the_weights_and_keeps_the_product():
     """SmoothQuant's factors: dividing the inputs by s and multiplying the weight's columns by s is the same
     product (float32 rounding), and with an outlier input channel the w8a8 error falls."""
