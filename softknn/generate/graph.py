@@ -230,7 +230,7 @@ class _Linear:
         """x @ Wᵀ (+ bias) for each W of ws, each output its own tensor: w8a8 rounds x's rows once for all
         of them (a product per W, no Split of one wide product afterwards; each output channel is its
         own weight row and scale, so the numbers are those of one product over the stacked weights)."""
-        bs = biases or [None] * len(ws)
+        bs: list[np.ndarray | None] = list(biases) if biases else [None] * len(ws)
         if self.weights != "w8a8":
             return [self(x, w, f"{hint}_{i}", bias, rank=rank) for i, (w, bias) in enumerate(zip(ws, bs, strict=True))]
         xq, sx = self._activations(x, int(ws[0].shape[1]), hint, rank)
