@@ -102,6 +102,33 @@ def write(name: str, payload: dict) -> dict:
     return payload
 
 
+def plot_stacked(name: str, bars: list[tuple[str, dict[str, float]]], parts: list[str], ylabel: str, title: str,
+                 totals: list[float] | None = None) -> Path:
+    """bench/results/NAME.png: one stacked bar per (label, {part: value}), the parts in `parts`' order
+    (a part a bar lacks counts 0); `totals` written above the bars where given."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 1.15 * len(bars)), 4.2))
+    for i, (_, values) in enumerate(bars):
+        bottom = 0.0
+        for j, part in enumerate(parts):
+            ax.bar(i, values.get(part, 0.0), bottom=bottom, color=f"C{j}", label=part if i == 0 else None)
+            bottom += values.get(part, 0.0)
+        if totals is not None:
+            ax.text(i, bottom, f"{totals[i]:.1f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
+    ax.set(ylabel=ylabel, title=title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = RESULTS / f"{name}.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def plot_bars(name: str, labels: list[str], values: list[float], errs: list[tuple[float, float]] | None, ylabel: str, title: str) -> Path:
     import matplotlib
 

@@ -161,29 +161,17 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _plot(out: dict) -> None:
-    import matplotlib
+    from bench.common import plot_stacked
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from bench.common import RESULTS
-
-    bars = [(f"{c}\n{B} rows", r["ort_profile_ms_per_step"], r["step_ms_median"])
-            for c, v in out["by_config"].items() for B, r in v["rows"].items()]
     ops = ["MatMulNBits", "MatMulIntegerToFloat", "GroupQueryAttention"]
-    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(bars)), 4.2))
-    for i, (_, table, step) in enumerate(bars):
-        bottom = 0.0
-        for j, op in enumerate(ops + ["other"]):
-            ms = table.get(op, 0.0) if op != "other" else max(0.0, step - bottom)
-            ax.bar(i, ms, bottom=bottom, color=f"C{j}", label=op if i == 0 else None)
-            bottom += ms
-    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
-    ax.set(ylabel="ms per decode step", title=f"decode step by op type (k {out['k']}, {out['threads']} thread(s))")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "profile_decode.png", dpi=110)
-    plt.close(fig)
+    bars = []
+    for c, v in out["by_config"].items():
+        for B, r in v["rows"].items():
+            table = {op: r["ort_profile_ms_per_step"].get(op, 0.0) for op in ops}
+            table["other"] = max(0.0, r["step_ms_median"] - sum(table.values()))
+            bars.append((f"{c}\n{B} rows", table))
+    plot_stacked("profile_decode", bars, [*ops, "other"], "ms per decode step",
+                 f"decode step by op type (k {out['k']}, {out['threads']} thread(s))")
 
 
 if __name__ == "__main__":

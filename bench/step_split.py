@@ -29,7 +29,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench.common import RESULTS, write
+from bench.common import plot_stacked, write
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANT_CACHE = Path(os.environ.get("SOFTKNN_BENCH_CACHE", "/tmp/softknn-bench")) / "step-split-graphs"
@@ -188,25 +188,10 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _plot(out: dict, rows: list[int]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     bars = [(f"{v}\n{B} rows", r["rows"][str(B)]) for v, r in out["by_rounding"].items() for B in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(bars)), 4.2))
-    for i, (_, ms) in enumerate(bars):
-        bottom = 0.0
-        for j, part in enumerate(("segments", "kernel", "python")):
-            ax.bar(i, ms[part], bottom=bottom, color=f"C{j}", label=part if i == 0 else None)
-            bottom += ms[part]
-        ax.text(i, bottom, f"{ms['step']:.1f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=7)
-    ax.set(ylabel="ms per decode step", title=f"served decode step (k {out['k']}, kernel on {out['kernel_threads']} threads)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(RESULTS / "step_split.png", dpi=110)
-    plt.close(fig)
+    plot_stacked("step_split", bars, ["segments", "kernel", "python"], "ms per decode step",
+                 f"served decode step (k {out['k']}, kernel on {out['kernel_threads']} threads)",
+                 totals=[ms["step"] for _, ms in bars])
 
 
 if __name__ == "__main__":
