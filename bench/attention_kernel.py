@@ -1,6 +1,7 @@
 """The decode graph's attention alone: ONNX Runtime's GroupQueryAttention over an int8 cache and a float32 one, and softknn's C kernel over the int8 cache, decode steps of 1/4/16 rows and prefills of 8/32/64 tokens, per row and per query token.
 
     python -m bench attention_kernel [--columns 890] [--rows 1,4,16] [--prefill 8,32,64] [--repeats 10]
+        [--against REV] [--kernels-only] [--name attention_kernel]
 
 The op as softknn.generate.graph builds it (qk_output on: the evidence trace), stacked for the 30
 layers of SmolLM2-135M (9 query heads, 3 key/value heads, 64 dims), one thread, its cache bound as past
@@ -20,7 +21,10 @@ server builds it (AVX-512 intrinsics where the CPU has them), and `kernel_generi
 on the same decode rows and prefills, with their largest difference from the float64 reference
 (skipped, saying so, without a C compiler); and `kernel_threads`, the kernel as the server calls it, its
 rows' kv heads and prefill tokens shared among `--threads` threads (default: this machine's cores;
-generator.attention_threads).
+generator.attention_threads). With `--against REV`, attend.c as it was at git revision REV is built too
+and timed beside `kernel` and `kernel_threads`, alternating with them on the same inputs within each
+repeat (`kernel_against`, `kernel_threads_against`): a change to the kernel measured side by side, in one
+run. `--kernels-only` leaves out ONNX Runtime's ops (a kernel change's A/B in a minute or two).
 
 Reported: ms per call (30 layers), ms per row (decode) and per query token (prefill), and for decode
 the cache bytes read per ms (GB/s of the int8 or float32 buffer itself), and this process's peak
@@ -32,6 +36,7 @@ from __future__ import annotations
 import argparse
 import resource
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -49,6 +54,10 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prefill", default="8,32,64", help="prefills (B = 1) of these many tokens")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--threads", type=int, default=0, help="threads of `kernel_threads` (0 = cores)")
+    ap.add_argument("--against", default="", help="git revision: its attend.c built too and timed alternating "
+                    "with this one's (kernel_against, kernel_threads_against)")
+    ap.add_argument("--kernels-only", action="store_true", help="only the kernel builds (no ONNX Runtime ops)")
+    ap.add_argument("--name", default="attention_kernel", help="bench/results/NAME.json and .png")
 
 
 def _session(kv: str, T: str | int):
@@ -191,10 +200,12 @@ def _matmul_integer_ms(B: int, columns: int, repeats: int, rng: np.random.Genera
     return 1000 * statistics.median(times)
 
 
-def _kernel_ms(kern, B: int, T: int, columns: int, repeats: int, rng: np.random.Generator, threads: int = 1) -> dict:
-    """softknn.generate.kernel (what the server runs between the graph's segments) over B rows of `columns`
-    past columns and T new tokens each, 30 layers of their own int8 caches (read from memory, as a step
-    reads them): median ms; and, on the last layer's first row, its largest difference from the float64
+def _kernels_ms(kerns: dict, B: int, T: int, columns: int, repeats: int, rng: np.random.Generator,
+                threads: int = 1) -> dict:
+    """softknn.generate.kernel builds (what the server runs between the graph's segments) over B rows of
+    `columns` past columns and T new tokens each, 30 layers of their own int8 caches (read from memory, as a
+    step reads them), the builds alternating on the same inputs within each repeat (their order turned each
+    time): per build, median ms; and, on the last layer's first row, its largest difference from the float64
     reference (kernel.attend_reference)."""
     from softknn.generate import kernel
 
@@ -210,22 +221,39 @@ def _kernel_ms(kern, B: int, T: int, columns: int, repeats: int, rng: np.random.
     bias = np.zeros((B, T, S), np.float32)
     out, attn = np.empty((B, T, HEADS * DIM), np.float32), np.zeros((B, S), np.float32)
     ref_in = (Ks[-1][:1].copy(), Vs[-1][:1].copy())
+    ref, _ = kernel.attend_reference(q[:1], k[:1], v[:1], *ref_in, scale, scale, seqlens[:1], bias[:1])
 
-    def call() -> None:
+    def call(kern) -> None:  # every build writes the same new columns: the inputs stay the same
         for li in range(LAYERS):
             kern.attend(q, k, v, Ks[li], Vs[li], scale, scale, seqlens, bias, out, attn, 1.0 / (HEADS * LAYERS),
                         threads=threads)
 
-    call()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    ref, _ = kernel.attend_reference(q[:1], k[:1], v[:1], *ref_in, scale, scale, seqlens[:1], bias[:1])
-    ms = 1000 * statistics.median(times)
-    return {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3), "ms_per_token": round(ms / (B * T), 3),
-            "max_abs_err_out": float(np.abs(ref - out[:1]).max())}
+    names = list(kerns)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    err: dict[str, float] = {}
+    for n in names:
+        call(kerns[n])
+        err[n] = float(np.abs(ref - out[:1]).max())
+    for r in range(repeats):
+        for n in names[r % len(names):] + names[: r % len(names)]:
+            t0 = time.perf_counter()
+            call(kerns[n])
+            times[n].append(time.perf_counter() - t0)
+    res = {}
+    for n in names:
+        ms = 1000 * statistics.median(times[n])
+        res[n] = {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3), "ms_per_token": round(ms / (B * T), 3),
+                  "max_abs_err_out": err[n]}
+    return res
+
+
+def _against(rev: str) -> Path:
+    """attend.c as it was at git revision `rev`, in a temporary file."""
+    src = subprocess.run(["git", "show", f"{rev}:softknn/generate/attend.c"], capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parent.parent).stdout
+    path = Path(tempfile.mkdtemp(prefix="softknn-against-")) / "attend.c"
+    path.write_text(src)
+    return path
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -234,46 +262,65 @@ def run(args: argparse.Namespace) -> dict:
     prefill = [int(x) for x in args.prefill.split(",")]
     out: dict = {"command": args.command, "columns": args.columns, "layers": LAYERS, "heads": HEADS, "kv_heads": KV_HEADS,
                  "head_dim": DIM, "threads": 1, "by_cache": {}}
-    for kv in ("int8", "fp32"):
-        item = 1 if kv == "int8" else 4
-        res: dict = {"decode": {}, "prefill": {}}
+    if not args.kernels_only:  # ONNX Runtime's ops and the MatMulInteger bound
+        for kv in ("int8", "fp32"):
+            item = 1 if kv == "int8" else 4
+            res: dict = {"decode": {}, "prefill": {}}
+            for B in rows:
+                ms = _time(kv, B, 1, args.columns, args.repeats, rng)
+                read = B * LAYERS * 2 * KV_HEADS * (args.columns + 1) * DIM * item  # the rows' keys and values, once
+                res["decode"][str(B)] = {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3), "gb_per_s": round(read / ms / 1e6, 2)}
+                print(kv, "decode", B, res["decode"][str(B)], flush=True)
+            for T in prefill:
+                ms = _time(kv, 1, T, args.columns, args.repeats, rng)
+                res["prefill"][str(T)] = {"ms": round(ms, 2), "ms_per_token": round(ms / T, 3)}
+                print(kv, "prefill", T, res["prefill"][str(T)], flush=True)
+            out["by_cache"][kv] = res
+        out["matmul_integer_decode"] = {}
         for B in rows:
-            ms = _time(kv, B, 1, args.columns, args.repeats, rng)
-            read = B * LAYERS * 2 * KV_HEADS * (args.columns + 1) * DIM * item  # the rows' keys and values, once
-            res["decode"][str(B)] = {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3), "gb_per_s": round(read / ms / 1e6, 2)}
-            print(kv, "decode", B, res["decode"][str(B)], flush=True)
-        for T in prefill:
-            ms = _time(kv, 1, T, args.columns, args.repeats, rng)
-            res["prefill"][str(T)] = {"ms": round(ms, 2), "ms_per_token": round(ms / T, 3)}
-            print(kv, "prefill", T, res["prefill"][str(T)], flush=True)
-        out["by_cache"][kv] = res
-    out["matmul_integer_decode"] = {}
-    for B in rows:
-        ms = _matmul_integer_ms(B, args.columns, args.repeats, rng)
-        out["matmul_integer_decode"][str(B)] = {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3)}
-        print("MatMulInteger memory attention", B, out["matmul_integer_decode"][str(B)], flush=True)
+            ms = _matmul_integer_ms(B, args.columns, args.repeats, rng)
+            out["matmul_integer_decode"][str(B)] = {"ms": round(ms, 2), "ms_per_row": round(ms / B, 3)}
+            print("MatMulInteger memory attention", B, out["matmul_integer_decode"][str(B)], flush=True)
     from softknn.generate import kernel
     from softknn.generate.runtime import cores
 
     threads = args.threads or cores()
-    for build, generic, n in (("kernel", False, 1), ("kernel_threads", False, threads), ("kernel_generic", True, 1)):
+    against = _against(args.against) if args.against else None
+    if against is not None:
+        out["against"] = {"revision": args.against, "commit": subprocess.run(
+            ["git", "rev-parse", args.against], capture_output=True, text=True, cwd=Path(__file__).resolve().parent.parent
+        ).stdout.strip()}
+    builds = [("kernel", False, 1, None), ("kernel_threads", False, threads, None), ("kernel_generic", True, 1, None)]
+    if against is not None:  # timed alternating with the build of the same name (their first two)
+        builds = [("kernel", False, 1, against), ("kernel_threads", False, threads, against),
+                  ("kernel_generic", True, 1, None)]
+    for build, generic, n, other in builds:
         kern, how = kernel.load(Path(tempfile.mkdtemp(prefix="softknn-kernel-")), generic=generic)
+        kerns = {build: kern}
         res = {"built": how, "threads": n} if kern is not None else {"skipped": how}
+        res_other: dict = {}
+        if other is not None and kern is not None:
+            kern_other, how_other = kernel.load(Path(tempfile.mkdtemp(prefix="softknn-kernel-")), source=other)
+            res_other = {"built": how_other, "threads": n, "revision": args.against}
+            if kern_other is not None:
+                kerns[f"{build}_against"] = kern_other
         if kern is not None:
-            for B in rows:
-                res[f"decode_{B}"] = _kernel_ms(kern, B, 1, args.columns, args.repeats, rng, n)
-                print(build, "decode", B, res[f"decode_{B}"], flush=True)
-            for T in prefill:
-                res[f"prefill_{T}"] = _kernel_ms(kern, 1, T, args.columns, args.repeats, rng, n)
-                print(build, "prefill", T, res[f"prefill_{T}"], flush=True)
+            for label, B, T in [(f"decode_{B}", B, 1) for B in rows] + [(f"prefill_{T}", 1, T) for T in prefill]:
+                got = _kernels_ms(kerns, B, T, args.columns, args.repeats, rng, n)
+                res[label] = got[build]
+                if f"{build}_against" in got:
+                    res_other[label] = got[f"{build}_against"]
+                print(build, label, {x: v["ms"] for x, v in got.items()}, flush=True)
         out[build] = res
+        if res_other:
+            out[f"{build}_against"] = res_other
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    payload = write("attention_kernel", out)
-    plot(payload)
+    payload = write(args.name, out)
+    plot(payload, args.name)
     return payload
 
 
-def plot(payload: dict) -> None:
+def plot(payload: dict, name: str = "attention_kernel") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -287,12 +334,15 @@ def plot(payload: dict) -> None:
     mi = payload.get("matmul_integer_decode") or {}
     if mi:
         a.plot([int(x) for x in mi], [v["ms"] for v in mi.values()], "s--", label="int8, MatMulInteger (memory only)")
-    for build, style in (("kernel", "^-"), ("kernel_threads", "D-"), ("kernel_generic", "v--")):
+    for build, style in (("kernel", "^-"), ("kernel_threads", "D-"), ("kernel_generic", "v--"),
+                         ("kernel_against", "^:"), ("kernel_threads_against", "D:")):
         res = payload.get(build) or {}
         dec = {int(x.split("_")[1]): v["ms"] for x, v in res.items() if x.startswith("decode_")}
         pre = {int(x.split("_")[1]): v["ms"] for x, v in res.items() if x.startswith("prefill_")}
         label = "int8, softknn's C kernel" + (" (plain loops)" if build.endswith("generic") else
-                                              f" ({res.get('threads')} threads)" if build.endswith("threads") else "")
+                                              f" ({res.get('threads')} threads)" if "threads" in build else "")
+        if build.endswith("against"):
+            label += f" at {res.get('revision')}"
         if dec:
             a.plot(list(dec), list(dec.values()), style, label=label)
         if pre:
@@ -304,7 +354,7 @@ def plot(payload: dict) -> None:
         ax.legend()
     fig.suptitle(f"{payload['columns']} past columns a row, one thread (but the kernel's threads)")
     fig.tight_layout()
-    fig.savefig(RESULTS / "attention_kernel.png", dpi=110)
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
     plt.close(fig)
 
 

@@ -275,10 +275,12 @@ static void item(const Job* J, int b, int h, int t0, int t1, float* P) {
     if (J->tr && t == Tb - 1) {
       const size_t i = (size_t)b * KV + h;
       float* a = J->tr + i * S;
-      for (int j = lo; j < n; j++) {
-        float s = 0.f;
-        for (int g = 0; g < G; g++) s += P[(size_t)g * S + j] * (inv[g] * J->attn_w);
-        a[j] = s;
+      for (int j = lo; j < n; j++) a[j] = 0.f; /* then each head's share, in head order: the same sums as one
+                                                   column at a time, in loops that vectorise */
+      for (int g = 0; g < G; g++) {
+        const float c = inv[g] * J->attn_w;
+        const float* pg = P + (size_t)g * S;
+        for (int j = lo; j < n; j++) a[j] += pg[j] * c;
       }
       J->span[2 * i] = lo;
       J->span[2 * i + 1] = n;

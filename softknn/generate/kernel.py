@@ -124,9 +124,10 @@ def compiler() -> str | None:
 
 
 @lru_cache(maxsize=4)
-def load(cache_dir: Path, generic: bool = False) -> tuple[Kernel | None, str]:
+def load(cache_dir: Path, generic: bool = False, source: Path = SOURCE) -> tuple[Kernel | None, str]:
     """The kernel built (once) under cache_dir, or None; and why (the path, or what failed). `generic`: the
-    plain C loops even where the CPU has AVX-512 (what other machines run; the tests check both)."""
+    plain C loops even where the CPU has AVX-512 (what other machines run; the tests check both); `source`:
+    another attend.c (bench/attention_kernel.py's --against builds an earlier revision beside this one)."""
     cc = compiler()
     if cc is None or shutil.which(cc) is None:
         return None, "no C compiler (cc/gcc, or $CC)"
@@ -135,7 +136,7 @@ def load(cache_dir: Path, generic: bool = False) -> tuple[Kernel | None, str]:
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{cc} --version failed: {e}"
     flags = FLAGS + (["-DSOFTKNN_GENERIC"] if generic else [])
-    key = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(flags).encode()
+    key = hashlib.sha256(Path(source).read_bytes() + version.encode() + " ".join(flags).encode()
                          + _cpu_flags().encode()).hexdigest()[:16]
     out = Path(cache_dir) / f"attend-{key}.so"
     if not out.is_file():
@@ -146,7 +147,7 @@ def load(cache_dir: Path, generic: bool = False) -> tuple[Kernel | None, str]:
             tmp = Path(tempfile.mkdtemp(prefix="softknn-kernel-")) / f"attend-{key}.so"
             out = tmp
         try:
-            r = subprocess.run([cc, *flags, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True,
+            r = subprocess.run([cc, *flags, "-o", str(tmp), str(source), "-lm"], capture_output=True, text=True,
                                timeout=120)
         except (OSError, subprocess.SubprocessError) as e:
             return None, f"{cc} failed: {e}"
