@@ -25,6 +25,7 @@ import json
 import os
 import resource
 import statistics
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -40,7 +41,9 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=32, help="decode steps timed per variant, B and round")
     ap.add_argument("--repeats", type=int, default=3, help="rounds alternating the variants")
     ap.add_argument("--k", type=int, default=8)
-    ap.add_argument("--rounding", default="blocks,ops", help="w8a8 activation rounding variants (blocks: served)")
+    ap.add_argument("--rounding", default="blocks", help="w8a8 activation rounding variants (blocks: served; ops)")
+    ap.add_argument("--lanes", default="0,1", help="lane variants: a step of 4 rows or more cut into this many "
+                    "lanes (0: the served default, the cores; 1: none)")
     ap.add_argument("--ort-steps", type=int, default=4, help="steps of ONNX Runtime's profile at the largest B (0: none)")
 
 
@@ -51,6 +54,7 @@ class _Clock:
         self.session, self.ort, self.kernel = session, 0.0, 0.0
         self._runs = [s.run_with_iobinding for s in session.sessions]
         self._attend = session.kernel.attend_raw
+        self._main = threading.get_ident()
 
     def __enter__(self):
         clock = self
@@ -64,17 +68,19 @@ class _Clock:
                 try:
                     return self.run(*a)
                 finally:
-                    clock.ort += time.perf_counter() - t0
+                    if threading.get_ident() == clock._main:  # lane 0's (the decode thread's) only
+                        clock.ort += time.perf_counter() - t0
 
             def __getattr__(self, name):
                 return getattr(self.inner, name)
 
-        def attend(*a):
+        def attend(*a, **kw):
             t0 = time.perf_counter()
             try:
-                return self._attend(*a)
+                return self._attend(*a, **kw)
             finally:
-                clock.kernel += time.perf_counter() - t0
+                if threading.get_ident() == clock._main:
+                    clock.kernel += time.perf_counter() - t0
 
         self.session.sessions = [Timed(s, r) for s, r in zip(self.session.sessions, self._runs, strict=True)]
         self.session.kernel.attend_raw = attend
@@ -108,7 +114,7 @@ def run(args: argparse.Namespace) -> dict:
     from softknn.generate.batch import DecodeLoop, job_for
     from softknn.generate.engine import GenParams
     from softknn.generate.model import Sampling
-    from softknn.generate.runtime import SplitDecoderSession, cores, default_graph_cache
+    from softknn.generate.runtime import LANE_ROWS, SplitDecoderSession, cores, default_graph_cache
 
     setup_threads()
     enc, gen = models()
@@ -124,12 +130,15 @@ def run(args: argparse.Namespace) -> dict:
     if kern is None:
         raise SystemExit(f"the attention kernel did not build: {why}")
     weights, calib = gen.weights("auto"), gen.calibration_ids()
-    variants = args.rounding.split(",")
+    lanes = [int(x) or cores() for x in args.lanes.split(",")]
+    combos = {f"{r}, {n} lane{'s' if n > 1 else ''}": (r, n) for r in args.rounding.split(",") for n in lanes}
+    variants = list(combos)
 
-    def session(rounding: str, profile: bool = False) -> SplitDecoderSession:
+    def session(variant: str, profile: bool = False) -> SplitDecoderSession:
+        rounding, n = combos[variant]
         cache = None if rounding == "blocks" else VARIANT_CACHE
         return SplitDecoderSession(gen.model, weights, ge.layers, kern, calibration_ids=calib, rounding=rounding,
-                                   cache_dir=cache, profile=profile)
+                                   cache_dir=cache, profile=profile, lanes=n)
 
     def filled(sess, B: int) -> DecodeLoop:
         loop = DecodeLoop(sess, set(), gen.tokenizer, max_batch=big, prefill_chunk=256)  # no EOS: every row decodes
@@ -162,7 +171,8 @@ def run(args: argparse.Namespace) -> dict:
                 del loop
     out: dict = {"command": args.command, "weights": weights, "k": args.k, "steps": args.steps, "repeats": args.repeats,
                  "kernel_threads": cores(), "segment_threads": 1, "onnxruntime": ort.__version__,
-                 "memory_tokens_median": statistics.median(x.memory_tokens for x in preps), "by_rounding": {}}
+                 "memory_tokens_median": statistics.median(x.memory_tokens for x in preps), "lane_rows": LANE_ROWS,
+                 "by_variant": {}}
     for v in variants:
         res = {}
         for B in rows:
@@ -171,7 +181,7 @@ def run(args: argparse.Namespace) -> dict:
             ms["rounds_step_ms"] = [round(1000 * s["step"], 2) for s in samples[v][B]]
             res[str(B)] = ms
         one = res[str(min(rows))]["step"]
-        out["by_rounding"][v] = {"rows": res, f"step_{big}_vs_{min(rows)}": round(res[str(big)]["step"] / one, 2)}
+        out["by_variant"][v] = {"rows": res, f"step_{big}_vs_{min(rows)}": round(res[str(big)]["step"] / one, 2)}
     if args.ort_steps > 0:
         for v in variants:
             sess = session(v, profile=True)
@@ -179,7 +189,7 @@ def run(args: argparse.Namespace) -> dict:
             for _ in range(args.ort_steps + 4):  # the first runs of a fresh session warm it: the last ort_steps count
                 loop._step()
             table = _op_table([s.end_profiling() for s in sess.sessions], args.ort_steps)
-            out["by_rounding"][v]["ort_profile_ms_per_step"] = {"rows": big, **table}
+            out["by_variant"][v]["ort_profile_ms_per_step"] = {"rows": big, **table}
             print(v, "ORT profile", json.dumps(table), flush=True)
             del loop, sess
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
@@ -188,7 +198,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _plot(out: dict, rows: list[int]) -> None:
-    bars = [(f"{v}\n{B} rows", r["rows"][str(B)]) for v, r in out["by_rounding"].items() for B in rows]
+    bars = [(f"{v}\n{B} rows", r["rows"][str(B)]) for v, r in out["by_variant"].items() for B in rows]
     plot_stacked("step_split", bars, ["segments", "kernel", "python"], "ms per decode step",
                  f"served decode step (k {out['k']}, kernel on {out['kernel_threads']} threads)",
                  totals=[ms["step"] for _, ms in bars])

@@ -185,6 +185,10 @@ class GeneratorSettings(BaseModel):
     attention_threads: int = Field(0, ge=0, description="threads the C kernel shares a step's attention among "
                                    "(its rows' kv heads and prefill tokens; a call too small to be worth waking "
                                    "a thread runs alone), whatever the decode graph's threads: 0 = cores")
+    lanes: int = Field(0, ge=0, description="with the kernel: threads a decode step of 2 rows or more is cut "
+                       "among, each running its share of the rows through the graph's segments and the "
+                       "kernel (one row's step is not cut; it runs on the decode thread with "
+                       "generator.threads): 0 = cores, 1 = none")
 
 
 class Settings(BaseSettings):

@@ -383,8 +383,9 @@ static int start_workers(int threads) {
 /* q (B, T, H*D) with 1/sqrt(D) folded in, knew/vnew (B, T, KV*D), K/V (B, KV, C, D) int8 updated in place,
    ks/vs (KV*D), seqlens (B), tlen (B) or NULL, bias (B, T, S) with S >= seqlens[b] + 1, out (B, T, H*D)
    (a padding token's rows left as they were); attn (B, S) or NULL; threads: how many threads may share
-   the call's work (the caller and threads - 1 workers). Not reentrant: one call at a time in a process
-   (the decode loop's thread makes them all).
+   the call's work (the caller and threads - 1 workers). A call of more threads is not reentrant: one at a
+   time in a process (they keep the GIL: softknn.generate.kernel); a call of one thread touches no shared
+   state, and may run beside any other (a decode step's lanes, each on its own thread, the GIL released).
    Returns 0, or -1 when the shape is outside what the stack buffers hold or a row does not fit. */
 int softknn_attend(int B, int T, int H, int KV, int C, int D, int S, const float* q, const float* knew,
                    const float* vnew, int8_t* K, int8_t* V, const float* ks, const float* vs, const int32_t* seqlens,

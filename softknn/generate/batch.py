@@ -766,16 +766,17 @@ ATTENTION = ("auto", "kernel", "graph")
 
 
 def decoder_session(generator: Generator, weights: str, layers: list[int], *, threads: int = 1, kv: str = KV_DEFAULT,
-                    attention: str = "auto", attention_threads: int = 0) -> DecoderSession | SplitDecoderSession:
+                    attention: str = "auto", attention_threads: int = 0, lanes: int = 0
+                    ) -> DecoderSession | SplitDecoderSession:
     """The decode graph's session: the segments around the C kernel (an int8 cache, `attention` kernel or auto
-    where the kernel compiles; `attention_threads` its threads, 0 = cores), else the whole graph
-    (decode_loop)."""
+    where the kernel compiles; `attention_threads` its threads, 0 = cores; `lanes` the threads a step of
+    several rows is cut among, 0 = cores), else the whole graph (decode_loop)."""
     calib = generator.calibration_ids()
     if kv == "int8" and attention != "graph":
         kern, why = kernel.load(default_graph_cache())
         if kern is not None:
             return SplitDecoderSession(generator.model, weights, layers, kern, threads=threads,
-                                       attention_threads=attention_threads, calibration_ids=calib)
+                                       attention_threads=attention_threads, calibration_ids=calib, lanes=lanes)
         if attention == "kernel":
             raise ModelRuntimeError(f"generator.attention kernel: the attention kernel did not build: {why}")
         log.warning("decode attention: GroupQueryAttention (the C kernel did not build: %s)", why)
@@ -844,21 +845,21 @@ def job_for(prompt_ids: list[int], memory: GenMemory | PackedMemory | None, samp
 
 def decode_loop(generator: Generator, layers: list[int], *, weights: str = "auto", threads: int = 1,
                 max_batch: int = 16, cache_mb: float = 1024, kv: str = KV_DEFAULT, attention: str = "auto",
-                attention_threads: int = 0) -> DecodeLoop:
+                attention_threads: int = 0, lanes: int = 0) -> DecodeLoop:
     """The continuous-batching decode loop of `generator`'s model with memory at `layers`: one per
-    (weights, layers, threads, max_batch, cache_mb, kv cache format, attention and its threads), kept on the generator and
+    (weights, layers, threads, max_batch, cache_mb, kv cache format, attention, its threads and lanes), kept on the generator and
     shared by every engine that asks for the same. `attention` (an int8 cache's): `kernel` the C kernel
     (softknn.generate.kernel; ModelRuntimeError where it does not compile), `graph` ONNX Runtime's
     GroupQueryAttention, `auto` the kernel where it compiles (else graph, and a warning saying why)."""
     if attention not in ATTENTION:
         raise ValueError(f"decode attention must be one of {ATTENTION}, not {attention!r}")
     w = generator.weights(weights)
-    key = (w, tuple(sorted(layers)), threads, max_batch, cache_mb, kv, attention, attention_threads)
+    key = (w, tuple(sorted(layers)), threads, max_batch, cache_mb, kv, attention, attention_threads, lanes)
     with generator.loops_lock:
         loop = generator.decode_loops.get(key)
         if loop is None:
             session = decoder_session(generator, w, list(key[1]), threads=threads, kv=kv, attention=attention,
-                                      attention_threads=attention_threads)
+                                      attention_threads=attention_threads, lanes=lanes)
             loop = generator.decode_loops[key] = DecodeLoop(session, generator.eos_ids, generator.tokenizer,
                                                             max_batch=max_batch, cache_mb=cache_mb)
         return cast("DecodeLoop", loop)

@@ -128,7 +128,7 @@ class GenEngine:
     def __init__(self, retriever: Retriever, encoder: ModelForward, generator: Generator, *, runtime: str = "graph",
                  weights: str = "auto", threads: int = 1, max_batch: int = 16, torch_concurrent: int = 2,
                  cache_mb: float = 1024, kv_cache: str = KV_DEFAULT, attention: str = "auto",
-                 attention_threads: int = 0):
+                 attention_threads: int = 0, lanes: int = 0):
         bundle = retriever.bundle
         rec = bundle.manifest.generator
         if rec is None:
@@ -146,7 +146,7 @@ class GenEngine:
             raise ValueError(f"generation runtime must be one of {RUNTIMES}, not {runtime!r}")
         self.runtime, self.weights, self.threads, self.max_batch = runtime, weights, threads, max_batch
         self.cache_mb, self.kv_cache, self.attention = cache_mb, kv_cache, attention
-        self.attention_threads = attention_threads
+        self.attention_threads, self.lanes = attention_threads, lanes
         self._torch_slots = threading.BoundedSemaphore(torch_concurrent)  # generations in torch at once
 
     def uses_graph(self, p: GenParams, has_memory: bool) -> bool:
@@ -164,7 +164,7 @@ class GenEngine:
         """The decode graph's loop for this bundle's memory layers (built on first use)."""
         return decode_loop(self.generator, self.layers, weights=self.weights, threads=self.threads,
                            max_batch=self.max_batch, cache_mb=self.cache_mb, kv=self.kv_cache,
-                           attention=self.attention, attention_threads=self.attention_threads)
+                           attention=self.attention, attention_threads=self.attention_threads, lanes=self.lanes)
 
     def _graph_runtime(self) -> str:
         """`graph WEIGHTS KV ATTENTION` of the decode loop that answers: e.g. `graph w8a8 int8 kernel`."""

@@ -54,7 +54,11 @@ class Kernel:
         self._f = f
         # the same library again, whose calls release the GIL: layout runs on request threads beside the decode
         # thread, and keeps no state between calls
-        lay = ctypes.CDLL(str(path)).softknn_layout
+        free = ctypes.CDLL(str(path))
+        g = free.softknn_attend  # the same function with the GIL released: a lane's call (SplitBound), one thread
+        g.restype, g.argtypes = f.restype, f.argtypes
+        self._f_free = g
+        lay = free.softknn_layout
         lay.restype = None
         lay.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 4
         self._layout = lay
@@ -111,10 +115,19 @@ class Kernel:
                         None if tlen is None else tlen.ctypes.data, bias.ctypes.data, out.ctypes.data,
                         None if attn is None else attn.ctypes.data, attn_w, threads)
 
-    def attend_raw(self, B: int, T: int, H: int, KV: int, C: int, D: int, S: int, *pointers_and_weight) -> None:
+    def attend_raw(self, B: int, T: int, H: int, KV: int, C: int, D: int, S: int, *pointers_and_weight,
+                   release_gil: bool = False) -> None:
         """`attend` on addresses its caller has checked (SplitBound checks its buffers once, not 30 times a
-        step): q, knew, vnew, K, V, ks, vs, seqlens, tlen (or None), bias, out, attn (or None), attn_w, threads."""
-        if self._f(B, T, H, KV, C, D, S, *pointers_and_weight) != 0:
+        step): q, knew, vnew, K, V, ks, vs, seqlens, tlen (or None), bias, out, attn (or None), attn_w, threads.
+        `release_gil`: the call gives the GIL up while it runs, for one thread only (threads 1: a call on the
+        caller alone touches none of the workers' shared state, so lanes may make such calls at once)."""
+        if release_gil:
+            if pointers_and_weight[-1] != 1:
+                raise ValueError("attention kernel: a call that releases the GIL runs on one thread")
+            rc = self._f_free(B, T, H, KV, C, D, S, *pointers_and_weight)
+        else:
+            rc = self._f(B, T, H, KV, C, D, S, *pointers_and_weight)
+        if rc != 0:
             raise ValueError(f"attention kernel: a row does not fit (B {B}, T {T}, S {S}, C {C}) or the shape "
                              f"(heads {H}, kv heads {KV}, head dim {D}) is beyond it")
 

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -247,6 +248,7 @@ class Bound:
         return out
 
 
+LANE_ROWS = 2  # a decode step of at least this many rows is cut into lanes (SplitBound)
 SWITCH_INTERVAL_S = 0.0002  # sys.setswitchinterval while a SplitDecoderSession serves (its __init__)
 
 
@@ -262,7 +264,7 @@ class SplitDecoderSession:
 
     def __init__(self, model, weights: str, memory_layers: list[int], kernel: Kernel, *, threads: int = 1,
                  attention_threads: int = 0, cache_dir: Path | None = None, calibration_ids: list[int] | None = None,
-                 rounding: str = "blocks", profile: bool = False):
+                 rounding: str = "blocks", profile: bool = False, lanes: int = 0):
         import onnxruntime as ort
 
         from softknn.generate.graph import rope_for
@@ -277,6 +279,11 @@ class SplitDecoderSession:
         # Runtime threads a segment, which wake beside the request threads and the event loop, a trial of
         # gen_serving's 16 streams gave 34.3 ms a token against 27.1 with 1 (one pair of runs)
         self.attention_threads = attention_threads or cores()
+        # a decode step of LANE_ROWS rows or more is cut into `lanes` runs of its rows on their own threads
+        # (SplitBound): one row's step cannot be cut, and stays on the decode thread
+        self.lanes = max(1, lanes or cores())
+        self._lane_pool = (ThreadPoolExecutor(self.lanes - 1, thread_name_prefix="softknn-lane")
+                           if self.lanes > 1 else None)
         self.memory_layers = sorted(set(memory_layers))
         first = graph_file(model, weights, self.memory_layers, cache_dir, "int8", calibration_ids, split=True,
                            rounding=rounding)
@@ -325,7 +332,8 @@ class SplitBound:
     in one each, the ids and positions copied in each step; the cache arrays as given (int8, C-contiguous,
     (B, nkv, C, hs)), which the kernel writes the new columns into."""
 
-    def __init__(self, ds: SplitDecoderSession, keys: list[np.ndarray], values: list[np.ndarray], B: int, T: int):
+    def __init__(self, ds: SplitDecoderSession, keys: list[np.ndarray], values: list[np.ndarray], B: int, T: int,
+                 buffers: dict[str, np.ndarray] | None = None):
         sh = ds.shape
         self.ds, self.B, self.T = ds, B, T
         for li in range(sh.layers):
@@ -338,7 +346,7 @@ class SplitBound:
         self._caches = [(keys[li].ctypes.data, values[li].ctypes.data, ds.scales[li][0].ctypes.data,
                          ds.scales[li][1].ctypes.data) for li in range(sh.layers)]
         f32 = np.float32
-        self.buffers: dict[str, np.ndarray] = {
+        self.buffers: dict[str, np.ndarray] = buffers if buffers is not None else {
             "input_ids": np.zeros((B, T), np.int64), "position_ids": np.zeros((B, T), np.int64),
             "last_index": np.full((B, 1), T - 1, np.int64),
             "x0": np.empty((B, T, sh.hidden), f32), "x1": np.empty((B, T, sh.hidden), f32),
@@ -346,6 +354,17 @@ class SplitBound:
             "k": np.empty((B, T, sh.kv_heads * sh.head_dim), f32), "v": np.empty((B, T, sh.kv_heads * sh.head_dim), f32),
             "logits": np.empty((B, sh.vocab), f32), **ds.rope}
         self.logits = self.buffers["logits"]
+        # lanes: a decode step of LANE_ROWS rows or more, cut into runs of consecutive rows, each over its rows'
+        # slices of the buffers and the cache (views: the lanes write this bound's arrays); lane 0 runs on the
+        # calling thread, the others on the session's lane threads
+        self.lanes: list[tuple[int, int, SplitBound]] = []
+        n = min(ds.lanes, B) if T == 1 and B >= LANE_ROWS and buffers is None else 1
+        if n > 1:
+            cuts = [B * i // n for i in range(n + 1)]
+            for lo, hi in zip(cuts, cuts[1:]):
+                views = {name: (a if name in ds.rope else a[lo:hi]) for name, a in self.buffers.items()}
+                self.lanes.append((lo, hi, SplitBound(ds, [k[lo:hi] for k in keys], [v[lo:hi] for v in values],
+                                                      hi - lo, T, views)))
         self.bindings = []
         for si, sess in enumerate(ds.sessions):
             binding = sess.io_binding()
@@ -356,6 +375,25 @@ class SplitBound:
                 a = self.buffers[self._buffer(name)]
                 binding.bind_output(name, "cpu", 0, a.dtype, list(a.shape), a.ctypes.data)
             self.bindings.append(binding)
+
+    def _layers(self, S: int, seq: np.ndarray, tlen: np.ndarray | None, b_mem: np.ndarray, b_plain: np.ndarray,
+                attn: np.ndarray | None, w: float, ro, threads: int, release_gil: bool) -> None:
+        """The step's segments and attention over this bound's rows (all of them, or a lane's): seq, tlen,
+        b_mem, b_plain and attn are those rows' (C-contiguous: slices of the step's arrays along rows)."""
+        ds, B, T, buf, sh = self.ds, self.B, self.T, self.buffers, self.ds.shape
+        mem = set(ds.memory_layers)
+        # the addresses the kernel reads, checked here once (SplitBound.__init__: the cache and buffers)
+        q, k, v, o = (buf[n].ctypes.data for n in ("q", "k", "v", "o"))
+        ptl = None if tlen is None else tlen.ctypes.data
+        pa = None if attn is None else attn.ctypes.data
+        pm, pp, ps = b_mem.ctypes.data, b_plain.ctypes.data, seq.ctypes.data
+        for li in range(sh.layers):
+            ds.sessions[li].run_with_iobinding(self.bindings[li], ro)
+            K, V, ks, vs = self._caches[li]
+            on = li in mem
+            ds.kernel.attend_raw(B, T, sh.heads, sh.kv_heads, self.C, sh.head_dim, S, q, k, v, K, V, ks, vs, ps, ptl,
+                                 pm if on else pp, o, pa if on else None, w, threads, release_gil=release_gil)
+        ds.sessions[-1].run_with_iobinding(self.bindings[-1], ro)
 
     @staticmethod
     def _buffer(name: str) -> str:
@@ -389,21 +427,23 @@ class SplitBound:
         attn = np.zeros((B, S), np.float32) if mem else None
         w = 1.0 / (ds.shape.heads * max(len(mem), 1))
         ro = ds.shrink if T > 1 else None
-        sh = ds.shape
-        # the addresses the kernel reads, checked here once (SplitBound.__init__: the cache and buffers)
-        q, k, v, o = (buf[n].ctypes.data for n in ("q", "k", "v", "o"))
-        ptl = None if tlen is None else tlen.ctypes.data
-        pa = None if attn is None else attn.ctypes.data
-        pm, pp = b_mem.ctypes.data, b_plain.ctypes.data
-        nt = ds.attention_threads
         with ds._lock:
-            for li in range(sh.layers):
-                ds.sessions[li].run_with_iobinding(self.bindings[li], ro)
-                K, V, ks, vs = self._caches[li]
-                on = li in mem
-                ds.kernel.attend_raw(B, T, sh.heads, sh.kv_heads, self.C, sh.head_dim, S, q, k, v, K, V, ks, vs,
-                                     seq.ctypes.data, ptl, pm if on else pp, o, pa if on else None, w, nt)
-            ds.sessions[-1].run_with_iobinding(self.bindings[-1], ro)
+            if not self.lanes:
+                self._layers(S, seq, tlen, b_mem, b_plain, attn, w, ro, ds.attention_threads, False)
+            else:  # each lane its rows' slices; the kernel on one thread a lane, the GIL released in it
+                def lane(lo: int, hi: int, bound: SplitBound) -> None:
+                    bound._layers(S, seq[lo:hi], None if tlen is None else tlen[lo:hi], b_mem[lo:hi], b_plain[lo:hi],
+                                  None if attn is None else attn[lo:hi], w, ro, 1, True)
+
+                assert ds._lane_pool is not None
+                others = [ds._lane_pool.submit(lane, *x) for x in self.lanes[1:]]
+                try:
+                    lane(*self.lanes[0])
+                finally:  # every lane done before the buffers are read or bound again
+                    for f in others:
+                        f.exception()
+                for f in others:
+                    f.result()
         out = {"logits": self.logits}
         if attn is not None:
             out["attn"] = attn

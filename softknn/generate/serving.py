@@ -36,4 +36,5 @@ def gen_engine_for(settings: Settings, retriever: Retriever, encoder: ModelForwa
     gen = generator_for(settings, retriever, {} if generators is None else generators)
     return GenEngine(retriever, encoder, gen, runtime=g.runtime, weights=g.weights, threads=g.threads,
                      max_batch=g.max_concurrent, torch_concurrent=g.torch_concurrent, cache_mb=g.cache_mb,
-                     kv_cache=g.kv_cache, attention=g.attention, attention_threads=g.attention_threads)
+                     kv_cache=g.kv_cache, attention=g.attention, attention_threads=g.attention_threads,
+                     lanes=g.lanes)

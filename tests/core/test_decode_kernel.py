@@ -249,3 +249,35 @@ def test_the_kernels_graph_keeps_the_float_graphs_attention_and_logits(smol, spl
     (tests/core/test_decode_graph.py, 8% of the logits' spread, the trace within 0.02)."""
     _first_steps_agree(smol, DecoderSession(smol.model, "fp32", list(range(smol.info.num_layers))), split,
                        logits=0.08, trace=0.02)
+
+
+def test_a_steps_lanes_give_each_row_what_one_lane_gives_to_the_bit(smol, split):
+    """A 5-row decode step cut into two lanes (rows 0–1 and 2–4, each through the segments and the kernel on
+    its own thread, the kernel's GIL released) against the same step in one lane (the kernel on 2 threads):
+    the same logits, evidence trace and cache bytes, to the bit; a one-row step is not cut. The served
+    loop's lanes: tests/core/test_decode_graph.py's batched requests against their solo tokens."""
+    sh = split.shape
+    layers, calib = list(range(sh.layers)), smol.calibration_ids()
+    one, two = (SplitDecoderSession(smol.model, "w8a8", layers, split.kernel, lanes=n, attention_threads=2,
+                                    calibration_ids=calib) for n in (1, 2))
+    rng = np.random.default_rng(4)
+    pasts = np.array([10, 40, 3, 25, 60], np.int32)
+    B, C, S = len(pasts), 64, int(pasts.max()) + 1
+    ids = rng.integers(0, sh.vocab, (B, 1)).astype(np.int64)
+    bias = np.zeros((B, 1, 1, S), np.float32)
+    bias[:, :, :, :4] = np.log(0.3)  # a chunk's prior on the first columns
+    caches = [rng.integers(-60, 61, (2, B, sh.kv_heads, C, sh.head_dim)).astype(np.int8) for _ in layers]
+    got = []
+    for session in (one, two):
+        keys, values = [c[0].copy() for c in caches], [c[1].copy() for c in caches]
+        bound = session.bind(keys, values, B, 1)
+        assert [(lo, hi) for lo, hi, _ in bound.lanes] == ([] if session is one else [(0, 2), (2, 5)])
+        out = bound.run(ids, pasts[:, None].astype(np.int64), pasts, bias, None)
+        got.append((out["logits"].copy(), out["attn"].copy(), keys, values))
+    (l1, a1, k1, v1), (l2, a2, k2, v2) = got
+    assert np.array_equal(l1, l2) and np.array_equal(a1, a2)
+    assert all(np.array_equal(x, y) for x, y in zip(k1 + v1, k2 + v2))
+    assert not np.array_equal(k1[0], caches[0][0])  # the step wrote its new columns
+    assert two.bind([k[:1] for k in k2], [v[:1] for v in v2], 1, 1).lanes == []
+    with pytest.raises(ValueError, match="releases the GIL runs on one thread"):
+        split.kernel.attend_raw(1, 1, 9, 3, C, 64, S, *([0] * 12), 1.0, 2, release_gil=True)
