@@ -37,6 +37,26 @@ def machine() -> dict:
     }
 
 
+def speed_probe(mb: int = 256, repeats: int = 5) -> dict:
+    """How fast this machine is right now, for reading a run's figures (the VM's speed drifts by 10-50% over
+    minutes: its memory more than its cores): a copy of `mb` MB in numpy (GB/s moved, read and write, best
+    of `repeats`) and a 512 x 512 float32 matrix product on the cores torch has (GFLOP/s, best of `repeats`)."""
+    import numpy as np
+
+    a = np.ones(mb * 2**20 // 4, np.float32)
+    b = np.empty_like(a)
+    copy = min(_seconds(lambda: np.copyto(b, a)) for _ in range(repeats))
+    m = np.ones((512, 512), np.float32)
+    prod = min(_seconds(lambda: m @ m) for _ in range(repeats))
+    return {"copy_gb_s": round(2 * a.nbytes / copy / 1e9, 1), "matmul_gflop_s": round(2 * 512**3 / prod / 1e9, 1)}
+
+
+def _seconds(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def timed(fn, repeats: int = 3) -> dict:
     """Run fn `repeats` times; median and min–max of wall seconds (the machine is shared and noisy)."""
     times = []

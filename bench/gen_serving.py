@@ -12,7 +12,9 @@ answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmark
   token (softknn: retrieval, placing R, prefill; llama.cpp: prefill of the tokenised prompt); decode
   tok/s over the remaining tokens; prefill tok/s = prompt tokens / TTFT for the prompt modes. Medians.
 - `streams`: N = 1, 4, 8, 16 concurrent streams through `POST /v1/chat/completions` (stream: true) of
-  a live `softknn serve` (the default weights, KV cache and attention, one decode-graph thread; and the
+  a live `softknn serve` (the default weights, KV cache and attention, one decode-graph thread for a
+  one-row step, a batched step's rows cut into lanes on the cores (generator.lanes), the kernel on the
+  cores; and the
   same server with the `--attention-baseline` attention, graph (ONNX Runtime's GroupQueryAttention in
   place of the C kernel), the `--weights-baseline` weights, q4a8, and the `--kv-baseline` KV cache where
   given, side by side), each a different question,
@@ -20,8 +22,9 @@ answer MAX_TOKENS tokens long (`ignore_eos`, as llama.cpp's and vLLM's benchmark
   last token), per-stream p50 inter-token latency, TTFT, and the server's peak RSS (anonymous and
   file-backed: the mapped generator store is the latter); and llama.cpp the way llama-server serves
   (bench/llama_cpp_worker.py `serve`: N slots, each request's prompt prefilled in chunks inside the
-  same batches that decode the running ones), on the prompt-RAG prompts of the same questions, at the
-  same thread count, in its own process.
+  same batches that decode the running ones), on the prompt-RAG prompts of the same questions, with
+  `--llama-stream-threads` threads (0, the default: the cores, as the server's batched steps use them),
+  in its own process.
 - `obliqa`: 1 and 16 streams of ObliQA questions against the ObliQA bundle `gen_build` builds (1,000
   regulatory passages, q4 store), k = 8: the server's peak RSS beside its mapped store's size.
 - `profile` (not in the default parts): py-spy on the `streams` server while the largest level runs,
@@ -50,7 +53,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from bench.common import RESULTS, write
+from bench.common import RESULTS, speed_probe, write
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA_PY = Path("/work/peers/llamacpp/venv/bin/python")
@@ -269,6 +272,7 @@ def _softknn_streams(ctx, env: dict, levels: list[int], qs: list[str], max_token
 def streams(args, ctx) -> dict:
     from bench.generation import gen_engine, msgs
     from softknn.generate.engine import GenParams
+    from softknn.generate.runtime import cores
 
     levels = [int(x) for x in args.streams.split(",")]
     qs = [q["question"] for q in ctx["all_test"]]
@@ -276,7 +280,8 @@ def streams(args, ctx) -> dict:
            "SOFTKNN_MODEL__THREADS": "1"}
     if args.server_weights:
         env["SOFTKNN_GENERATOR__WEIGHTS"] = args.server_weights
-    out: dict = {"softknn": {}, "llama_cpp": {}, "k": 8, "max_tokens": args.max_tokens}
+    out: dict = {"softknn": {}, "llama_cpp": {}, "k": 8, "max_tokens": args.max_tokens,
+                 "llama_cpp_threads": args.llama_stream_threads or cores()}
     out["softknn"], out["server_peak_rss"], out["server_runtime"] = _softknn_streams(ctx, env, levels, qs, args.max_tokens)
     if args.kv_baseline:  # the same server with another KV cache format, side by side
         name = f"softknn_kv_{args.kv_baseline}"
@@ -297,7 +302,8 @@ def streams(args, ctx) -> dict:
                    for q in qs[: max(levels)]]
         per_seq = max(len(p) for p in prompts) + args.max_tokens + 8
         for n in levels:
-            llama = LlamaCpp(Path(args.llama_python), Path(args.llama_preload), ctx["gguf"], per_seq * n, n)
+            llama = LlamaCpp(Path(args.llama_python), Path(args.llama_preload), ctx["gguf"], per_seq * n, n,
+                             threads=out["llama_cpp_threads"])
             try:
                 llama.ask({"op": "serve", "prompts": prompts[:1], "arrivals": [0.0], "max_tokens": 2})  # warm-up
                 r = llama.ask({"op": "serve", "prompts": prompts[:n], "arrivals": [0.0] * n,
@@ -427,6 +433,8 @@ def add_cli_args(ap: argparse.ArgumentParser) -> None:
                     "run under another name leaves the full run's file alone")
     ap.add_argument("--llama-python", default=str(LLAMA_PY))
     ap.add_argument("--llama-preload", default=str(LLAMA_PRELOAD))
+    ap.add_argument("--llama-stream-threads", type=int, default=0,
+                    help="llama.cpp's threads in the streams part (0 = cores; `single` keeps 1)")
 
 
 def _peak_rss_mb() -> dict[str, float]:
@@ -454,6 +462,8 @@ def run(args: argparse.Namespace) -> dict:
                      "max_tokens": args.max_tokens, "threads": 1,
                      "llama_cpp": "llama-cpp-py-sync 0.11739 (llama.cpp b11739), bench/llama_cpp_worker.py"
                      if have_llama else f"not run: {args.llama_python} absent (../shared/PEERS.md)"}
+    # the machine's speed as each part starts (bench.common.speed_probe): a slow stretch shows here
+    payload["speed_probe"] = {"start": speed_probe()}
     if "single" in parts:
         if have_llama:
             ctx["llama"] = LlamaCpp(Path(args.llama_python), Path(args.llama_preload), folder / gguf, 8192, 1)
@@ -464,11 +474,14 @@ def run(args: argparse.Namespace) -> dict:
                 ctx["llama"].close()
         print(json.dumps(payload["single"]["summary"], indent=1), flush=True)
     if "streams" in parts:
+        payload["speed_probe"]["streams"] = speed_probe()
         payload["streams"] = streams(args, ctx)
     if "obliqa" in parts:
+        payload["speed_probe"]["obliqa"] = speed_probe()
         payload["streams_obliqa"] = streams_obliqa(args, ctx)
     if "profile" in parts:
         payload["profile"] = profile(args, ctx)
+    payload["speed_probe"]["end"] = speed_probe()
     payload["wall_s"] = round(time.perf_counter() - t_start, 1)
     payload["peak_rss"] = _peak_rss_mb()
     out = write(getattr(args, "name", "gen_serving"), payload)

@@ -30,7 +30,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from bench.common import plot_stacked, write
+from bench.common import plot_stacked, speed_probe, write
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANT_CACHE = Path(os.environ.get("SOFTKNN_BENCH_CACHE", "/tmp/softknn-bench")) / "step-split-graphs"
@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> dict:
         loop._step()  # bind
         return loop
 
+    probe = {"start": speed_probe()}  # the machine's speed now (bench.common.speed_probe)
     sessions = {v: session(v) for v in variants}
     samples: dict[str, dict[int, list[dict]]] = {v: {B: [] for B in rows} for v in variants}
     for rnd in range(args.repeats):
@@ -192,6 +193,8 @@ def run(args: argparse.Namespace) -> dict:
             out["by_variant"][v]["ort_profile_ms_per_step"] = {"rows": big, **table}
             print(v, "ORT profile", json.dumps(table), flush=True)
             del loop, sess
+    probe["end"] = speed_probe()
+    out["speed_probe"] = probe
     out["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     _plot(out, rows)
     return write("step_split", out)
