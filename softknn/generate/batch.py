@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -41,7 +41,7 @@ from softknn.generate import kernel
 from softknn.generate.attention import GenMemory, Trace, log_prior, placement, prompt_positions, rotate_keys
 from softknn.generate.graph import KV_DEFAULT
 from softknn.generate.model import Generation, Generator, Sampling, Step, TextStream, choose_token
-from softknn.generate.runtime import DecoderSession, SplitDecoderSession, default_graph_cache
+from softknn.generate.runtime import DecoderSession, SplitBound, SplitDecoderSession, default_graph_cache
 
 log = logging.getLogger(__name__)
 COLUMN_BLOCK = 128  # the cache grows in blocks of this many columns
@@ -312,7 +312,10 @@ class DecodeLoop:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._hold = threading.Lock()  # taken by the loop around each round (paused())
-        self._bound: tuple | None = None  # ((n, cache id), Bound) of the last decode step
+        # decode steps' bindings by batch size, over the cache arrays of id _bounds_of: a batch that grows and
+        # shrinks as requests come and go binds each size once (a 16-row bind with lanes ~3.7 ms, ~1.1 without)
+        self._bounds: dict[int, Any] = {}
+        self._bounds_of: int | None = None
         self._closing = False
         # keys/values (L, nkv, P, hs) of prompt prefixes that face no memory, by their tokens (vLLM's prefix
         # caching, for the chat template's head that every request with memory starts with)
@@ -323,6 +326,13 @@ class DecodeLoop:
         self.steps = 0  # batched decode steps run (tests, metrics)
         self._held: list[tuple[DecodeJob, object]] | None = None  # a step's results until its rows are done (_put)
         self.max_running = 0
+        # work beside the loop that takes a core (a request's retrieval and its memory's layout, a generation in
+        # torch): while any runs, a decode step runs on the decode thread alone, not in lanes (SplitBound), which
+        # need every core: in the load test's mix, whose fixed-α and exact generations kept both cores busy in
+        # torch, lanes at every step gave each of 16 users 29.6 tokens/s against 49.2 without them
+        # (docs/generation.md, "Lanes")
+        self._occupied = 0
+        self._occupied_lock = threading.Lock()
 
     # --- the caller's side --------------------------------------------------------------------
     def submit(self, job: DecodeJob) -> Iterator[Step | Generation]:
@@ -333,7 +343,8 @@ class DecodeLoop:
             # quantised here, on the caller's thread (~17 ms for 8 chunks, which the loop's thread would
             # otherwise spend while every running request waits); the job then holds the int8 copy only
             # (~10 MB for 8 chunks, a quarter of the float rows, which the caller may now let go)
-            job.laid = self.cache.layout(job.memory)
+            with self.occupied():
+                job.laid = self.cache.layout(job.memory)
             job.memory = replace(job.memory, kv=[])
         cancel = threading.Event()
         outer = job.cancelled
@@ -354,6 +365,18 @@ class DecodeLoop:
                     return
         finally:
             cancel.set()
+
+    @contextmanager
+    def occupied(self):
+        """Around work on another thread that takes a core (a request's retrieval and layout, a generation in
+        torch): the loop's steps keep off the lanes meanwhile."""
+        with self._occupied_lock:
+            self._occupied += 1
+        try:
+            yield self
+        finally:
+            with self._occupied_lock:
+                self._occupied -= 1
 
     @contextmanager
     def paused(self):
@@ -434,7 +457,8 @@ class DecodeLoop:
         failed = self.running + ([self.filling] if self.filling is not None else [])
         for row in range(len(failed)):
             self.cache.release(row)
-        self.running, self.filling, self._bound, self.reserved = [], None, None, 0
+        self.running, self.filling, self.reserved = [], None, 0
+        self._bounds.clear()
         for seq in failed:
             seq.job.out.put(e)
 
@@ -729,12 +753,17 @@ class DecodeLoop:
         plain = np.zeros((n, 1, 1, S), dtype=np.float32)
         plain[:, 0, 0, :] = c.bias_plain[:n, :S]
         plain[np.arange(n), 0, 0, cols] = 0.0
-        key = (n, id(c.keys[0]))
-        if self._bound is None or self._bound[0] != key:  # the batch or the cache changed: bind again
-            self._bound = (key, self.session.bind([k[:n] for k in c.keys], [v[:n] for v in c.values], n, 1))
+        if self._bounds_of != id(c.keys[0]):  # new cache arrays: the bindings of the old ones go
+            self._bounds.clear()
+            self._bounds_of = id(c.keys[0])
+        bound = self._bounds.get(n)
+        if bound is None:
+            bound = self._bounds[n] = self.session.bind([k[:n] for k in c.keys], [v[:n] for v in c.values], n, 1)
+        ids = np.array([[s.last] for s in seqs], dtype=np.int64)
+        pos = np.array([[s.next_pos] for s in seqs], dtype=np.int64)
         try:
-            out = self._bound[1].run(np.array([[s.last] for s in seqs], dtype=np.int64),
-                                     np.array([[s.next_pos] for s in seqs], dtype=np.int64), cols, bias, plain)
+            out = (bound.run(ids, pos, cols, bias, plain, laned=self._occupied == 0) if isinstance(bound, SplitBound)
+                   else bound.run(ids, pos, cols, bias, plain))
         except Exception as e:  # noqa: BLE001 - a failed step fails the requests in it, not the loop
             for s in seqs:
                 s.job.out.put(e)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -269,7 +270,8 @@ class GenEngine:
         """Yields a Step per generated token, then the GenAnswer. A question the bundle's refusal rule
         refuses (`grounding`) gets REFUSAL_TEXT's tokens and nothing is decoded."""
         p = self.resolve(p)
-        prep = self.prepare(p, prompt, messages, refused_bare=True)
+        with self._occupying():  # retrieval takes a core: the decode loop's lanes wait
+            prep = self.prepare(p, prompt, messages, refused_bare=True)
         verdict = self.grounding(p, prep)
         sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
                             seed=p.seed, ignore_eos=p.ignore_eos)
@@ -311,11 +313,15 @@ class GenEngine:
 
     def _in_torch(self, prep: _Prepared, p: ResolvedGenParams, sampling: Sampling, keep_logits: bool,
                   cancelled: Callable[[], bool]) -> Iterator[Step | Generation]:
-        with self._torch_slots:
+        with self._torch_slots, self._occupying():  # a core for as long as it runs
             yield from self.generator.generate(prep.prefix + prep.rest, prep.memory(self.generator, self.layers),
                                                sampling=sampling, mixing=p.mixing,
                                                alpha=p.alpha, keep_logits=keep_logits, cancelled=cancelled,
                                                prior=p.prior)
+
+    def _occupying(self):
+        """The decode loop's `occupied` (lanes off while work beside it takes a core), where it runs one."""
+        return self.decode_loop().occupied() if self.runtime == "graph" else nullcontext()
 
     @property
     def last_generation(self) -> Generation:

@@ -406,10 +406,11 @@ class SplitBound:
         return name
 
     def run(self, input_ids: np.ndarray, position_ids: np.ndarray, seqlens_k: np.ndarray, bias: np.ndarray,
-            bias_plain: np.ndarray | None, lengths: np.ndarray | None = None) -> dict[str, np.ndarray]:
+            bias_plain: np.ndarray | None, lengths: np.ndarray | None = None, laned: bool = True) -> dict[str, np.ndarray]:
         """One step (DecoderSession's Bound.run): `logits` is this binding's array, overwritten by the next run.
         `lengths` (B,): row b's new tokens are its first lengths[b] (the rest padding: not attended, not
-        written into the cache, and the logits are of its token lengths[b] − 1); T each where None."""
+        written into the cache, and the logits are of its token lengths[b] − 1); T each where None.
+        `laned`: in this bound's lanes where it has them (else on the calling thread alone: the same numbers)."""
         ds, B, T, buf = self.ds, self.B, self.T, self.buffers
         np.copyto(buf["input_ids"], input_ids)
         np.copyto(buf["position_ids"], position_ids)
@@ -428,7 +429,7 @@ class SplitBound:
         w = 1.0 / (ds.shape.heads * max(len(mem), 1))
         ro = ds.shrink if T > 1 else None
         with ds._lock:
-            if not self.lanes:
+            if not self.lanes or not laned:
                 self._layers(S, seq, tlen, b_mem, b_plain, attn, w, ro, ds.attention_threads, False)
             else:  # each lane its rows' slices; the kernel on one thread a lane, the GIL released in it
                 def lane(lo: int, hi: int, bound: SplitBound) -> None:

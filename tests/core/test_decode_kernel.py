@@ -13,9 +13,9 @@ import pytest
 
 from softknn.common.errors import ModelRuntimeError
 from softknn.generate import kernel
-from softknn.generate.batch import decoder_session
-from softknn.generate.model import Generator
-from softknn.generate.runtime import DecoderSession, SplitDecoderSession
+from softknn.generate.batch import DecodeLoop, decoder_session, job_for
+from softknn.generate.model import Generator, Sampling
+from softknn.generate.runtime import DecoderSession, SplitBound, SplitDecoderSession
 from tests.core.test_decode_graph import _first_steps_agree
 
 H, KV, D = 9, 3, 64  # SmolLM2-135M's heads, kv heads and head dim (the kernel's register-resident case)
@@ -281,3 +281,37 @@ def test_a_steps_lanes_give_each_row_what_one_lane_gives_to_the_bit(smol, split)
     assert two.bind([k[:1] for k in k2], [v[:1] for v in v2], 1, 1).lanes == []
     with pytest.raises(ValueError, match="releases the GIL runs on one thread"):
         split.kernel.attend_raw(1, 1, 9, 3, C, 64, S, *([0] * 12), 1.0, 2, release_gil=True)
+
+
+def test_the_loop_steps_in_lanes_unless_work_beside_it_takes_a_core(smol, split, monkeypatch):
+    """The decode loop asks each step for its lanes, except while `occupied` (a request's retrieval and
+    layout, a generation in torch, on their own threads) is held: then every step runs on the decode thread
+    alone; the same tokens either way."""
+    laned: list[bool] = []
+    real = SplitBound.run
+
+    def run(self, *a, **kw):
+        if "laned" in kw:  # decode steps (a prefill's run is never cut)
+            laned.append(kw["laned"])
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(SplitBound, "run", run)
+    loop = DecodeLoop(split, smol.eos_ids, smol.tokenizer)
+    prompts = [smol.layout(prompt=p)[1] for p in ("The capital of France is", "Attention is a soft", "One, two,")]
+
+    def tokens() -> list[list[int]]:
+        with loop.paused():  # the three join together
+            its = [loop.submit(job_for(ids, None, Sampling(max_tokens=4, ignore_eos=True))) for ids in prompts]
+        return [list(it)[-1].token_ids for it in its]  # each job's Generation
+
+    try:
+        free = tokens()
+        assert laned and all(laned)
+        laned.clear()
+        with loop.occupied():
+            assert loop._occupied == 1
+            busy = tokens()
+        assert laned and not any(laned) and loop._occupied == 0
+        assert busy == free
+    finally:
+        loop.close()

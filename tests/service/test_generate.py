@@ -412,3 +412,29 @@ def test_a_graph_answer_lets_rs_float_copies_go_and_reports_what_it_read(ge, mon
     got = ge.answer(GenParams(max_tokens=TOKENS, k=2), messages=MESSAGES)
     assert calls == [1]  # the answer let them go once submitted
     assert got.diagnostics["memory_tokens"] == prep.memory_tokens and got.diagnostics["runtime"].startswith("graph")
+
+
+def test_retrieval_and_torch_generations_hold_the_decode_loop_off_its_lanes(ge, monkeypatch):
+    """Work beside the decode loop that takes a core holds its `occupied` while it runs (a request's
+    retrieval; a fixed-α generation in torch, for all of its tokens), and lets it go after: the loop's steps
+    run in lanes again (tests/core/test_decode_kernel.py)."""
+    loop = ge.decode_loop()
+    seen: list[tuple[str, int]] = []
+    prepare, generate_in_torch = ge.prepare, ge.generator.generate
+
+    def spy_prepare(*a, **kw):
+        seen.append(("retrieval", loop._occupied))
+        return prepare(*a, **kw)
+
+    def spy_generate(*a, **kw):
+        for item in generate_in_torch(*a, **kw):
+            seen.append(("torch", loop._occupied))
+            yield item
+
+    monkeypatch.setattr(ge, "prepare", spy_prepare)
+    monkeypatch.setattr(ge.generator, "generate", spy_generate)
+    ge.answer(GenParams(max_tokens=2, k=2, mixing="fixed", alpha=0.5), messages=MESSAGES)
+    assert seen == [("retrieval", 1), ("torch", 1), ("torch", 1), ("torch", 1)]
+    seen.clear()
+    ge.answer(GenParams(max_tokens=2, k=2), messages=MESSAGES)
+    assert seen == [("retrieval", 1)] and loop._occupied == 0
