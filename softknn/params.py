@@ -187,8 +187,9 @@ class GeneratorSettings(BaseModel):
                                    "a thread runs alone), whatever the decode graph's threads: 0 = cores")
     lanes: int = Field(0, ge=0, description="with the kernel: threads a decode step of 2 rows or more is cut "
                        "among, each running its share of the rows through the graph's segments and the "
-                       "kernel (one row's step is not cut; it runs on the decode thread with "
-                       "generator.threads): 0 = cores, 1 = none")
+                       "kernel, while no retrieval or generation in torch takes a core beside it (one "
+                       "row's step is not cut; it runs on the decode thread with generator.threads): "
+                       "0 = cores, 1 = none")
 
 
 class Settings(BaseSettings):
