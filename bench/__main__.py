@@ -22,6 +22,7 @@ BENCHMARKS = (  # the order of `python -m bench --help`
     "runtime_exact", "memory_repr", "generation", "contention", "embeddings", "writes", "filters",
     "question_words", "unlabelled_lambda", "ray_http", "shard_scaling", "oos_refusal", "chunk_metadata",
     "build_update", "gen_serving", "profile_decode", "step_split", "attention_kernel", "gen_blend", "gen_quality", "obliqa_generator", "gen_refusal", "gen_build",
+    "chunk_layout",
 )
 HERE = Path(__file__).resolve().parent
 

@@ -25,6 +25,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if (defined(__F16C__) || defined(__AVX512F__)) && !defined(SOFTKNN_GENERIC)
+#include <immintrin.h>
+#endif
 
 /* bytes ahead of the column being read that are asked for: the rows' blocks are read once a step, from
    memory, and the hardware prefetcher alone left a 16-row step at 32 ms against 23 with this
@@ -483,3 +486,109 @@ void softknn_layout(int n, int L, int KV, int D, int M, int o, const float* kv, 
           }
         }
 }
+
+/* The same from a float16 store (softknn.generate.memory, kind fp16): kv (n, L, 2, KV, D) as float16 bits,
+   each widened to float32 exactly (F16C where the CPU has it, else the bits moved by hand), then as
+   softknn_layout. One pass over the stored bytes instead of a float32 copy of the chunk (4 bytes a value
+   written and read again) and then this. */
+static inline float half_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  uint32_t bits;
+  if (e == 0) {
+    const float f = (float)m * 0x1p-24f; /* zero or subnormal: m * 2^-24, exact in float32 */
+    return sign ? -f : f;
+  }
+  bits = e == 31 ? sign | 0x7f800000u | (m << 13) : sign | ((e + 112u) << 23) | (m << 13);
+  float f;
+  memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+static void widen_half(const uint16_t* h, float* f, int D) {
+  int d = 0;
+#if defined(__F16C__) && !defined(SOFTKNN_GENERIC)
+  for (; d + 8 <= D; d += 8) _mm256_storeu_ps(f + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + d))));
+#endif
+  for (; d < D; d++) f[d] = half_to_float(h[d]);
+}
+
+static inline void quantize_row(const float* x, const float* sc, int8_t* dst, int D) {
+  for (int d = 0; d < D; d++) {
+    float r = rintf(x[d] / sc[d]);
+    r = r > 127.f ? 127.f : (r < -127.f ? -127.f : r);
+    dst[d] = (int8_t)r;
+  }
+}
+
+void softknn_layout_f16(int n, int L, int KV, int D, int M, int o, const uint16_t* kv, const float* scales,
+                        int8_t* keys, int8_t* values) {
+  float* x = malloc(sizeof(float) * (size_t)D);
+  if (!x) return;
+  for (int t = 0; t < n; t++)
+    for (int l = 0; l < L; l++)
+      for (int s = 0; s < 2; s++)
+        for (int h = 0; h < KV; h++) {
+          const size_t i = (((size_t)l * 2 + s) * KV + h) * D;
+          widen_half(kv + (size_t)t * L * 2 * KV * D + i, x, D);
+          quantize_row(x, scales + i, (s ? values : keys) + (((size_t)l * KV + h) * M + o + t) * D, D);
+        }
+  free(x);
+}
+
+/* The same from a q4 or q2 store (kinds q4, q2): codes (n, L, 2, KV, D * bits / 8), code d of a row in bits
+   (d % per) * bits of byte d / per (per = 8 / bits, low first); k_range (L, KV, D, 2) float16, (step, min) of
+   each key channel over the chunk; v_range (n, L, KV, 2) float16, (step, min) of each value vector. A value
+   is code * step + min in float32, the product rounded before the sum as numpy's decode_chunk computes it
+   (no fused multiply-add: the pragma below), then as softknn_layout. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+void softknn_layout_q(int n, int L, int KV, int D, int M, int o, int bits, const uint8_t* codes,
+                      const uint16_t* k_range, const uint16_t* v_range, const float* scales, int8_t* keys,
+                      int8_t* values) {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  const int per = 8 / bits, row = D / per;
+  const unsigned mask = (1u << bits) - 1u;
+  float* kr = malloc(sizeof(float) * (size_t)L * KV * D * 2);
+  float* q = malloc(sizeof(float) * (size_t)D);
+  float* x = malloc(sizeof(float) * (size_t)D);
+  if (!kr || !q || !x) {
+    free(kr), free(q), free(x);
+    return;
+  }
+  for (size_t i = 0; i < (size_t)L * KV * D * 2; i++) kr[i] = half_to_float(k_range[i]);
+  for (int t = 0; t < n; t++)
+    for (int l = 0; l < L; l++)
+      for (int s = 0; s < 2; s++)
+        for (int h = 0; h < KV; h++) {
+          const uint8_t* c = codes + ((((size_t)t * L + l) * 2 + s) * KV + h) * row;
+          if (bits == 4)
+            for (int j = 0; j < row; j++) q[2 * j] = (float)(c[j] & 15u), q[2 * j + 1] = (float)(c[j] >> 4);
+          else
+            for (int j = 0; j < row; j++)
+              for (int u = 0; u < per; u++) q[j * per + u] = (float)((c[j] >> (u * bits)) & mask);
+          if (s == 0) {
+            const float* r = kr + ((size_t)l * KV + h) * D * 2;
+            for (int d = 0; d < D; d++) {
+              const float p = q[d] * r[2 * d];
+              x[d] = p + r[2 * d + 1];
+            }
+          } else {
+            const uint16_t* vr = v_range + (((size_t)t * L + l) * KV + h) * 2;
+            const float step = half_to_float(vr[0]), lo = half_to_float(vr[1]);
+            for (int d = 0; d < D; d++) {
+              const float p = q[d] * step;
+              x[d] = p + lo;
+            }
+          }
+          const size_t i = (((size_t)l * 2 + s) * KV + h) * D;
+          quantize_row(x, scales + i, (s ? values : keys) + (((size_t)l * KV + h) * M + o + t) * D, D);
+        }
+  free(kr), free(q), free(x);
+}
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif

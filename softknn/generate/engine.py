@@ -19,8 +19,8 @@ import torch
 
 from softknn.common.errors import BundleError, InvalidInput
 from softknn.common.table import FIXED_K, FIXED_PRIOR, GenParams, with_sources
-from softknn.generate.attention import GenMemory, place_memory
-from softknn.generate.batch import PackedMemory, decode_loop, job_for, pack_chunks
+from softknn.generate.attention import GenMemory, place_memory, placement
+from softknn.generate.batch import PackedMemory, decode_loop, job_for, pack_chunks, pack_stored
 from softknn.generate.graph import KV_DEFAULT
 from softknn.generate.memory import ChunkKV, GeneratorStore
 from softknn.generate.model import Generation, Generator, Sampling, Step
@@ -66,12 +66,14 @@ class GenAnswer:
 class _Placed:
     """R's chunk K/V and where they go (softknn.generate.attention.place_memory's arguments)."""
 
-    chunks: list[torch.Tensor]  # each (n_c, L, 2, nkv, hs)
+    chunks: list[torch.Tensor]  # each (n_c, L, 2, nkv, hs); none where `laid`
     weight: torch.Tensor  # (S,) w_db
     positions: str
     encoded_after: int | list[int]
     prefix_len: int
     extents: list[int]
+    lengths: list[int]  # each chunk's stored tokens (n_c)
+    laid: list[tuple[np.ndarray, np.ndarray]] | None = None  # the decode loop's int8 columns a chunk (layout_stored)
 
 
 @dataclass
@@ -91,12 +93,14 @@ class _Prepared:
         its token count), once the decode loop holds its own copy of them."""
         if self.placed is None:
             return self
-        return replace(self, placed=replace(self.placed, chunks=[]), _memory=None, _tokens=self.memory_tokens)
+        return replace(self, placed=replace(self.placed, chunks=[], laid=None), _memory=None, _tokens=self.memory_tokens)
 
     def memory(self, gen: Generator, layers: list[int]) -> GenMemory | None:
         """R as the torch path takes it (padded slots), built once."""
         if self.placed is not None and self._memory is None:
             m = self.placed
+            if m.laid is not None:
+                raise ValueError("R was laid out for the decode graph only (prepare(..., laid=True))")
             self._memory = place_memory(m.chunks, layers, m.weight, m.positions, gen.inv_freq,
                                         encoded_after=m.encoded_after, prefix_len=m.prefix_len, extents=m.extents)
         return self._memory
@@ -106,6 +110,10 @@ class _Prepared:
         m = self.placed
         if m is None:
             return None
+        if m.laid is not None:
+            assert isinstance(m.encoded_after, int)
+            return pack_stored(m.lengths, layers, m.weight, prior, m.positions, encoded_after=m.encoded_after,
+                               prefix_len=m.prefix_len, extents=m.extents)
         return pack_chunks(m.chunks, layers, m.weight, prior, m.positions, gen.inv_freq, encoded_after=m.encoded_after,
                            prefix_len=m.prefix_len, extents=m.extents)
 
@@ -113,7 +121,7 @@ class _Prepared:
     def memory_tokens(self) -> int:
         if self._tokens is not None:
             return self._tokens
-        return sum(int(c.shape[0]) for c in self.placed.chunks) if self.placed is not None else 0
+        return sum(self.placed.lengths) if self.placed is not None else 0
 
 
 RUNTIMES = ("graph", "torch")
@@ -236,10 +244,13 @@ class GenEngine:
                                                  "prior": prior if p.prior is None else p.prior}), **src)
 
     def prepare(self, p: GenParams, prompt: str | None, messages: list[dict] | None, *,
-                refused_bare: bool = False) -> _Prepared:
+                refused_bare: bool = False, laid: bool = False) -> _Prepared:
         """The prompt's tokens and R: retrieval, then R's keys/values placed (memory) or its texts in the
         prompt. `refused_bare`: a question the refusal rule refuses (`grounding`) stops after retrieval,
-        its R never loaded (stream answers it with REFUSAL_TEXT, which attends to nothing)."""
+        its R never loaded (stream answers it with REFUSAL_TEXT, which attends to nothing). `laid`: where the
+        request decodes in the graph with an int8 cache and R's chunks stay where they were encoded, R is
+        laid out as the cache's columns straight from the store (KVCache.layout_stored), with no float rows
+        (the preparation then serves the graph only)."""
         p = self.resolve(p)
         gen = self.generator
         query = prompt if prompt is not None else _last_user(messages)
@@ -259,10 +270,30 @@ class GenEngine:
         # exact: fp32 K/V encoded after this very prefix, so the masked-concatenation contract holds
         recompute = p.exact and (self.store.kind != "fp32" or self.store.keep < 1 or p.positions == "reordered"
                                  or list(prefix) != list(self.store.record.get("prefix") or []))
+        if laid and not recompute and self.uses_graph(p, True):
+            stored = self._laid(rows, prefix, p.positions, w)
+            if stored is not None:
+                return _Prepared(prefix, rest, stored, rows, retr, f"stored {self.store.kind}",
+                                 [self.store.placed_as(r)[2] for r in rows])
         kvs, encoded_after, source = self.chunk_kv(rows, prefix, recompute, p.positions)
         placed = _Placed([c.kv for c in kvs], torch.tensor(w), p.positions, encoded_after, len(prefix),
-                         [c.extent for c in kvs])
+                         [c.extent for c in kvs], [int(c.kv.shape[0]) for c in kvs])
         return _Prepared(prefix, rest, placed, rows, retr, source, [c.kept for c in kvs])
+
+    def _laid(self, rows: list[int], prefix: list[int], positions: str, weight: Any) -> _Placed | None:
+        """R laid out for the decode loop's int8 cache from the store's bytes (prepare's `laid`), or None where
+        that does not apply (another cache or attention, a recompute or int8 memory, chunks that move)."""
+        cache = self.decode_loop().cache
+        if self.store.kind == "recompute" or not cache.lays_stored(self.store.kind):
+            return None
+        placed = [self.store.placed_as(r) for r in rows]
+        lengths, extents = [n for n, _, _ in placed], [e for _, e, _ in placed]
+        shifts, _ = placement(lengths, positions, encoded_after=self.store.prefix_len, prefix_len=len(prefix),
+                              extents=extents)
+        if any(shifts):
+            return None
+        return _Placed([], torch.tensor(weight), positions, self.store.prefix_len, len(prefix), extents, lengths,
+                       cache.layout_stored(self.store, rows))
 
     # --- decoding ---------------------------------------------------------------------------------
     def stream(self, p: GenParams, prompt: str | None = None, messages: list[dict] | None = None, *,
@@ -271,7 +302,7 @@ class GenEngine:
         refuses (`grounding`) gets REFUSAL_TEXT's tokens and nothing is decoded."""
         p = self.resolve(p)
         with self._occupying():  # retrieval takes a core: the decode loop's lanes wait
-            prep = self.prepare(p, prompt, messages, refused_bare=True)
+            prep = self.prepare(p, prompt, messages, refused_bare=True, laid=True)
         verdict = self.grounding(p, prep)
         sampling = Sampling(max_tokens=p.max_tokens, temperature=p.temperature, top_p=p.top_p, stop=tuple(p.stop),
                             seed=p.seed, ignore_eos=p.ignore_eos)
@@ -282,6 +313,8 @@ class GenEngine:
         elif self.uses_graph(p, prep.placed is not None):
             job = job_for(prep.prefix + prep.rest, prep.packed(self.generator, self.layers, p.prior), sampling,
                           keep_logits=keep_logits, cancelled=cancelled)
+            if prep.placed is not None and prep.placed.laid is not None:
+                job.laid = prep.placed.laid
             items = self.decode_loop().submit(job)
             if job.memory is not None and not job.memory.kv:  # laid out for an int8 cache: the float copies can go
                 prep = prep.released()

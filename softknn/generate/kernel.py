@@ -62,6 +62,14 @@ class Kernel:
         lay.restype = None
         lay.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 4
         self._layout = lay
+        f16 = free.softknn_layout_f16
+        f16.restype = None
+        f16.argtypes = [ctypes.c_int] * 6 + [ctypes.c_void_p] * 4
+        self._layout_f16 = f16
+        lq = free.softknn_layout_q
+        lq.restype = None
+        lq.argtypes = [ctypes.c_int] * 7 + [ctypes.c_void_p] * 6
+        self._layout_q = lq
         self.lib.softknn_shared_calls.restype = ctypes.c_long
 
     def layout(self, kv: np.ndarray, scales: np.ndarray, keys: np.ndarray, values: np.ndarray, o: int) -> None:
@@ -69,15 +77,33 @@ class Kernel:
         D) int8 at columns o … o + n − 1, as batch.KVCache.layout's numpy reference does (x / scale, ties to
         even, ±127), in one pass instead of four over the chunk."""
         n, L, two, KV, D = kv.shape
-        M = keys.shape[2]
-        for name, a, dt in (("kv", kv, np.float32), ("scales", scales, np.float32), ("keys", keys, np.int8),
-                            ("values", values, np.int8)):
-            if a.dtype != dt or not a.flags.c_contiguous:
-                raise ValueError(f"layout: {name} must be C-contiguous {np.dtype(dt).name}")
-        if two != 2 or scales.shape != (L, 2, KV, D) or keys.shape != (L, KV, M, D) or values.shape != keys.shape \
-                or not 0 <= o <= M - n:
-            raise ValueError("layout: shapes do not agree")
-        self._layout(n, L, KV, D, M, o, kv.ctypes.data, scales.ctypes.data, keys.ctypes.data, values.ctypes.data)
+        _check_layout(("kv", kv, np.float32), scales, keys, values, n, L, two, KV, D, o)
+        self._layout(n, L, KV, D, keys.shape[2], o, kv.ctypes.data, scales.ctypes.data, keys.ctypes.data,
+                     values.ctypes.data)
+
+    def layout_f16(self, kv: np.ndarray, scales: np.ndarray, keys: np.ndarray, values: np.ndarray, o: int) -> None:
+        """`layout` from a float16 store's rows: kv (n, L, 2, KV, D) float16, widened exactly (the same bytes as
+        `layout` of kv.astype(float32)) in the same pass."""
+        n, L, two, KV, D = kv.shape
+        _check_layout(("kv", kv, np.float16), scales, keys, values, n, L, two, KV, D, o)
+        self._layout_f16(n, L, KV, D, keys.shape[2], o, kv.ctypes.data, scales.ctypes.data, keys.ctypes.data,
+                         values.ctypes.data)
+
+    def layout_q(self, codes: np.ndarray, k_range: np.ndarray, v_range: np.ndarray, bits: int, scales: np.ndarray,
+                 keys: np.ndarray, values: np.ndarray, o: int) -> None:
+        """`layout` from a q4/q2 store's rows (softknn.generate.memory.encode_chunk): codes (n, L, 2, KV,
+        D·bits/8) uint8, k_range (L, KV, D, 2) and v_range (n, L, KV, 2) float16, decoded as decode_chunk
+        decodes them (code × step + min in float32, the product rounded first) in the same pass."""
+        if bits not in (2, 4):
+            raise ValueError("layout: bits must be 2 or 4")
+        n, L, two, KV, row = codes.shape
+        D = row * 8 // bits
+        _check_layout(("codes", codes, np.uint8), scales, keys, values, n, L, two, KV, D, o)
+        for name, a, shape in (("k_range", k_range, (L, KV, D, 2)), ("v_range", v_range, (n, L, KV, 2))):
+            if a.dtype != np.float16 or not a.flags.c_contiguous or a.shape != shape:
+                raise ValueError(f"layout: {name} must be C-contiguous float16 {shape}")
+        self._layout_q(n, L, KV, D, keys.shape[2], o, bits, codes.ctypes.data, k_range.ctypes.data,
+                       v_range.ctypes.data, scales.ctypes.data, keys.ctypes.data, values.ctypes.data)
 
     def shared_calls(self) -> int:
         """How many calls so far shared their work with the kernel's worker threads (in this process)."""
@@ -130,6 +156,19 @@ class Kernel:
         if rc != 0:
             raise ValueError(f"attention kernel: a row does not fit (B {B}, T {T}, S {S}, C {C}) or the shape "
                              f"(heads {H}, kv heads {KV}, head dim {D}) is beyond it")
+
+
+def _check_layout(src: tuple[str, np.ndarray, type], scales: np.ndarray, keys: np.ndarray, values: np.ndarray,
+                  n: int, L: int, two: int, KV: int, D: int, o: int) -> None:
+    """The layout functions' arguments: C-contiguous of their dtypes, shapes that agree (a wrong one would
+    write out of bounds)."""
+    for name, a, dt in (src, ("scales", scales, np.float32), ("keys", keys, np.int8), ("values", values, np.int8)):
+        if a.dtype != dt or not a.flags.c_contiguous:
+            raise ValueError(f"layout: {name} must be C-contiguous {np.dtype(dt).name}")
+    M = keys.shape[2] if keys.ndim == 4 else -1
+    if two != 2 or scales.shape != (L, 2, KV, D) or keys.shape != (L, KV, M, D) or values.shape != keys.shape \
+            or not 0 <= o <= M - n:
+        raise ValueError("layout: shapes do not agree")
 
 
 def compiler() -> str | None:

@@ -24,6 +24,7 @@ memory-mapped store, and `recompute` for what the store does not hold.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections import OrderedDict
@@ -161,6 +162,9 @@ class ChunkKV:
         return self.kv.numel() * 4 + (0 if self.kept is None else self.kept.nbytes)
 
 
+_SERIALS = itertools.count()
+
+
 class GeneratorStore:
     """Read side: R's K/V as float32 tensors, memory-mapped, behind an LRU of decoded chunks."""
 
@@ -190,6 +194,7 @@ class GeneratorStore:
         self._lru_bytes = 0
         self._lock = threading.Lock()
         self.hits = self.misses = 0
+        self.serial = next(_SERIALS)  # this store among the process's (a decode loop's laid chunks are keyed by it)
 
     def token_ids(self, row: int) -> list[int]:
         return self.tokens[self.offsets[row] : self.offsets[row + 1]].tolist()
@@ -204,6 +209,27 @@ class GeneratorStore:
         kept = None if self.kept is None else np.asarray(self.kept[a:b], dtype=np.int64)
         n = int(self.offsets[row + 1] - self.offsets[row])
         return ChunkKV(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), kept, n)
+
+    def stored(self, row: int) -> dict[str, np.ndarray]:
+        """Chunk `row`'s stored arrays as the store holds them (memory-mapped, not decoded): `kv`, and `kv_scale`
+        (int8) or `k_range` (L, nkv, hs, 2) and `v_range` (q4/q2), as decode_chunk takes them."""
+        assert self.kv is not None, "a recompute memory stores no K/V"
+        a, b = int(self.kv_offsets[row]), int(self.kv_offsets[row + 1])
+        out = {"kv": self.kv[a:b]}
+        if self.scale is not None:
+            out["kv_scale"] = self.scale[a:b]
+        if self.k_range is not None and self.v_range is not None:
+            out["k_range"] = self.k_range[row].reshape(self.k_range.shape[-4:])
+            out["v_range"] = self.v_range[a:b]
+        return out
+
+    def placed_as(self, row: int) -> tuple[int, int, np.ndarray | None]:
+        """Chunk `row`'s stored token count, the positions it spans (ChunkKV.extent) and its kept tokens
+        (None: all), without decoding it."""
+        a, b = int(self.kv_offsets[row]), int(self.kv_offsets[row + 1])
+        n = int(self.offsets[row + 1] - self.offsets[row])
+        kept = None if self.kept is None else np.asarray(self.kept[a:b], dtype=np.int64)
+        return b - a, n, kept
 
     def chunk(self, row: int) -> torch.Tensor:
         """Chunk `row`'s stored K/V, (m, L, 2, nkv, hs) float32 (dequantised)."""

@@ -402,7 +402,7 @@ def test_memory_is_quantised_on_the_callers_thread_and_placed_as_each_chunk_toke
                 assert np.array_equal(keys[j, :, starts[c] + t], quantize_kv(kv[t, j, 0], scales[li, 0]))
                 assert np.array_equal(values[j, :, starts[c] + t], quantize_kv(kv[t, j, 1], scales[li, 1]))
     cache.ensure(2, mem.columns + 8, 0)
-    assert cache.place(0, mem) == cache.place(1, mem, laid[0]) == mem.columns
+    assert cache.place(0, mem) == cache.place(1, mem, [laid[0]]) == mem.columns  # one piece: the whole memory
     for a in cache.keys + cache.values:
         assert np.array_equal(a[0], a[1])
     assert np.array_equal(cache.bias[0], cache.bias[1])

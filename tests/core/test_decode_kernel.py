@@ -196,6 +196,54 @@ def test_the_kernels_layout_of_a_memory_is_the_numpy_layout_to_the_bit(kern):
         kern.layout(chunks[0], np.ascontiguousarray(scales[layers]), fast[0], fast[1], M - 2)
 
 
+@pytest.mark.parametrize("kind", ["fp32", "fp16", "q4", "q2"])
+def test_stored_chunks_laid_out_from_their_bytes_are_their_decoded_layout_to_the_bit(kern, tmp_path, kind):
+    """KVCache.layout_stored (the kernel straight from a store's fp32 / fp16 / q4 / q2 bytes) against
+    layout_stored_reference (the store's decode to float32 rows, then numpy's layout): the same int8 bytes,
+    for chunks of 1, 9 and 40 tokens at three layers, with rounding ties, clipping, float16 subnormals and
+    negative zeros; a second call is served from the LRU, which keeps within its bytes."""
+    from softknn.generate.batch import KVCache
+    from softknn.generate.memory import GeneratorStore, encode_chunk
+    from softknn.storage.layout import GEN_DIR
+
+    rng = np.random.default_rng(11)
+    L = 3
+    scales = (2.0 ** rng.integers(-9, -5, (L, 2, KV, D))).astype(np.float32)  # powers of two: exact ties in fp16
+    lengths = [1, 9, 40]
+    rows = []
+    for n in lengths:
+        codes = rng.integers(-150, 151, (n, L, 2, KV, D)).astype(np.float32)
+        codes[:, :, :, :, :6] += 0.5  # ties (x / s = k + 0.5)
+        kv = codes * scales[None]
+        kv[:, :, :, :, 6] = -0.0
+        kv[:, :, :, :, 7] = 3e-6 * rng.standard_normal((n, L, 2, KV))  # below float16's normal range
+        rows.append(kv.astype(np.float32))
+    d = tmp_path / GEN_DIR
+    d.mkdir()
+    enc = [encode_chunk(kv, kind) for kv in rows]
+    for name in enc[0]:
+        np.save(d / f"{name}.npy", np.concatenate([e[name] for e in enc]))
+    np.save(d / "tokens.npy", np.zeros(sum(lengths), np.int32))
+    np.save(d / "offsets.npy", np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+    store = GeneratorStore(tmp_path, {"memory": kind, "layers": [0, 1, 2]}, len(lengths))
+    cache = KVCache(L, KV, D, scales, kern)
+    assert cache.lays_stored(kind) and not KVCache(L, KV, D, scales).lays_stored(kind)
+    got = cache.layout_stored(store, [2, 0, 1])
+    for r, (keys, values) in zip([2, 0, 1], got, strict=True):
+        ref = cache.layout_stored_reference(store, r)
+        assert keys.shape == (L, KV, lengths[r], D) and keys.dtype == np.int8
+        assert np.array_equal(keys, ref[0]) and np.array_equal(values, ref[1]), (kind, r)
+    assert max(int(k.max()) for k, _ in got) == 127 and min(int(k.min()) for k, _ in got) == -127  # clipped
+    assert (cache.laid_hits, cache.laid_misses) == (0, 3)
+    again = cache.layout_stored(store, [1, 0, 1])
+    assert again[0] is got[2] and again[1] is got[1] and again[2] is got[2]
+    assert (cache.laid_hits, cache.laid_misses) == (2, 3)  # chunks served, each once
+    small = KVCache(L, KV, D, scales, kern)
+    small.laid_cache_bytes = 2 * got[0][0].nbytes  # room for the 40-token chunk alone: the least recent leave
+    small.layout_stored(store, [0, 2, 1])
+    assert [r for _, r in small._laid] == [1] and small._laid_bytes == 2 * got[2][0].nbytes
+
+
 def test_the_kernel_refuses_what_it_cannot_read(kern):
     q, k, v, K, V, ks, vs, seqlens, bias = _case(1, 1, [5], seed=1)
     S = bias.shape[-1]

@@ -347,11 +347,14 @@ def test_a_question_far_from_the_kb_gets_the_refusal_text_and_the_evidence_found
 
 
 def test_a_refused_question_never_loads_its_chunks_keys_and_values(ge, monkeypatch):
-    """The verdict needs retrieval only: R's keys/values (store reads, decoding, the LRU) are loaded for
-    answered questions, and for refuse false, not for refused ones."""
+    """The verdict needs retrieval only: R's keys/values (store reads, decoding or laying out, the LRUs) are
+    loaded for answered questions, and for refuse false, not for refused ones."""
     loads = []
     real = ge.chunk_kv
     monkeypatch.setattr(ge, "chunk_kv", lambda rows, *a: loads.append(list(rows)) or real(rows, *a))
+    cache = ge.decode_loop().cache
+    lay = cache.layout_stored
+    monkeypatch.setattr(cache, "layout_stored", lambda store, rows: loads.append(list(rows)) or lay(store, rows))
     assert ge.answer(GenParams(max_tokens=2, k=2), messages=FAR_MESSAGES).text == REFUSAL_TEXT
     assert loads == []
     ge.answer(GenParams(max_tokens=2, k=2, refuse=False), messages=FAR_MESSAGES)
@@ -412,6 +415,40 @@ def test_a_graph_answer_lets_rs_float_copies_go_and_reports_what_it_read(ge, mon
     got = ge.answer(GenParams(max_tokens=TOKENS, k=2), messages=MESSAGES)
     assert calls == [1]  # the answer let them go once submitted
     assert got.diagnostics["memory_tokens"] == prep.memory_tokens and got.diagnostics["runtime"].startswith("graph")
+
+
+def test_a_graph_request_lays_r_out_from_the_store_as_its_float_rows_would_be(ge):
+    """stream's preparation (laid=True) lays R out from the store's bytes as the decode loop's int8 columns:
+    the same columns, prior and prompt layout as R's decoded float rows packed and laid out (the path of a
+    chunk that moves), without the float rows; the second request's chunks come from the loop's LRU; a
+    request whose chunks move (positions reordered), an exact one and the torch reference keep float rows."""
+    import torch as _torch
+
+    p = ge.resolve(GenParams(max_tokens=TOKENS, k=3))
+    fast = ge.prepare(p, None, MESSAGES, laid=True)
+    slow = ge.prepare(p, None, MESSAGES)
+    assert fast.placed is not None and fast.placed.laid is not None and fast.placed.chunks == []
+    assert slow.placed is not None and slow.placed.laid is None and len(slow.placed.chunks) == 3
+    assert fast.rows == slow.rows and fast.memory_tokens == slow.memory_tokens > 0
+    assert fast.memory_source == slow.memory_source == f"stored {ge.store.kind}"
+    a, b = fast.packed(ge.generator, ge.layers, p.prior), slow.packed(ge.generator, ge.layers, p.prior)
+    assert a.kv == [] and (a.layers, a.lengths, a.prefix_len, a.prompt_start) == (b.layers, b.lengths, b.prefix_len,
+                                                                                  b.prompt_start)
+    assert np.array_equal(a.bias, b.bias) and np.array_equal(a.chunk, b.chunk)
+    cache = ge.decode_loop().cache
+    keys, values = cache.layout(b)
+    assert np.array_equal(np.concatenate([k for k, _ in fast.placed.laid], 2), keys)
+    assert np.array_equal(np.concatenate([v for _, v in fast.placed.laid], 2), values)
+    hits = cache.laid_hits
+    again = ge.prepare(p, None, MESSAGES, laid=True)
+    assert cache.laid_hits == hits + 3 and all(x is y for x, y in zip(again.placed.laid, fast.placed.laid, strict=True))
+    with pytest.raises(ValueError, match="decode graph only"):
+        fast.memory(ge.generator, ge.layers)
+    for other in (GenParams(max_tokens=TOKENS, k=3, positions="reordered"), GenParams(max_tokens=TOKENS, k=3, exact=True),
+                  GenParams(max_tokens=TOKENS, k=3, mixing="fixed", alpha=0.5)):
+        prep = ge.prepare(ge.resolve(other), None, MESSAGES, laid=True)
+        assert prep.placed is not None and prep.placed.laid is None and len(prep.placed.chunks) == 3, other
+        assert isinstance(prep.placed.chunks[0], _torch.Tensor)
 
 
 def test_retrieval_and_torch_generations_hold_the_decode_loop_off_its_lanes(ge, monkeypatch):
